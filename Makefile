@@ -1,0 +1,58 @@
+# Feed the GPU — two commands on a fresh machine:
+#   make lab    install everything into .venv and open the course in JupyterLab
+#   make test   install everything into .venv and run the whole test suite (quick mode)
+#
+# Knobs (make VAR=value ...):
+#   PYTHON           interpreter that creates the venv (default: python3, needs >= 3.10)
+#   TORCH_SPEC       which torch to install when the venv has none (default: torch>=2.2)
+#   TORCH_INDEX_URL  where to get torch, e.g. https://download.pytorch.org/whl/cu124 for an
+#                    NVIDIA GPU or https://download.pytorch.org/whl/cpu for a small CPU build
+#   LAB_ARGS         extra JupyterLab arguments, e.g. LAB_ARGS="--no-browser --port 8899"
+#   PYTEST_ARGS      extra pytest arguments, e.g. PYTEST_ARGS="-x -k threads"
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+TORCH_SPEC ?= torch>=2.2
+TORCH_INDEX_URL ?=
+LAB_ARGS ?=
+PYTEST_ARGS ?=
+CELL_TIMEOUT ?= 300
+STAMP := $(VENV)/.installed
+
+.PHONY: install lab test exercises doctor bench clean
+
+$(PY):
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 is needed; run make PYTHON=python3.11 ..."'
+	$(PYTHON) -m venv $(VENV)
+
+# torch comes first and on its own, so that a torch already in the venv, or a wheel that pip
+# finds locally (find-links), is used instead of downloading a multi-GB build from the index.
+$(STAMP): pyproject.toml | $(PY)
+	@$(PY) -c "import torch" 2>/dev/null && echo "torch already installed in $(VENV)" || \
+	  $(PIP) install --no-index --no-deps "$(TORCH_SPEC)" 2>/dev/null || \
+	  $(PIP) install $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL)) "$(TORCH_SPEC)"
+	$(PIP) install -e ".[test]"
+	@touch $@
+
+install: $(STAMP)
+
+lab: install
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" $(LAB_ARGS) notebooks/00_measure_first.ipynb
+
+test: install
+	COURSE_QUICK=1 MPLBACKEND=Agg $(PY) -m pytest tests notebooks solutions \
+	  --nbval-lax --nbval-cell-timeout=$(CELL_TIMEOUT) $(PYTEST_ARGS)
+
+exercises: install
+	$(PY) -m course_utils make-exercises
+
+doctor: install
+	$(PY) -m course_utils doctor
+
+bench: install
+	$(PY) -m course_utils bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,33 @@
+"""course_utils — the helper package of the "Feed the GPU" course.
+
+Everything the notebooks use is importable from here by name (no star imports in the
+notebooks), and everything a DataLoader worker runs is defined in this package so it works
+under the ``spawn`` start method. Importing the package changes nothing: no thread settings,
+no seeding, no printing.
+"""
+from __future__ import annotations
+
+from .bench import (Comparison, DataWait, Measurement, batch_size_of, compare, measure,
+                    measure_data_wait, measure_loader)
+from .config import QUICK_ENV, mode_banner, pick, quick_mode
+from .data import (ArrayDataset, CommonRecipeTransform, ImageFolderDataset, JpegDataset,
+                   LatencyDataset, ToTensorUint8, ram_budget_bytes, sample_photo)
+from .grading import CheckResult, ExerciseFailed, check
+from .machine import (AcceleratorInfo, CpuInfo, DoctorReport, accelerator, cpu_info,
+                      default_device, doctor, machine_summary, start_method, usable_cpus)
+from .plots import figure_title, plot_curve, plot_measurements
+from .threads import (ThreadPools, WorkerThreadLimiter, limit_threads, make_worker_init,
+                      pools_in_workers, thread_pools)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AcceleratorInfo", "ArrayDataset", "CheckResult", "CommonRecipeTransform", "Comparison",
+    "CpuInfo", "DataWait", "DoctorReport", "ExerciseFailed", "ImageFolderDataset", "JpegDataset",
+    "LatencyDataset", "Measurement", "QUICK_ENV", "ThreadPools", "ToTensorUint8",
+    "WorkerThreadLimiter", "accelerator", "batch_size_of", "check", "compare", "cpu_info",
+    "default_device", "doctor", "figure_title", "limit_threads", "machine_summary",
+    "make_worker_init", "measure", "measure_data_wait", "measure_loader", "mode_banner", "pick",
+    "plot_curve", "plot_measurements", "pools_in_workers", "quick_mode", "ram_budget_bytes",
+    "sample_photo", "start_method", "thread_pools", "usable_cpus",
+]

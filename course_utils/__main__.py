@@ -1,0 +1,95 @@
+"""Command line for the course: ``python -m course_utils COMMAND``.
+
+Commands:
+  doctor           describe this machine for data loading, with advice
+  make-exercises   write exercises/ from solutions/ (--check: only report differences)
+  grade NOTEBOOK   run an exercise notebook through nbval and print pass/fail per exercise
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from .config import QUICK_ENV
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from .machine import doctor
+    report = doctor()
+    print(json.dumps(report.to_dict(), indent=2, default=str) if args.json else report.render())
+    return 0
+
+
+def _cmd_make_exercises(args: argparse.Namespace) -> int:
+    from .exercises import make_exercises
+    changed = make_exercises(args.solutions, args.exercises, check=args.check)
+    if args.check:
+        if changed:
+            print("exercises/ is out of date with solutions/ for:")
+            for path in changed:
+                print(f"  {path}")
+            print("Run: python -m course_utils make-exercises")
+            return 1
+        print("exercises/ is up to date.")
+        return 0
+    for path in changed:
+        print(f"wrote {path}")
+    if not changed:
+        print("exercises/ was already up to date.")
+    return 0
+
+
+def _cmd_grade(args: argparse.Namespace) -> int:
+    from .grade_notebook import grade_notebook
+    failed = 0
+    for notebook in args.notebooks:
+        result = grade_notebook(notebook, cell_timeout=args.cell_timeout)
+        print(result)
+        failed += not result.passed
+    return 1 if failed else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m course_utils",
+        description="Feed the GPU: helpers for the PyTorch data-loading course.",
+        epilog=f"Set {QUICK_ENV}=1 to shrink every experiment (quick mode).")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("doctor", help="describe this machine for data loading, with advice",
+                       description="Usable CPUs, every thread pool, torch build, accelerator, "
+                                   "start method, and advice derived from them.")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=_cmd_doctor)
+
+    p = sub.add_parser("make-exercises", help="write exercises/ from solutions/",
+                       description="Replace every ### BEGIN SOLUTION ... ### END SOLUTION region "
+                                   "of solutions/*.ipynb with a NotImplementedError stub and "
+                                   "write the result to exercises/.")
+    p.add_argument("--solutions", default="solutions", help="source folder (default: solutions)")
+    p.add_argument("--exercises", default="exercises", help="target folder (default: exercises)")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 when exercises/ differs from what would be written")
+    p.set_defaults(func=_cmd_make_exercises)
+
+    p = sub.add_parser("grade", help="grade exercise notebooks (runs them through nbval)",
+                       description="Run each notebook top to bottom in a fresh kernel with "
+                                   "pytest --nbval-lax and print pass/fail per exercise. "
+                                   "Exit status 0 only when every exercise passes.")
+    p.add_argument("notebooks", nargs="+", metavar="NOTEBOOK",
+                   help="e.g. exercises/00_measure_first.ipynb")
+    p.add_argument("--cell-timeout", type=int, default=600, help="seconds per cell (default 600)")
+    p.set_defaults(func=_cmd_grade)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,14 @@
+"""pytest plugin used by ``grade``: writes one JSON line per notebook cell outcome."""
+from __future__ import annotations
+
+import json
+import os
+
+
+def pytest_runtest_logreport(report):  # noqa: D103 - pytest hook
+    target = os.environ.get("COURSE_GRADE_REPORT")
+    if not target or report.when != "call" and not (report.when == "setup" and report.failed):
+        return
+    with open(target, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps({"nodeid": report.nodeid, "outcome": report.outcome,
+                             "longrepr": str(report.longrepr or "")}) + "\n")

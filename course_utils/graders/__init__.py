@@ -1,0 +1,1 @@
+"""One grader module per lesson; each registers with course_utils.grading.grader."""

@@ -1,0 +1,122 @@
+"""Grader for exercise 00: a correct timing function for a DataLoader.
+
+The learner writes ``time_loader(loader, batches, warmup_batches=2) -> float`` returning
+samples per second. The grader runs it on a real DataLoader whose worker pays a start-up delay
+(like opening files or connections in a fresh worker) and whose samples each cost a known
+storage latency, then compares the answer with an honest measurement of the same loader made
+in the same run by :func:`course_utils.bench.measure_loader`.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Callable, Iterator
+
+from ..grading import CheckResult, ExerciseFailed, grader
+
+EXERCISE = "00.time_loader"
+
+
+class RecordingLoader:
+    """Wraps a DataLoader and records how it was used (iterators made, batches pulled)."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+        self.iterators = 0
+        self.batches_per_iterator: list[int] = []
+
+    def __iter__(self) -> Iterator[Any]:
+        self.iterators += 1
+        self.batches_per_iterator.append(0)
+        slot = len(self.batches_per_iterator) - 1
+        for batch in self._loader:
+            self.batches_per_iterator[slot] += 1
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __getattr__(self, name: str) -> Any:  # batch_size, num_workers, dataset, ...
+        return getattr(self._loader, name)
+
+
+def _near(value: float, target: float, low: float = 0.6, high: float = 1.6) -> bool:
+    return target > 0 and low <= value / target <= high
+
+
+@grader(EXERCISE)
+def grade_time_loader(time_loader: Callable[..., Any], *, latency_s: float = 0.004,
+                      startup_s: float = 0.6, batch_size: int = 8, batches: int = 12,
+                      warmup_batches: int = 2) -> CheckResult:
+    """Check ``time_loader`` returns the loader's steady-state samples per second."""
+    import torch.utils.data as tud
+
+    from ..bench import measure_loader
+    from ..data import LatencyDataset
+
+    if not callable(time_loader):
+        raise ExerciseFailed(EXERCISE, "the answer is not a function.",
+                             expected="a function time_loader(loader, batches, warmup_batches=2)",
+                             seen=f"{type(time_loader).__name__}: {time_loader!r}")
+    n = batch_size * (warmup_batches + batches + 4)
+    dataset = LatencyDataset(n=n, latency_s=latency_s, startup_s=startup_s, item_shape=(3, 8, 8))
+    loader = tud.DataLoader(dataset, batch_size=batch_size, num_workers=1)
+    recorder = RecordingLoader(loader)
+    value = time_loader(recorder, batches, warmup_batches)
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ExerciseFailed(EXERCISE, "time_loader must return one number: samples per second.",
+                             expected="a float such as 231.5", seen=f"{type(value).__name__}: {value!r}",
+                             hint="return n_samples / elapsed_seconds as a plain float "
+                                  "(float(...) if you computed a tensor).")
+    value = float(value)
+    if not math.isfinite(value) or value <= 0:
+        raise ExerciseFailed(EXERCISE, "the rate must be a positive, finite number.",
+                             seen=repr(value), hint="check you divide samples by a positive elapsed time.")
+
+    pulled = sum(recorder.batches_per_iterator)
+    if pulled < batches:
+        raise ExerciseFailed(
+            EXERCISE, "timed the wrong thing: the function did not pull the batches it timed.",
+            expected=f"at least {batches} batches pulled from the loader", seen=f"{pulled} batches",
+            hint="a DataLoader does no work until you iterate it; time a loop over next(it) "
+                 "that consumes `batches` batches, not iter(loader) or the loader's creation.")
+
+    honest = measure_loader(loader, batches=batches, warmup_batches=warmup_batches, repeats=1,
+                            progress=False).samples_per_s
+    details = {"answer": value, "honest": honest, "iterators": recorder.iterators,
+               "batches_per_iterator": list(recorder.batches_per_iterator)}
+    seen = f"{value:.4g} (an honest measurement of the same loader just gave {honest:.4g} samples/s)"
+
+    if _near(value, honest):
+        return CheckResult(EXERCISE, f"{value:.1f} samples/s, honest measurement {honest:.1f} "
+                                     f"samples/s (ratio {value / honest:.2f}).", details)
+    if _near(value, honest / batch_size):
+        raise ExerciseFailed(EXERCISE, "wrong unit: this looks like batches per second.",
+                             expected="samples per second", seen=seen,
+                             hint="count samples: add len(batch[0]) for each timed batch "
+                                  "(the last batch of an epoch may be smaller).")
+    for unit, target in (("seconds per sample", 1 / honest), ("seconds per batch", batch_size / honest),
+                         ("milliseconds per sample", 1000 / honest)):
+        if _near(value, target):
+            raise ExerciseFailed(EXERCISE, f"wrong unit: this looks like {unit}.",
+                                 expected="samples per second (a rate: bigger is faster)", seen=seen,
+                                 hint="return samples / elapsed_seconds, not elapsed / samples.")
+    if value < honest:
+        if recorder.iterators > 1:
+            hint = ("you made a new iterator after the warm-up: each new iterator starts fresh "
+                    "workers and pays their start-up again. Warm up and time the same iterator.")
+        elif recorder.batches_per_iterator[0] < warmup_batches + batches:
+            hint = (f"pull `warmup_batches` batches before starting the clock: the first batch "
+                    f"pays worker start-up (here {startup_s:.1f} s), which a training run pays once, "
+                    f"not every step.")
+        else:
+            hint = ("start the clock after the warm-up batches and stop it right after the last "
+                    "timed batch arrives; don't time anything else.")
+        raise ExerciseFailed(EXERCISE, "too slow: the timing includes work that is not steady-state "
+                                       "loading.", expected=f"about {honest:.4g} samples/s", seen=seen,
+                             hint=hint)
+    raise ExerciseFailed(EXERCISE, "too fast: the timing missed work the loader really does.",
+                         expected=f"about {honest:.4g} samples/s", seen=seen,
+                         hint="stop the clock after the last timed batch has arrived, and count "
+                              "only the samples of the batches you timed.")

@@ -1,0 +1,450 @@
+"""The machine the course runs on: usable CPUs, accelerator, start method, and a doctor.
+
+``doctor()`` collects what matters for data loading into a :class:`DoctorReport` and derives
+advice from what it found; ``print(doctor())`` gives a report for a person, and
+``machine_summary()`` one line for plot titles and result tables.
+"""
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import platform
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from course_utils.threads import THREAD_ENV_VARS, ThreadPools, is_torch_openmp, thread_pools
+
+__all__ = [
+    "CpuInfo",
+    "cpu_info",
+    "usable_cpus",
+    "AcceleratorInfo",
+    "accelerator",
+    "default_device",
+    "start_method",
+    "DoctorReport",
+    "doctor",
+    "machine_summary",
+]
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+GIB = 1024**3
+#: Below this much available RAM (bytes) the doctor warns about worker memory.
+LOW_RAM_BYTES = 4 * GIB
+
+
+# --------------------------------------------------------------------------------------
+# CPUs
+# --------------------------------------------------------------------------------------
+@dataclass
+class CpuInfo:
+    """CPUs this process may use.
+
+    logical: ``os.cpu_count()`` (all logical CPUs of the machine); affinity: CPUs this process
+    may be scheduled on (``os.sched_getaffinity``; None where the OS has no such call);
+    cgroup_quota: CPU time the container/cgroup allows, in CPUs (e.g. 1.5; None when there is
+    no quota); usable: the smallest of these, rounded down, at least 1.
+    """
+
+    logical: int
+    affinity: int | None
+    cgroup_quota: float | None
+    usable: int
+
+    @property
+    def limited_by(self) -> list[str]:
+        """Why ``usable`` is below ``logical`` (empty when it is not)."""
+        reasons = []
+        if self.affinity is not None and self.affinity < self.logical:
+            reasons.append(f"CPU affinity allows {self.affinity}")
+        if self.cgroup_quota is not None and self.cgroup_quota < self.logical:
+            reasons.append(f"cgroup CPU quota is {self.cgroup_quota:g} CPUs")
+        return reasons
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _quota_v2(root: Path) -> float | None:
+    """cgroup v2 ``cpu.max``: "max 100000" (no quota) or "<quota_us> <period_us>"."""
+    text = _read_text(root / "cpu.max")
+    if not text:
+        return None
+    parts = text.split()
+    if not parts or parts[0] == "max":
+        return None
+    try:
+        quota = float(parts[0])
+        period = float(parts[1]) if len(parts) > 1 else 100000.0
+    except ValueError:
+        return None
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def _quota_v1(folder: Path) -> float | None:
+    """cgroup v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (quota -1 means none)."""
+    quota_text = _read_text(folder / "cpu.cfs_quota_us")
+    period_text = _read_text(folder / "cpu.cfs_period_us")
+    if not quota_text or not period_text:
+        return None
+    try:
+        quota, period = float(quota_text), float(period_text)
+    except ValueError:
+        return None
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def cgroup_cpu_quota(root: str | os.PathLike = CGROUP_ROOT) -> float | None:
+    """The cgroup CPU quota in CPUs (v2 ``cpu.max``, else v1 ``cpu.cfs_quota_us``), or None.
+
+    ``root`` is the cgroup mount (``/sys/fs/cgroup``); tests point it at a fake folder.
+    """
+    root = Path(root)
+    quota = _quota_v2(root)
+    if quota is not None:
+        return quota
+    for folder in (root / "cpu", root / "cpu,cpuacct", root):
+        quota = _quota_v1(folder)
+        if quota is not None:
+            return quota
+    return None
+
+
+def cpu_info(cgroup_root: str | os.PathLike = CGROUP_ROOT) -> CpuInfo:
+    """Logical CPUs, affinity, cgroup quota and the resulting usable CPU count."""
+    logical = os.cpu_count() or 1
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    quota = cgroup_cpu_quota(cgroup_root)
+    candidates = [logical]
+    if affinity:
+        candidates.append(affinity)
+    if quota is not None:
+        candidates.append(math.floor(quota))
+    return CpuInfo(logical=logical, affinity=affinity, cgroup_quota=quota, usable=max(1, min(candidates)))
+
+
+def usable_cpus() -> int:
+    """CPUs this process can really use (affinity and cgroup quota taken into account)."""
+    return cpu_info().usable
+
+
+# --------------------------------------------------------------------------------------
+# accelerator and start method
+# --------------------------------------------------------------------------------------
+@dataclass
+class AcceleratorInfo:
+    """kind: 'cuda', 'mps' or 'cpu'; name: device name; memory_bytes: device memory (None
+    where unknown); count: number of devices of that kind (1 for cpu)."""
+
+    kind: str
+    name: str
+    memory_bytes: int | None
+    count: int
+
+
+def accelerator() -> AcceleratorInfo:
+    """The accelerator torch can use: CUDA, else Apple MPS, else the CPU.
+
+    For CUDA this reads the device properties (``torch.cuda.get_device_properties``), which
+    initialises torch's CUDA state but allocates nothing; DataLoader workers must not use CUDA
+    anyway.
+    """
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        return AcceleratorInfo("cuda", str(props.name), int(props.total_memory), int(torch.cuda.device_count()))
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        memory = None
+        recommended = getattr(getattr(torch, "mps", None), "recommended_max_memory", None)
+        if recommended is not None:
+            try:
+                memory = int(recommended())
+            except Exception:
+                memory = None
+        return AcceleratorInfo("mps", "Apple MPS", memory, 1)
+    return AcceleratorInfo("cpu", platform.processor() or platform.machine() or "cpu", None, 1)
+
+
+def default_device() -> torch.device:
+    """``torch.device`` of :func:`accelerator` ('cuda', 'mps' or 'cpu')."""
+    return torch.device(accelerator().kind)
+
+
+def start_method() -> str:
+    """The start method new processes (and DataLoader workers) get by default.
+
+    Reads it without fixing it: ``multiprocessing.get_start_method()`` would lock the default
+    in, and a later ``set_start_method`` would then fail.
+    """
+    method = multiprocessing.get_start_method(allow_none=True)
+    if method:
+        return method
+    default = getattr(getattr(multiprocessing.context, "_default_context", None), "_default_context", None)
+    name = getattr(default, "_name", None)
+    if name:
+        return str(name)
+    if sys.platform in ("darwin", "win32"):  # pragma: no cover - fallback only
+        return "spawn"
+    return "forkserver" if sys.version_info >= (3, 14) else "fork"  # pragma: no cover
+
+
+# --------------------------------------------------------------------------------------
+# doctor
+# --------------------------------------------------------------------------------------
+def _torch_build() -> str:
+    if getattr(torch.version, "cuda", None):
+        return f"CUDA {torch.version.cuda}"
+    if getattr(torch.version, "hip", None):
+        return f"ROCm {torch.version.hip}"
+    return "CPU-only"
+
+
+def _opencv_details() -> tuple[str | None, str | None]:
+    try:
+        import cv2
+    except ImportError:
+        return None, None
+    backend = None
+    for line in cv2.getBuildInformation().splitlines():
+        if "Parallel framework" in line:
+            backend = line.split(":", 1)[1].strip()
+            break
+    return str(cv2.__version__), backend
+
+
+def _gib(n: int | None) -> str:
+    return "unknown" if n is None else f"{n / GIB:.1f} GiB"
+
+
+@dataclass
+class DoctorReport:
+    """What the doctor found. ``print(report)`` renders it for a person; ``advice`` is
+    derived from the other fields (see :func:`advise`)."""
+
+    python: str
+    platform: str
+    torch_version: str
+    torch_build: str
+    cpu: CpuInfo
+    pools: ThreadPools
+    accelerator: AcceleratorInfo
+    start_method: str
+    ram_total_bytes: int
+    ram_available_bytes: int
+    advice: list[str] = field(default_factory=list)
+    opencv_version: str | None = None
+    opencv_parallel: str | None = None
+    numpy_version: str | None = None
+    thread_env: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def render(self) -> str:
+        cpu, acc, pools = self.cpu, self.accelerator, self.pools
+        lines = ["course_utils doctor", "===================", ""]
+        lines.append(f"Python        {self.python}")
+        lines.append(f"Platform      {self.platform}")
+        lines.append(f"torch         {self.torch_version} ({self.torch_build})")
+        lines.append(f"NumPy         {self.numpy_version or 'not installed'}")
+        ocv = self.opencv_version or "not installed"
+        if self.opencv_parallel:
+            ocv += f" (parallel framework: {self.opencv_parallel})"
+        lines.append(f"OpenCV        {ocv}")
+        lines += ["", "CPUs"]
+        lines.append(f"  usable              {cpu.usable}")
+        lines.append(f"  os.cpu_count()      {cpu.logical}")
+        lines.append(f"  affinity            {cpu.affinity if cpu.affinity is not None else 'not available on this OS'}")
+        lines.append(f"  cgroup CPU quota    {f'{cpu.cgroup_quota:g} CPUs' if cpu.cgroup_quota is not None else 'none'}")
+        if cpu.limited_by:
+            lines.append(f"  usable < os.cpu_count() because: {'; '.join(cpu.limited_by)}")
+        else:
+            lines.append("  usable == os.cpu_count(): no affinity or quota limit")
+        lines += ["", f"Thread pools in this process (pid {pools.pid})"]
+        lines.append(f"  torch intra-op      {pools.torch_intra}    torch.get_num_threads()")
+        lines.append(f"  torch inter-op      {pools.torch_interop}    torch.get_num_interop_threads()")
+        lines.append(f"  OpenCV              {pools.opencv if pools.opencv is not None else '-'}    cv2.getNumThreads()")
+        for entry in pools.blas:
+            label = f"{entry.get('user_api')}/{entry.get('internal_api')}"
+            lines.append(
+                f"  {label:<19} {entry.get('num_threads')}    {os.path.basename(str(entry.get('filepath')))}"
+            )
+        if pools.os_threads is not None:
+            lines.append(f"  OS threads now      {pools.os_threads}")
+        env = ", ".join(f"{k}={v}" for k, v in self.thread_env.items()) or "none set"
+        lines.append(f"  thread env vars     {env}")
+        lines += ["", "Accelerator"]
+        if acc.kind == "cpu":
+            lines.append("  none: torch runs on the CPU")
+        else:
+            mem = f", {_gib(acc.memory_bytes)}" if acc.memory_bytes else ""
+            lines.append(f"  {acc.kind}: {acc.name}{mem} (x{acc.count})")
+        lines += ["", "Memory"]
+        lines.append(f"  RAM                 {_gib(self.ram_total_bytes)} total, {_gib(self.ram_available_bytes)} available")
+        lines += ["", "Processes"]
+        lines.append(f"  start method        {self.start_method} (DataLoader workers use it unless multiprocessing_context is set)")
+        lines += ["", "Advice"]
+        if self.advice:
+            lines += [f"  {i}. {text}" for i, text in enumerate(self.advice, 1)]
+        else:
+            lines.append("  nothing stands out")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.render()
+
+
+def advise(report: DoctorReport) -> list[str]:
+    """Advice computed from a report's findings (nothing here is fixed text)."""
+    advice: list[str] = []
+    cpu, pools, acc = report.cpu, report.pools, report.accelerator
+
+    if cpu.usable < cpu.logical:
+        advice.append(
+            f"Size num_workers from the usable CPUs ({cpu.usable}), not os.cpu_count() "
+            f"({cpu.logical}): {'; '.join(cpu.limited_by)}."
+        )
+    if cpu.usable == 1:
+        advice.append(
+            "Only 1 usable CPU: worker processes cannot run in parallel with the training "
+            "loop here, so expect num_workers > 0 to help only when loading waits on I/O."
+        )
+    if pools.torch_intra > cpu.usable:
+        advice.append(
+            f"torch uses {pools.torch_intra} intra-op threads but only {cpu.usable} CPUs are "
+            f"usable: call torch.set_num_threads({cpu.usable}) in the main process."
+        )
+
+    # What a DataLoader worker keeps: everything except torch's pool and torch's own OpenMP
+    # runtime (the worker's torch.set_num_threads(1) sizes both).
+    busy = {"OpenCV": pools.opencv} if pools.opencv is not None and pools.opencv > 1 else {}
+    for entry in pools.blas:
+        if not is_torch_openmp(entry) and (entry.get("num_threads") or 0) > 1:
+            busy[f"{entry.get('internal_api')} ({_entry_name(entry)})"] = int(entry["num_threads"])
+    if busy:
+        listed = ", ".join(f"{name} {n}" for name, n in busy.items())
+        worst = max(busy.values())
+        advice.append(
+            f"These pools keep their threads inside every DataLoader worker ({listed}); "
+            f"torch's own pool is set to 1 there, these are not. With {cpu.usable} workers "
+            f"that is up to {cpu.usable * worst} threads on {cpu.usable} CPUs. Limit them in "
+            f"worker_init_fn (course_utils.make_worker_init(1))."
+        )
+
+    omp = report.thread_env.get("OMP_NUM_THREADS")
+    if omp is not None and omp.strip().isdigit():
+        ignored = [
+            f"{_entry_name(e)} {e.get('num_threads')}"
+            for e in pools.blas
+            if e.get("user_api") == "openmp" and e.get("num_threads") != int(omp)
+        ]
+        if ignored:
+            advice.append(
+                f"OMP_NUM_THREADS={omp} is set but {', '.join(ignored)} disagrees: the variable "
+                f"only sizes pools loaded after it was set (or the pool was resized since). "
+                f"Use course_utils.limit_threads / threadpoolctl to change a running pool."
+            )
+
+    if acc.kind == "cpu":
+        advice.append(
+            "No GPU: the GPU lessons (host-to-device copies, GPU augmentation) run the same "
+            "code on CPU tensors; measured GPU results ship with the course for comparison."
+        )
+    elif acc.kind == "mps":
+        advice.append(
+            "Apple MPS: lessons run on 'mps'; CUDA-only parts (pinned memory with "
+            "non_blocking copies, CUDA streams) run on CPU tensors instead."
+        )
+    elif acc.kind == "cuda" and report.start_method == "fork":
+        advice.append(
+            f"GPU {acc.name} with the 'fork' start method: never use CUDA inside DataLoader "
+            f"workers (a forked child cannot re-initialise CUDA); move batches to the GPU in "
+            f"the main process."
+        )
+
+    if report.start_method in ("spawn", "forkserver"):
+        advice.append(
+            f"Workers start with '{report.start_method}': every Dataset, collate_fn and "
+            f"worker_init_fn must live in an importable module (like course_utils), not in the "
+            f"notebook; each worker imports torch afresh, so consider persistent_workers=True."
+        )
+    elif report.start_method == "fork":
+        advice.append(
+            "Workers start with 'fork': they share the parent's memory copy-on-write, so hold "
+            "datasets as NumPy arrays, not lists of Python objects (reading those copies pages "
+            "into every worker)."
+        )
+
+    if report.ram_available_bytes < LOW_RAM_BYTES:
+        advice.append(
+            f"Only {_gib(report.ram_available_bytes)} of RAM available: each worker is a "
+            f"process holding its own prefetched batches (prefetch_factor x batch_size); keep "
+            f"num_workers and batch sizes modest and run the course in quick mode "
+            f"(COURSE_QUICK=1)."
+        )
+    return advice
+
+
+def _entry_name(entry: dict) -> str:
+    return str(entry.get("prefix") or entry.get("internal_api"))
+
+
+def doctor() -> DoctorReport:
+    """Inspect this machine and process; ``print(doctor())`` for a readable report."""
+    import psutil
+
+    try:
+        import numpy
+
+        numpy_version: str | None = numpy.__version__
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        numpy_version = None
+    opencv_version, opencv_parallel = _opencv_details()
+    memory = psutil.virtual_memory()
+    report = DoctorReport(
+        python=f"{platform.python_implementation()} {platform.python_version()} ({sys.executable})",
+        platform=platform.platform(),
+        torch_version=torch.__version__,
+        torch_build=_torch_build(),
+        cpu=cpu_info(),
+        pools=thread_pools(),
+        accelerator=accelerator(),
+        start_method=start_method(),
+        ram_total_bytes=int(memory.total),
+        ram_available_bytes=int(memory.available),
+        opencv_version=opencv_version,
+        opencv_parallel=opencv_parallel,
+        numpy_version=numpy_version,
+        thread_env={k: os.environ[k] for k in THREAD_ENV_VARS if k in os.environ},
+    )
+    report.advice = advise(report)
+    return report
+
+
+def machine_summary() -> str:
+    """One line: ``Linux x86_64 | 2 usable CPUs (of 2) | torch 2.13.0 cpu | no GPU | start: fork``."""
+    cpu = cpu_info()
+    acc = accelerator()
+    version = torch.__version__.split("+")[0]
+    if getattr(torch.version, "cuda", None):
+        build = f"cuda {torch.version.cuda}"
+    elif getattr(torch.version, "hip", None):
+        build = f"rocm {torch.version.hip}"
+    else:
+        build = "cpu"
+    if acc.kind == "cuda":
+        gpu = acc.name + (f" x{acc.count}" if acc.count > 1 else "")
+    elif acc.kind == "mps":
+        gpu = "Apple MPS"
+    else:
+        gpu = "no GPU"
+    cpus = f"{cpu.usable} usable CPU{'s' if cpu.usable != 1 else ''} (of {cpu.logical})"
+    return f"{platform.system()} {platform.machine()} | {cpus} | torch {version} {build} | {gpu} | start: {start_method()}"

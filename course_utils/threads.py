@@ -1,0 +1,540 @@
+"""Thread pools: look at them, limit them, and limit them inside DataLoader workers.
+
+A Python process that has imported torch, NumPy and OpenCV holds several independent
+thread pools:
+
+* torch's intra-op pool (``torch.get_num_threads()``; OpenMP in the usual CPU builds),
+  and its inter-op pool (``torch.get_num_interop_threads()``);
+* OpenCV's pool (``cv2.getNumThreads()``);
+* every BLAS / OpenMP runtime that ``threadpoolctl`` can see: the OpenBLAS behind NumPy,
+  the OpenMP runtime shipped with torch, the OpenBLAS bundled inside opencv-python, ...
+
+Every DataLoader worker calls ``torch.set_num_threads(1)`` before it runs your code; the
+other pools keep their size. This module lets you *see* that (:func:`thread_pools`,
+:func:`pools_in_workers`) and fix it (:class:`limit_threads`, :func:`make_worker_init`).
+
+Fork safety (measured with opencv-python 5.0 / torch 2.13 CPU on Linux, and the reason for
+some of the choices below):
+
+* OpenCV (pthreads backend): ``cv2.setNumThreads(1)`` *shrinks* the pool, which joins the
+  pool's worker threads. In a process created by ``fork`` from a parent that had used
+  OpenCV, those threads do not exist (fork copies only the calling thread) and the call hangs
+  (in ``pthread_cond_destroy``) most of the time. ``cv2.setNumThreads(0)`` means "run
+  sequentially" (``cv2.getNumThreads()`` then reads 1) and does not touch the pool's
+  threads, so this module always uses 0 to ask OpenCV for one thread.
+* torch's OpenMP runtime (GNU libgomp) is not fork-safe: in a forked child of a parent that
+  had used it, a parallel region with more than one thread hangs. One thread is fine (that
+  is why the DataLoader sets 1). Setting more than one thread in such a child is refused
+  with a clear error instead of a hang later.
+* OpenBLAS resets its pool at fork by itself: limiting it is safe everywhere.
+"""
+from __future__ import annotations
+
+import contextlib
+import numbers
+import os
+import pickle
+import random
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import threadpoolctl
+import torch
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+__all__ = [
+    "ThreadPools",
+    "thread_pools",
+    "limit_threads",
+    "WorkerThreadLimiter",
+    "make_worker_init",
+    "pools_in_workers",
+    "THREAD_ENV_VARS",
+    "is_torch_openmp",
+]
+
+#: Environment variables that size thread pools of libraries loaded *after* they are set
+#: (child processes, or libraries not yet imported). Setting them in a running process does
+#: not resize pools that are already loaded.
+THREAD_ENV_VARS = (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+    "OPENCV_FOR_THREADS_NUM",
+)
+
+_BLAS_KEYS = ("user_api", "internal_api", "num_threads", "filepath", "prefix", "version")
+
+# --------------------------------------------------------------------------------------
+# fork bookkeeping
+# --------------------------------------------------------------------------------------
+# The pid of the process that imported this module. In a child created by fork the module
+# is inherited, so os.getpid() differs; after spawn (or in a fresh forkserver child of a
+# server that never imported us) the module is imported anew and they are equal.
+_IMPORT_PID = os.getpid()
+# Number of OS threads in the parent right before the fork that created this process, as
+# recorded by the at-fork hook (None when the hook was not registered before that fork).
+_threads_at_fork: int | None = None
+_fork_hook_registered = False
+
+
+def _count_os_threads() -> int | None:
+    """OS threads of this process (Linux: /proc/self/task; elsewhere psutil); None if unknown."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        pass
+    try:
+        import psutil
+
+        return int(psutil.Process().num_threads())
+    except Exception:  # pragma: no cover - platform dependent
+        return None
+
+
+def _record_threads_before_fork() -> None:
+    global _threads_at_fork
+    try:
+        _threads_at_fork = _count_os_threads()
+    except Exception:  # pragma: no cover - a fork hook must never raise
+        _threads_at_fork = None
+
+
+def _watch_forks() -> None:
+    """Register (once, lazily, never at import) the hook that records the parent's threads."""
+    global _fork_hook_registered
+    if not _fork_hook_registered and hasattr(os, "register_at_fork"):
+        os.register_at_fork(before=_record_threads_before_fork)
+        _fork_hook_registered = True
+
+
+def _pools_may_be_fork_copies() -> bool:
+    """True when this process is a fork of a parent that had live threads at fork time.
+
+    Then the OpenMP / OpenCV pool bookkeeping here describes threads that do not exist in
+    this process, and resizing those pools (other than down to "sequential") can hang.
+    """
+    if os.getpid() == _IMPORT_PID:
+        return False  # imported here: fresh interpreter (spawn/forkserver) or main process
+    if _threads_at_fork is not None:
+        return _threads_at_fork > 1
+    # The hook was not registered before the fork: ask whether the parent has threads now
+    # (a forkserver server has one, a notebook kernel that used its pools has many).
+    try:
+        import psutil
+
+        return psutil.Process(os.getppid()).num_threads() > 1
+    except Exception:
+        return True  # cannot tell: assume the unsafe case
+
+
+def _refuse_unsafe_fork(n: int, what: str) -> None:
+    if n > 1 and _pools_may_be_fork_copies():
+        raise RuntimeError(
+            f"{what} asked for {n} threads per pool, but this process was started with the "
+            f"'fork' start method from a process whose thread pools were already running. "
+            f"fork copies the pools' bookkeeping but not their threads: torch's OpenMP pool "
+            f"and OpenCV's pool can hang on their next parallel call if resized here. "
+            f"Use 1 thread in forked workers, or start the workers with "
+            f"multiprocessing_context='forkserver' (or 'spawn') to give each of them {n}."
+        )
+
+
+# --------------------------------------------------------------------------------------
+# small helpers
+# --------------------------------------------------------------------------------------
+def _check_threads(n: Any, name: str) -> int:
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        raise TypeError(
+            f"{name} must be a positive int (a number of threads), got {n!r} of type "
+            f"{type(n).__name__}; for example {name}=1."
+        )
+    if n < 1:
+        raise ValueError(
+            f"{name} must be >= 1 (a number of threads), got {n}; use {name}=1 to make "
+            f"every pool sequential."
+        )
+    return int(n)
+
+
+def _cv2():
+    try:
+        import cv2
+    except ImportError:
+        return None
+    return cv2
+
+
+def _get_opencv_threads() -> int | None:
+    cv2 = _cv2()
+    return None if cv2 is None else int(cv2.getNumThreads())
+
+
+def _set_opencv_threads(n: int) -> None:
+    """Ask OpenCV for ``n`` threads; ``n <= 1`` is sent as 0 ("sequential").
+
+    Why 0 and not 1: with the pthreads backend, setNumThreads(1) stops and joins the pool's
+    threads immediately. In a forked child those threads are copies that never run, and the
+    join hangs (observed in 19 of 20 forks after the parent had run cv2.GaussianBlur).
+    setNumThreads(0) only records "sequential"; getNumThreads() then reads 1, and parallel
+    OpenCV calls run on the calling thread. Same effect, no hang.
+    """
+    cv2 = _cv2()
+    if cv2 is not None:
+        cv2.setNumThreads(int(n))
+
+
+def _blas_pools() -> list[dict]:
+    return [{k: info.get(k) for k in _BLAS_KEYS} for info in threadpoolctl.threadpool_info()]
+
+
+def is_torch_openmp(entry: dict) -> bool:
+    """True for the OpenMP runtime shipped inside torch (sized by ``torch.set_num_threads``)."""
+    path = os.path.realpath(str(entry.get("filepath") or ""))
+    torch_dir = os.path.realpath(os.path.dirname(torch.__file__))
+    return entry.get("user_api") == "openmp" and path.startswith(torch_dir + os.sep)
+
+
+def _pool_label(entry: dict) -> str:
+    prefix = entry.get("prefix") or os.path.basename(str(entry.get("filepath") or "?"))
+    owner = ", torch" if is_torch_openmp(entry) else ""
+    return f"{entry.get('internal_api')} ({prefix}{owner})"
+
+
+# --------------------------------------------------------------------------------------
+# inventory
+# --------------------------------------------------------------------------------------
+@dataclass
+class ThreadPools:
+    """The thread pools of one process, in threads (a snapshot; nothing is changed).
+
+    torch_intra: ``torch.get_num_threads()``; torch_interop: ``torch.get_num_interop_threads()``;
+    opencv: ``cv2.getNumThreads()`` (None when OpenCV is not installed); blas: one dict per
+    BLAS/OpenMP library ``threadpoolctl.threadpool_info()`` sees (user_api, internal_api,
+    num_threads, filepath, prefix, version); pid: the process; worker_id: the DataLoader
+    worker id when taken inside a worker, else None; os_threads: OS threads the process had
+    when the snapshot was taken (None where unknown).
+    """
+
+    torch_intra: int
+    torch_interop: int
+    opencv: int | None
+    blas: list[dict] = field(default_factory=list)
+    pid: int = 0
+    worker_id: int | None = None
+    os_threads: int | None = None
+
+    @property
+    def pools(self) -> dict[str, int]:
+        """Thread count of every pool a data-loading call can fan out to, by a readable name.
+
+        The inter-op pool is left out: data loading does not use it, and torch allows setting
+        it only once per process, before first use.
+        """
+        out: dict[str, int] = {"torch intra-op": int(self.torch_intra)}
+        if self.opencv is not None:
+            out["OpenCV"] = int(self.opencv)
+        for entry in self.blas:
+            name = _pool_label(entry)
+            while name in out:
+                name += "'"
+            out[name] = int(entry.get("num_threads") or 0)
+        return out
+
+    @property
+    def total_max(self) -> int:
+        """The most threads any one pool in this process may run (1 = everything limited)."""
+        return max(self.pools.values())
+
+    def limited_to(self, n: int) -> bool:
+        """True when every pool in :attr:`pools` uses at most ``n`` threads."""
+        return self.total_max <= n
+
+    def to_dict(self) -> dict:
+        """Plain dict (JSON-serialisable), the inverse of :meth:`from_dict`."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ThreadPools":
+        known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        known["blas"] = [dict(e) for e in known.get("blas", [])]
+        return cls(**known)
+
+    def __str__(self) -> str:
+        pools = ", ".join(f"{name} {n}" for name, n in self.pools.items())
+        where = f"pid {self.pid}" + (f", worker {self.worker_id}" if self.worker_id is not None else "")
+        return f"[{where}] {pools}; torch inter-op {self.torch_interop}"
+
+
+def thread_pools() -> ThreadPools:
+    """Inventory of this process's thread pools (threads per pool). Changes nothing.
+
+    Inside a DataLoader worker this reports that worker's pools (and its ``worker_id``).
+    """
+    _watch_forks()
+    opencv = _get_opencv_threads()  # imports cv2 first, so threadpoolctl also sees its BLAS
+    info = get_worker_info()
+    return ThreadPools(
+        torch_intra=int(torch.get_num_threads()),
+        torch_interop=int(torch.get_num_interop_threads()),
+        opencv=opencv,
+        blas=_blas_pools(),
+        pid=os.getpid(),
+        worker_id=None if info is None else int(info.id),
+        os_threads=_count_os_threads(),
+    )
+
+
+# --------------------------------------------------------------------------------------
+# limiting in this process
+# --------------------------------------------------------------------------------------
+class limit_threads(contextlib.ContextDecorator):
+    """Limit torch intra-op, every BLAS/OpenMP pool (threadpoolctl) and OpenCV to ``n`` threads.
+
+    Use as a context manager or a decorator; the previous sizes are restored on exit::
+
+        with limit_threads(1):
+            ...
+
+        @limit_threads(2)
+        def preprocess(...): ...
+
+    Nothing happens at construction (so decorating a function at import time changes no
+    pool); the limits apply while the block or decorated call runs. In a process forked from
+    a parent with running pools, ``n > 1`` is refused (see the module docstring).
+    """
+
+    def __init__(self, n: int = 1) -> None:
+        self.n = _check_threads(n, "n")
+        self._saved: tuple | None = None
+
+    def _recreate_cm(self) -> "limit_threads":
+        # A fresh object per decorated call, so recursion and threads do not share state.
+        return type(self)(self.n)
+
+    def __enter__(self) -> "limit_threads":
+        if self._saved is not None:
+            raise RuntimeError(
+                "this limit_threads object is already active; create a new one for each "
+                "with-block (e.g. `with limit_threads(1):`)."
+            )
+        _watch_forks()
+        _refuse_unsafe_fork(self.n, f"limit_threads({self.n})")
+        saved_torch = torch.get_num_threads()
+        saved_opencv = _get_opencv_threads()
+        blas = threadpoolctl.threadpool_limits(limits=self.n)
+        torch.set_num_threads(self.n)
+        _set_opencv_threads(self.n)
+        self._saved = (saved_torch, saved_opencv, blas)
+        return self
+
+    def __exit__(self, *exc: object) -> bool:
+        if self._saved is None:
+            return False
+        saved_torch, saved_opencv, blas = self._saved
+        self._saved = None
+        # threadpoolctl first (it also resets torch's OpenMP runtime), then torch, so torch's
+        # own setting is the one that sticks.
+        blas.restore_original_limits()
+        torch.set_num_threads(saved_torch)
+        if saved_opencv is not None:
+            _set_opencv_threads(saved_opencv)
+        return False
+
+    def __repr__(self) -> str:
+        return f"limit_threads({self.n})"
+
+
+# --------------------------------------------------------------------------------------
+# limiting inside DataLoader workers
+# --------------------------------------------------------------------------------------
+# threadpoolctl limit objects made in workers are kept here for the worker's life, so the
+# limits stick even if a later threadpoolctl version restored them on garbage collection.
+_worker_limits: list = []
+
+
+class WorkerThreadLimiter:
+    """A DataLoader ``worker_init_fn`` that limits every pool in the worker to ``n_threads``.
+
+    Picklable (works under fork, forkserver and spawn). In each worker it sets torch
+    intra-op threads, every BLAS/OpenMP pool threadpoolctl sees, and OpenCV to
+    ``n_threads`` for the worker's whole life. With ``set_env`` it also sets
+    :data:`THREAD_ENV_VARS` in the worker, for processes the worker starts. With ``seed``,
+    Python's ``random`` and NumPy's global RNG are seeded with ``seed + worker_id`` (the
+    same streams every epoch; without ``seed`` the DataLoader's own per-worker seeding is
+    left as it is).
+    """
+
+    def __init__(self, n_threads: int = 1, seed: int | None = None, *, set_env: bool = True) -> None:
+        self.n_threads = _check_threads(n_threads, "n_threads")
+        if seed is not None:
+            if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+                raise ValueError(
+                    f"seed must be None or an int >= 0, got {seed!r}; each worker is seeded "
+                    f"with seed + worker_id."
+                )
+            seed = int(seed)
+        self.seed = seed
+        self.set_env = bool(set_env)
+        _watch_forks()
+
+    def __call__(self, worker_id: int) -> None:
+        n = self.n_threads
+        _refuse_unsafe_fork(n, f"make_worker_init(n_threads={n})")
+        if self.set_env:
+            for var in THREAD_ENV_VARS:
+                os.environ[var] = str(n)
+        _worker_limits.append(threadpoolctl.threadpool_limits(limits=n))
+        torch.set_num_threads(n)
+        _set_opencv_threads(n)
+        if self.seed is not None:
+            import numpy as np
+
+            random.seed(self.seed + worker_id)
+            np.random.seed((self.seed + worker_id) % 2**32)
+
+    def __repr__(self) -> str:
+        return f"WorkerThreadLimiter(n_threads={self.n_threads}, seed={self.seed})"
+
+
+def make_worker_init(n_threads: int = 1, seed: int | None = None, *, set_env: bool = True) -> WorkerThreadLimiter:
+    """A picklable ``worker_init_fn`` limiting every pool in each worker to ``n_threads``.
+
+    ``DataLoader(..., num_workers=4, worker_init_fn=make_worker_init(1))``.
+    See :class:`WorkerThreadLimiter`.
+    """
+    return WorkerThreadLimiter(n_threads, seed, set_env=set_env)
+
+
+# --------------------------------------------------------------------------------------
+# probing real workers
+# --------------------------------------------------------------------------------------
+class _PoolProbe(Dataset):
+    """``num_workers`` items; each fetch returns the fetching worker's pools as a dict."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> dict:
+        return thread_pools().to_dict()
+
+
+def _resolve_context(multiprocessing_context: Any) -> tuple[Any, str]:
+    import multiprocessing
+    from multiprocessing.context import BaseContext
+
+    if multiprocessing_context is None:
+        from course_utils.machine import start_method
+
+        return None, start_method()
+    if isinstance(multiprocessing_context, BaseContext):
+        return multiprocessing_context, multiprocessing_context.get_start_method()
+    methods = multiprocessing.get_all_start_methods()
+    if isinstance(multiprocessing_context, str) and multiprocessing_context in methods:
+        return multiprocessing.get_context(multiprocessing_context), multiprocessing_context
+    raise ValueError(
+        f"multiprocessing_context={multiprocessing_context!r} is not a start method on this "
+        f"platform; use one of {methods}, a multiprocessing context, or None for the default."
+    )
+
+
+def _check_sendable(worker_init_fn: Callable, method: str) -> None:
+    """Under spawn/forkserver the worker_init_fn is pickled: fail early and clearly."""
+    if method == "fork":
+        return
+    module_name = getattr(worker_init_fn, "__module__", None) or type(worker_init_fn).__module__
+    main = sys.modules.get("__main__")
+    if module_name == "__main__" and not getattr(main, "__file__", None):
+        raise TypeError(
+            f"worker_init_fn={worker_init_fn!r} is defined in the notebook (__main__); workers "
+            f"started with {method!r} cannot import it. Put it in an importable module (like "
+            f"course_utils.make_worker_init) or use multiprocessing_context='fork' where "
+            f"available."
+        )
+    try:
+        pickle.dumps(worker_init_fn)
+    except Exception as exc:
+        raise TypeError(
+            f"worker_init_fn={worker_init_fn!r} cannot be pickled ({exc}), so workers started "
+            f"with {method!r} cannot receive it. Use a class with __call__ defined in an "
+            f"importable module (like course_utils.make_worker_init), not a lambda or closure."
+        ) from exc
+
+
+def pools_in_workers(
+    worker_init_fn: Callable[[int], None] | None = None,
+    num_workers: int = 2,
+    multiprocessing_context: Any = None,
+    timeout_s: float = 60,
+) -> list[ThreadPools]:
+    """Start a real DataLoader and return the thread pools each worker sees (one per worker).
+
+    The workers run exactly as in training (``torch.set_num_threads(1)`` by the DataLoader,
+    then ``worker_init_fn``), and each reports :func:`thread_pools`. The result is sorted by
+    worker id. ``timeout_s`` bounds the wait for each worker's answer (seconds); a stuck
+    worker raises RuntimeError instead of hanging.
+    """
+    if isinstance(num_workers, bool) or not isinstance(num_workers, numbers.Integral) or num_workers < 1:
+        raise ValueError(
+            f"num_workers must be an int >= 1 (worker processes to probe), got {num_workers!r}; "
+            f"with num_workers=0 there are no workers: call thread_pools() instead."
+        )
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not timeout_s > 0:
+        raise ValueError(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}.")
+    if worker_init_fn is not None and not callable(worker_init_fn):
+        raise TypeError(
+            f"worker_init_fn must be None or a callable taking worker_id, got {worker_init_fn!r}."
+        )
+    context, method = _resolve_context(multiprocessing_context)
+    if worker_init_fn is not None:
+        _check_sendable(worker_init_fn, method)
+    _watch_forks()
+    num_workers = int(num_workers)
+    loader = DataLoader(
+        _PoolProbe(num_workers),
+        batch_size=None,
+        num_workers=num_workers,
+        worker_init_fn=worker_init_fn,
+        multiprocessing_context=context,
+        timeout=float(timeout_s),
+    )
+    iterator = iter(loader)
+    try:
+        try:
+            # The DataLoader hands index i to worker i % num_workers: one item per worker.
+            answers = [ThreadPools.from_dict(item) for item in iterator]
+        except RuntimeError as exc:
+            if "timed out" in str(exc):
+                raise RuntimeError(
+                    f"pools_in_workers: a DataLoader worker (start method {method!r}) did not "
+                    f"answer within timeout_s={timeout_s} s. It is stuck in worker_init_fn "
+                    f"(a thread pool resized in a forked worker can hang) or still starting "
+                    f"up. Try multiprocessing_context='forkserver' or 'spawn', a simpler "
+                    f"worker_init_fn, or a larger timeout_s."
+                ) from exc
+            if "exited unexpectedly" in str(exc):
+                raise RuntimeError(
+                    f"pools_in_workers: a DataLoader worker (start method {method!r}) died. "
+                    f"Under 'spawn'/'forkserver' this usually means it could not import or "
+                    f"unpickle the dataset or worker_init_fn; look at the worker's error "
+                    f"printed above. Original error: {exc}"
+                ) from exc
+            raise
+    finally:
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+    answers.sort(key=lambda p: -1 if p.worker_id is None else p.worker_id)
+    seen = sorted(p.worker_id for p in answers if p.worker_id is not None)
+    if seen != list(range(num_workers)):
+        raise RuntimeError(
+            f"pools_in_workers: expected one answer from each of workers 0..{num_workers - 1}, "
+            f"got worker ids {seen}."
+        )
+    return answers

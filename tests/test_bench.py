@@ -1,0 +1,511 @@
+"""Tests for course_utils.bench: structure, arithmetic and bad input — never speed claims.
+
+Timing assertions are only safe lower bounds (a 10 ms sleep takes at least 10 ms) or loose
+cross-checks between two timers measuring the same thing in the same run.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections import namedtuple
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from course_utils import bench
+from course_utils.bench import (Comparison, DataWait, Measurement, batch_size_of, compare,
+                                measure, measure_data_wait, measure_loader)
+
+
+# ---------------------------------------------------------------------------------------
+# datasets used by the tests (module level, so DataLoader workers can use them)
+# ---------------------------------------------------------------------------------------
+
+class TinyDataset(Dataset):
+    """n items of shape (3,), instant."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return torch.full((3,), float(i)), i
+
+
+class SleepDataset(Dataset):
+    """Sleeps ``latency_s`` per item; item 0 (the first of each sequential epoch) also sleeps
+    ``first_s``: a slow start that warm-up must keep out of the timing."""
+
+    def __init__(self, n: int, latency_s: float = 0.0, first_s: float = 0.0) -> None:
+        self.n, self.latency_s, self.first_s = n, latency_s, first_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if i == 0 and self.first_s:
+            time.sleep(self.first_s)
+        if self.latency_s:
+            time.sleep(self.latency_s)
+        return torch.zeros(2, dtype=torch.uint8), i
+
+
+class BusyDataset(Dataset):
+    """Burns ``cpu_s`` of CPU (a busy loop, not a sleep) per item."""
+
+    def __init__(self, n: int, cpu_s: float) -> None:
+        self.n, self.cpu_s = n, cpu_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        end = time.process_time() + self.cpu_s
+        x = 0
+        while time.process_time() < end:
+            x += 1
+        return torch.zeros(2), i
+
+
+class CountingStream(IterableDataset):
+    """An iterable dataset without len()."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+
+class FakeClock:
+    """Replaces bench._now; the measured function advances it by a planned duration."""
+
+    def __init__(self, durations):
+        self.t = 100.0
+        self.durations = list(durations)
+
+    def __call__(self) -> float:
+        return self.t
+
+    def work(self) -> None:
+        self.t += self.durations.pop(0) if self.durations else 0.0
+
+
+# ---------------------------------------------------------------------------------------
+# Measurement arithmetic
+# ---------------------------------------------------------------------------------------
+
+def test_measure_with_fake_clock_computes_median_iqr_and_rate(monkeypatch):
+    # warm-up call first (0.0 s), then five repeats of known length
+    clock = FakeClock([0.0, 0.1, 0.2, 0.3, 0.4, 0.5])
+    monkeypatch.setattr(bench, "_now", clock)
+    m = measure(clock.work, items=6, warmup=1, repeats=5, label="fake")
+    assert m.times_s == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5])
+    assert m.median_s == pytest.approx(0.3)
+    assert m.iqr_s == pytest.approx(0.4 - 0.2)
+    assert m.samples_per_s == 6 / m.median_s
+    assert m.items_per_repeat == 6
+    assert m.label == "fake"
+    assert m.noisy  # IQR is 67 % of the median
+    assert any(w.startswith("noisy") for w in m.warnings)
+    assert m.repeats == 5
+
+
+def test_from_times_quiet_and_warnings():
+    m = Measurement.from_times("q", [0.2, 0.2, 0.2], 10, machine="test machine")
+    assert m.median_s == 0.2 and m.iqr_s == 0.0
+    assert m.samples_per_s == 10 / 0.2
+    assert not m.noisy
+    assert m.warnings == []
+    few = Measurement.from_times("few", [0.2, 0.2], 10, machine="m")
+    assert any("few repeats" in w for w in few.warnings)
+    short = Measurement.from_times("short", [1e-5] * 3, 1, machine="m")
+    assert any("short repeats" in w for w in short.warnings)
+    with pytest.raises(ValueError, match="times_s"):
+        Measurement.from_times("x", [], 1, machine="m")
+    with pytest.raises(ValueError, match="items_per_repeat"):
+        Measurement.from_times("x", [0.1], 0, machine="m")
+
+
+def test_measure_real_sleep_lower_bound_and_fields():
+    calls = []
+
+    def work():
+        calls.append(1)
+        time.sleep(0.010)
+
+    m = measure(work, items=4, warmup=2, repeats=3, settings={"kind": "sleep"})
+    assert len(calls) == 2 + 3  # warm-up calls are made but not timed
+    assert len(m.times_s) == 3
+    assert m.median_s >= 0.010  # a sleep never takes less than asked
+    assert m.samples_per_s == 4 / m.median_s
+    assert m.label == "work"
+    assert m.settings == {"kind": "sleep"}
+    assert m.cpu_s_per_sample is not None and m.cpu_s_per_sample >= 0
+    if m.involuntary_ctx_switches is not None:
+        assert m.involuntary_ctx_switches >= 0
+    if m.peak_uss_bytes is not None:
+        assert m.peak_uss_bytes > 0
+    assert isinstance(m.machine, str) and m.machine
+    text = str(m)
+    assert "work" in text and "samples/s" in text and "median" in text
+    assert 3 <= len(text.splitlines()) <= 6
+
+
+def test_to_dict_is_json_and_round_trips():
+    m = Measurement.from_times("a", [0.1, 0.12, 0.11], 32, cpu_s_per_sample=0.002,
+                               settings={"device": torch.device("cpu"), "n": np.int64(3)},
+                               machine="test machine")
+    d = m.to_dict()
+    json.dumps(d)  # must not raise
+    assert d["settings"] == {"device": "cpu", "n": 3}
+    assert d["noisy"] == m.noisy
+    back = Measurement.from_dict(json.loads(json.dumps(d)))
+    assert back.samples_per_s == pytest.approx(m.samples_per_s)
+    assert back.times_s == m.times_s and back.label == "a"
+    with pytest.raises(ValueError, match="missing"):
+        Measurement.from_dict({"label": "x"})
+
+
+@pytest.mark.parametrize("kwargs, exc, word", [
+    ({"items": 0}, ValueError, "items"),
+    ({"warmup": -1}, ValueError, "warmup"),
+    ({"repeats": 0}, ValueError, "repeats"),
+    ({"repeats": 2.5}, TypeError, "repeats"),
+    ({"repeats": True}, TypeError, "repeats"),
+    ({"settings": [1, 2]}, TypeError, "settings"),
+    ({"device": "not-a-device"}, ValueError, "device"),
+])
+def test_measure_bad_arguments(kwargs, exc, word):
+    with pytest.raises(exc, match=word):
+        measure(lambda: None, **kwargs)
+
+
+def test_measure_rejects_non_callable():
+    with pytest.raises(TypeError, match="fn"):
+        measure(42)
+
+
+# ---------------------------------------------------------------------------------------
+# batch_size_of
+# ---------------------------------------------------------------------------------------
+
+Pair = namedtuple("Pair", "image label")
+
+
+@pytest.mark.parametrize("batch, expected", [
+    (torch.zeros(5, 3, 8, 8), 5),
+    (np.zeros((7, 2)), 7),
+    ((torch.zeros(4, 3), torch.arange(4)), 4),
+    ([torch.zeros(2, 3), torch.arange(2)], 2),
+    ({"image": torch.zeros(6, 1), "label": torch.arange(6)}, 6),
+    (((torch.zeros(3, 1), torch.zeros(3, 1)), torch.arange(3)), 3),
+    ([{"x": torch.zeros(9)}, torch.arange(9)], 9),
+    (Pair(torch.zeros(8, 2), torch.arange(8)), 8),
+    (["a.jpg", "b.jpg"], 2),
+    ([1, 2, 3], 3),
+])
+def test_batch_size_of(batch, expected):
+    assert batch_size_of(batch) == expected
+
+
+def test_batch_size_of_bad_batches():
+    with pytest.raises(ValueError, match="0-dimensional"):
+        batch_size_of(torch.tensor(3.0))
+    with pytest.raises(TypeError, match="object"):
+        batch_size_of(object())
+    with pytest.raises(ValueError, match="empty dict"):
+        batch_size_of({})
+
+
+# ---------------------------------------------------------------------------------------
+# measure_loader
+# ---------------------------------------------------------------------------------------
+
+def test_measure_loader_counts_a_last_partial_batch_exactly():
+    loader = DataLoader(TinyDataset(10), batch_size=4)  # batches of 4, 4, 2
+    m = measure_loader(loader, warmup_batches=0, repeats=2, progress=False)
+    assert m.items_per_repeat == 10
+    m = measure_loader(loader, warmup_batches=1, repeats=2, progress=False)
+    assert m.items_per_repeat == 4 + 2
+    m = measure_loader(loader, warmup_batches=1, batches=1, repeats=2, progress=False)
+    assert m.items_per_repeat == 4
+    assert m.samples_per_s == m.items_per_repeat / m.median_s
+    assert m.settings["num_workers"] == 0 and m.settings["batch_size"] == 4
+    assert m.settings["pin_memory"] is False
+    assert "start_method" not in m.settings  # no workers, no start method
+    assert m.label == "DataLoader(num_workers=0, batch_size=4)"
+
+
+def test_measure_loader_settings_are_merged_and_labelled():
+    loader = DataLoader(TinyDataset(8), batch_size=2)
+    m = measure_loader(loader, warmup_batches=0, repeats=1, label="tiny",
+                       settings={"transform": "none", "batch_size": 2}, progress=False)
+    assert m.label == "tiny"
+    assert m.settings["transform"] == "none" and m.settings["num_workers"] == 0
+    assert any("few repeats" in w for w in m.warnings)
+    json.dumps(m.to_dict())
+
+
+def test_measure_loader_quick_mode_caps_batches(monkeypatch):
+    monkeypatch.setenv("COURSE_QUICK", "1")
+    loader = DataLoader(TinyDataset(50), batch_size=1)
+    m = measure_loader(loader, warmup_batches=2, repeats=1, progress=False)
+    assert m.items_per_repeat == 10
+
+
+def test_measure_loader_too_few_batches_is_a_clear_error():
+    loader = DataLoader(TinyDataset(10), batch_size=4)  # 3 batches
+    with pytest.raises(ValueError, match="warmup_batches"):
+        measure_loader(loader, warmup_batches=3, progress=False)
+    with pytest.raises(ValueError, match="batches"):
+        measure_loader(loader, warmup_batches=1, batches=5, progress=False)
+    # without len(): the error comes when the stream runs out
+    stream = DataLoader(CountingStream(5), batch_size=2)  # 3 batches, len unknown to us
+    with pytest.raises(ValueError, match="ran out"):
+        measure_loader(iter_only(stream), warmup_batches=1, batches=5, progress=False)
+
+
+class iter_only:
+    """Hides len() of a loader."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __iter__(self):
+        return iter(self.loader)
+
+
+@pytest.mark.parametrize("kwargs, exc, word", [
+    ({"batches": 0}, ValueError, "batches"),
+    ({"warmup_batches": -1}, ValueError, "warmup_batches"),
+    ({"repeats": 0}, ValueError, "repeats"),
+    ({"batches": "all"}, TypeError, "batches"),
+])
+def test_measure_loader_bad_arguments(kwargs, exc, word):
+    loader = DataLoader(TinyDataset(8), batch_size=2)
+    with pytest.raises(exc, match=word):
+        measure_loader(loader, progress=False, **kwargs)
+
+
+def test_measure_loader_rejects_non_iterables():
+    with pytest.raises(TypeError, match="loader"):
+        measure_loader(3, progress=False)
+
+
+def test_measure_loader_without_len_runs_to_the_end():
+    loader = iter_only(DataLoader(CountingStream(7), batch_size=2))  # 2, 2, 2, 1
+    m = measure_loader(loader, warmup_batches=1, repeats=2, progress=False)
+    assert m.items_per_repeat == 2 + 2 + 1
+
+
+def test_warm_up_is_excluded_from_the_timing():
+    # every epoch's first fetch sleeps 0.5 s; the others take about 1 ms
+    loader = DataLoader(SleepDataset(12, latency_s=0.001, first_s=0.5), batch_size=2)
+    warm = measure_loader(loader, warmup_batches=1, repeats=3, progress=False)
+    assert warm.median_s < 0.5  # the slow first batch was not timed
+    cold = measure_loader(loader, warmup_batches=0, batches=2, repeats=1, progress=False)
+    assert cold.median_s >= 0.5  # ...and it is there when warm-up is skipped
+
+
+def test_progress_bar_runs(capsys):
+    loader = DataLoader(TinyDataset(6), batch_size=2)
+    m = measure_loader(loader, warmup_batches=1, repeats=1, progress=True)
+    assert m.items_per_repeat == 4
+
+
+@pytest.mark.timeout(60)
+def test_cpu_time_includes_the_workers():
+    # workers burn 20 ms CPU per sample; the main process mostly waits on a queue
+    loader = DataLoader(BusyDataset(40, cpu_s=0.020), batch_size=2, num_workers=2)
+    m = measure_loader(loader, repeats=2, progress=False)
+    assert m.settings["num_workers"] == 2
+    assert m.settings["start_method"] in ("fork", "spawn", "forkserver")
+    assert m.settings["prefetch_factor"] == 2
+    assert m.cpu_s_per_sample is not None
+    assert m.cpu_s_per_sample >= 0.010  # only possible if the workers' CPU time is counted
+    if m.peak_uss_bytes is not None:
+        assert m.peak_uss_bytes > 0
+    if m.peak_pss_bytes is not None:
+        assert m.peak_pss_bytes > 0
+
+
+def test_default_warm_up_covers_every_worker():
+    # one batch per worker before the clock starts (their first batches arrive together)
+    assert bench._warmup_for(DataLoader(TinyDataset(4), num_workers=0), None) == 2
+    assert bench._warmup_for(SimpleNamespace(num_workers=5), None) == 5
+    assert bench._warmup_for(SimpleNamespace(num_workers=5), 1) == 1
+
+
+def test_measure_loader_agrees_with_an_independent_timer():
+    """Cross-check: a plain perf_counter loop over the same loader, same warm-up."""
+    loader = DataLoader(SleepDataset(40, latency_s=0.004), batch_size=4)  # 10 batches
+    m = measure_loader(loader, warmup_batches=1, repeats=3, progress=False)
+
+    rates = []
+    for _ in range(3):
+        it = iter(loader)
+        next(it)  # the same single warm-up batch, untimed
+        samples = 0
+        t0 = time.perf_counter()
+        for images, labels in it:
+            samples += len(labels)
+        rates.append(samples / (time.perf_counter() - t0))
+        del it
+    independent = statistics.median(rates)
+    assert m.items_per_repeat == 36
+    assert 0.5 < m.samples_per_s / independent < 2.0
+
+
+# ---------------------------------------------------------------------------------------
+# compare
+# ---------------------------------------------------------------------------------------
+
+def _m(label, seconds, items=100, cpu=None, machine="test machine"):
+    return Measurement.from_times(label, [seconds] * 3, items, cpu_s_per_sample=cpu,
+                                  machine=machine)
+
+
+def test_compare_ratios_and_table():
+    slow = _m("common recipe", 1.0, cpu=0.004)
+    fast = _m("tuned", 0.5, cpu=0.001)
+    c = compare([slow, fast])
+    assert isinstance(c, Comparison) and c.baseline == 0
+    assert c.ratio("tuned") == pytest.approx(2.0)
+    assert c.ratio(1, "cpu_s_per_sample") == pytest.approx(0.25)
+    assert c.ratio("common recipe") == 1.0
+    assert c.best().label == "tuned"
+    assert c.best("cpu_s_per_sample").label == "tuned"
+    text = str(c)
+    lines = text.splitlines()
+    assert "samples/s" in lines[0] and "CPU ms/sample" in lines[0]
+    assert "2.00x" in text and "0.25x" in text and "(baseline)" in text
+    assert "test machine" in text
+    # columns line up: every table row as wide as the header
+    assert len({len(line) for line in lines[:4]}) == 1
+    c2 = compare([slow, fast], baseline="tuned")
+    assert c2.baseline == 1 and c2.ratio("common recipe") == pytest.approx(0.5)
+    assert compare([slow, fast], baseline=-1).baseline == 1
+    json.dumps(c.to_dict())
+
+
+def test_compare_missing_metric_and_noisy_rows():
+    a = _m("a", 1.0)  # no CPU time
+    b = Measurement.from_times("b", [0.5, 1.0, 1.5], 100, machine="test machine")
+    c = compare([a, b])
+    with pytest.raises(ValueError, match="cpu_s_per_sample"):
+        c.ratio("b", "cpu_s_per_sample")
+    with pytest.raises(ValueError, match="metric"):
+        c.ratio("b", "speed")
+    text = str(c)
+    assert "n/a" in text and "b *" in text and "noisy" in text
+
+
+@pytest.mark.parametrize("measurements, baseline, exc, word", [
+    ([], 0, ValueError, "empty"),
+    ("not a list", 0, TypeError, "Measurement"),
+    ([_m("a", 1.0)], 3, ValueError, "out of range"),
+    ([_m("a", 1.0)], "zzz", ValueError, "zzz"),
+    ([_m("a", 1.0), _m("a", 2.0)], "a", ValueError, "index"),
+    ([_m("a", 1.0)], 1.5, TypeError, "baseline"),
+])
+def test_compare_bad_input(measurements, baseline, exc, word):
+    with pytest.raises(exc, match=word):
+        compare(measurements, baseline=baseline)
+
+
+def test_compare_rejects_a_single_measurement():
+    with pytest.raises(TypeError, match="list"):
+        compare(_m("a", 1.0))
+
+
+def test_comparison_plot_returns_axes():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    c = compare([_m("slow", 1.0, cpu=0.002), _m("fast", 0.25, cpu=0.001)], baseline="slow")
+    ax = c.plot()
+    assert len(ax.patches) == 2
+    assert "4.00x" in " ".join(t.get_text() for t in ax.texts)
+    ax2 = c.plot(metric="cpu_s_per_sample")
+    assert ax2.get_xlabel().startswith("CPU")
+    plt.close("all")
+
+
+# ---------------------------------------------------------------------------------------
+# measure_data_wait
+# ---------------------------------------------------------------------------------------
+
+class DoNothing:
+    def __call__(self, batch) -> None:
+        return None
+
+
+class SleepStep:
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __call__(self, batch) -> None:
+        time.sleep(self.seconds)
+
+
+def test_data_wait_near_one_when_data_is_slow():
+    loader = DataLoader(SleepDataset(8, latency_s=0.02), batch_size=1)
+    w = measure_data_wait(loader, DoNothing(), steps=5, warmup_steps=1, device="cpu")
+    assert isinstance(w, DataWait)
+    assert w.steps == 5 and len(w.wait_s) == 5 and len(w.step_s) == 5
+    assert all(0 <= a <= b for a, b in zip(w.wait_s, w.step_s))
+    assert 0.5 < w.wait_fraction <= 1.0
+    assert w.wait_fraction == pytest.approx(sum(w.wait_s) / sum(w.step_s))
+    text = str(w)
+    assert text.startswith("data wait: ") and "% of step time" in text and "5 steps" in text
+    json.dumps(w.to_dict())
+
+
+def test_data_wait_near_zero_when_the_step_is_slow():
+    loader = DataLoader(TinyDataset(8), batch_size=2)
+    w = measure_data_wait(loader, SleepStep(0.02), warmup_steps=1)
+    assert w.steps == 3  # the rest of the epoch after one warm-up step
+    assert 0.0 <= w.wait_fraction < 0.5
+    assert w.median_step_s >= 0.02
+
+
+def test_data_wait_without_len_runs_to_the_end():
+    loader = iter_only(DataLoader(CountingStream(7), batch_size=2))  # 4 batches
+    w = measure_data_wait(loader, DoNothing(), warmup_steps=1)
+    assert w.steps == 3
+
+
+def test_data_wait_bad_input():
+    loader = DataLoader(TinyDataset(8), batch_size=2)
+    with pytest.raises(TypeError, match="step_fn"):
+        measure_data_wait(loader, "train")
+    with pytest.raises(ValueError, match="steps"):
+        measure_data_wait(loader, DoNothing(), steps=0)
+    with pytest.raises(ValueError, match="warmup_steps"):
+        measure_data_wait(loader, DoNothing(), warmup_steps=4)
+    with pytest.raises(TypeError, match="loader"):
+        measure_data_wait(None, DoNothing())
+
+
+def test_to_device_moves_nested_batches():
+    batch = {"x": torch.zeros(2), "pair": (torch.ones(1), [torch.ones(1)]), "name": "a"}
+    moved = bench.to_device(batch, "cpu")
+    assert moved["x"].device.type == "cpu" and moved["name"] == "a"
+    assert isinstance(moved["pair"], tuple) and isinstance(moved["pair"][1], list)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on machines without CUDA")
+def test_asking_for_cuda_without_cuda_is_a_clear_error():
+    with pytest.raises(ValueError, match="CUDA"):
+        measure(lambda: None, device="cuda")
+    loader = DataLoader(TinyDataset(8), batch_size=2)
+    with pytest.raises(ValueError, match="CUDA"):
+        measure_data_wait(loader, DoNothing(), device="cuda")

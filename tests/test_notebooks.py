@@ -1,0 +1,84 @@
+"""Notebooks as stored: no outputs, explicit imports that exist, the anatomy, stubs that fail.
+
+The notebooks themselves are executed by nbval (``make test`` runs ``--nbval-lax`` over
+notebooks/ and solutions/); this file checks what nbval does not.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import course_utils
+from course_utils.grade_notebook import grade_notebook
+
+ROOT = Path(__file__).resolve().parents[1]
+LESSONS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+SOLUTIONS = sorted((ROOT / "solutions").glob("*.ipynb"))
+EXERCISES = sorted((ROOT / "exercises").glob("*.ipynb"))
+ALL = LESSONS + SOLUTIONS + EXERCISES
+
+
+def _cells(path: Path, kind: str | None = None) -> list[str]:
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    out = []
+    for cell in nb["cells"]:
+        if kind is None or cell["cell_type"] == kind:
+            src = cell["source"]
+            out.append("".join(src) if isinstance(src, list) else src)
+    return out
+
+
+def _id(path: Path) -> str:
+    return f"{path.parent.name}/{path.name}"
+
+
+def test_there_are_notebooks():
+    assert LESSONS and SOLUTIONS and EXERCISES
+
+
+@pytest.mark.parametrize("path", ALL, ids=_id)
+def test_stored_without_outputs(path):
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    dirty = [i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code"
+             and (c.get("outputs") or c.get("execution_count") is not None)]
+    assert not dirty, f"{_id(path)}: cells {dirty} have outputs; clear them before committing"
+    assert nb["metadata"]["kernelspec"]["name"] == "python3"
+
+
+@pytest.mark.parametrize("path", ALL, ids=_id)
+def test_imports_are_explicit_and_exist(path):
+    for source in _cells(path, "code"):
+        code = "\n".join(l for l in source.splitlines() if not l.lstrip().startswith(("%", "!")))
+        for node in ast.walk(ast.parse(code)):
+            if isinstance(node, ast.ImportFrom):
+                names = [a.name for a in node.names]
+                assert "*" not in names, f"{_id(path)}: star import from {node.module}"
+                if node.module == "course_utils":
+                    missing = [n for n in names if not hasattr(course_utils, n)]
+                    assert not missing, f"{_id(path)}: course_utils has no {missing}"
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=_id)
+def test_lesson_anatomy(path):
+    text = "\n".join(_cells(path, "markdown")).lower()
+    for part in ("learning objectives", "predict first", "the common advice, checked",
+                 "key points", "exercise"):
+        assert part in text, f"{_id(path)}: no '{part}' section (see COURSE_DESIGN.md, anatomy)"
+    setup = _cells(path, "code")[0]
+    assert "machine_summary()" in setup and "mode_banner()" in setup, \
+        f"{_id(path)}: the first code cell should print machine_summary() and mode_banner()"
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("path", EXERCISES, ids=_id)
+def test_exercises_as_shipped_fail_exactly_at_their_stubs(path):
+    grade = grade_notebook(path, cell_timeout=300)
+    assert grade.exercises, f"{_id(path)}: no check(...) cell found"
+    assert not grade.other_failures, (
+        f"{_id(path)}: cells outside the checks failed:\n" + "\n".join(map(str, grade.other_failures)))
+    for exercise in grade.exercises:
+        assert not exercise.passed and "not done yet" in exercise.message, str(exercise)
