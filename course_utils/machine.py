@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import platform
 import sys
+import textwrap
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -293,7 +294,8 @@ class DoctorReport:
         lines.append(f"  start method        {self.start_method} (DataLoader workers use it unless multiprocessing_context is set)")
         lines += ["", "Advice"]
         if self.advice:
-            lines += [f"  {i}. {text}" for i, text in enumerate(self.advice, 1)]
+            for i, text in enumerate(self.advice, 1):
+                lines += textwrap.wrap(text, width=92, initial_indent=f"  {i}. ", subsequent_indent="     ")
         else:
             lines.append("  nothing stands out")
         return "\n".join(lines)
@@ -334,8 +336,8 @@ def advise(report: DoctorReport) -> list[str]:
         worst = max(busy.values())
         advice.append(
             f"These pools keep their threads inside every DataLoader worker ({listed}); "
-            f"torch's own pool is set to 1 there, these are not. With {cpu.usable} workers "
-            f"that is up to {cpu.usable * worst} threads on {cpu.usable} CPUs. Limit them in "
+            f"torch's own pool is set to 1 there, these are not: {cpu.usable} workers can run up "
+            f"to {cpu.usable * worst} threads on {cpu.usable} CPUs. Limit them in "
             f"worker_init_fn (course_utils.make_worker_init(1))."
         )
 
@@ -356,7 +358,7 @@ def advise(report: DoctorReport) -> list[str]:
     if acc.kind == "cpu":
         advice.append(
             "No GPU: the GPU lessons (host-to-device copies, GPU augmentation) run the same "
-            "code on CPU tensors; measured GPU results ship with the course for comparison."
+            "code on CPU tensors, so their timings say nothing about a GPU."
         )
     elif acc.kind == "mps":
         advice.append(

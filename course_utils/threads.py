@@ -23,10 +23,15 @@ some of the choices below):
   sequentially" (``cv2.getNumThreads()`` then reads 1) and does not touch the pool's
   threads, so this module always uses 0 to ask OpenCV for one thread.
 * torch's OpenMP runtime (GNU libgomp) is not fork-safe: in a forked child of a parent that
-  had used it, a parallel region with more than one thread hangs. One thread is fine (that
-  is why the DataLoader sets 1). Setting more than one thread in such a child is refused
+  had used it, a parallel region with more than one thread hangs. One thread is fine (the
+  DataLoader sets 1 in every worker). Setting more than one thread in such a child is refused
   with a clear error instead of a hang later.
 * OpenBLAS resets its pool at fork by itself: limiting it is safe everywhere.
+* A reading is not a running thread: in a forked worker whose parent had already used
+  OpenCV, ``cv2.getNumThreads()`` still reads the parent's value, but the pool's threads were
+  not copied and OpenCV does not start new ones: the worker has one OS thread. If the
+  parent had not used OpenCV yet, or under spawn/forkserver, the worker starts a real pool.
+  ``ThreadPools.os_threads`` shows the difference.
 """
 from __future__ import annotations
 
@@ -184,7 +189,7 @@ def _set_opencv_threads(n: int) -> None:
     """
     cv2 = _cv2()
     if cv2 is not None:
-        cv2.setNumThreads(int(n))
+        cv2.setNumThreads(0 if n <= 1 else int(n))
 
 
 def _blas_pools() -> list[dict]:

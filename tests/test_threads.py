@@ -318,8 +318,8 @@ def test_pools_in_real_workers_without_and_with_make_worker_init(busy_parent, me
 
 def test_worker_limiter_sets_more_than_one_thread_in_a_fresh_process(monkeypatch):
     """The n > 1 path, run in this (non-forked) process and undone by limit_threads."""
-    for var in threads.THREAD_ENV_VARS:
-        monkeypatch.delenv(var, raising=False)
+    for var in threads.THREAD_ENV_VARS:  # recorded, so monkeypatch restores them afterwards
+        monkeypatch.setenv(var, "placeholder")
     before = thread_pools()
     with limit_threads(1):
         WorkerThreadLimiter(3)(0)

@@ -1,0 +1,781 @@
+"""The course's reference preprocessing pipeline, written three ways: NumPy, OpenCV, torch (CPU).
+
+The pipeline (what every lesson means by "the reference pipeline")::
+
+    decode JPEG -> resize (shorter side to params.resize, bilinear) -> centre crop (params.crop)
+                -> horizontal flip (when drawn) -> normalise ((x / 255 - mean) / std) -> CHW
+
+* **Decode** is shared: :func:`course_utils.data.decode_jpeg` (``cv2.imdecode`` + BGR->RGB).
+  NumPy has no JPEG decoder, and torch only decodes through torchvision, which this course
+  does not install; so all three implementations start from the same decoded (H, W, 3) uint8
+  RGB array.
+* **Resize** is plain bilinear interpolation with the *half-pixel* convention (pixel centres at
+  ``i + 0.5``; ``cv2.INTER_LINEAR``, ``F.interpolate(mode='bilinear', align_corners=False,
+  antialias=False)``), clamped at the borders, no antialiasing. The output size keeps the
+  aspect ratio: the shorter side becomes ``params.resize`` and the longer side
+  ``int(params.resize * longer / shorter)`` (torchvision's rule). On uint8 input every
+  implementation returns uint8 (rounded); on float input, float32.
+* **Crop** is the centre ``params.crop`` x ``params.crop`` square, top-left corner at
+  ``int(round((h - crop) / 2))``, ``int(round((w - crop) / 2))`` (torchvision's rule).
+* **Flip** reverses the width axis (a horizontal, left-right mirror).
+* **Normalise** returns float32 ``(x / 255 - mean) / std`` per channel (RGB order).
+* **CHW** returns a contiguous (3, crop, crop) ``torch.Tensor``.
+
+Tolerance (stated and tested): implementations differ only in how they round the resized
+pixels back to uint8 (OpenCV uses 11-bit fixed-point weights and truncates some intermediate
+sums, NumPy here rounds the exact float result, torch has its own integer kernel). Measured in
+grey levels (1 level = 1/255 of the [0, 1] range, i.e. ``1 / (255 * std)`` after normalising),
+every output value of every implementation is within :data:`MAX_DIFF_LEVELS` = 1 level of
+:func:`exact_pipeline` (the same pipeline in float32 without rounding after the resize), and
+the mean signed difference over an image is within :data:`MEAN_DIFF_LEVELS` = 0.25 level (a
+systematic bias, such as truncating instead of rounding, shifts it by about 0.5).
+:func:`output_difference` measures both.
+
+Per-stage functions (``numpy_resize``, ``opencv_hflip``, ``torch_normalize``, ...) are public so
+a lesson can time each operation; :func:`pipeline_stages` lists a backend's stages in order;
+:func:`numpy_pipeline`, :func:`opencv_pipeline` and :func:`torch_pipeline` run them. The
+transform classes (:class:`ReferenceTransform`, :class:`Uint8Transform`, :class:`ToFloat32`)
+are picklable, so DataLoader workers can run them under every start method; their random flip
+comes from a per-process generator (see :class:`ReferenceTransform`).
+
+Nothing happens at import time.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence, Union
+
+import cv2
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "BACKENDS",
+    "MAX_DIFF_LEVELS",
+    "MEAN_DIFF_LEVELS",
+    "PipelineParams",
+    "resized_hw",
+    "crop_box",
+    "numpy_resize",
+    "opencv_resize",
+    "torch_resize",
+    "center_crop",
+    "torch_center_crop",
+    "numpy_hflip",
+    "opencv_hflip",
+    "torch_hflip",
+    "numpy_normalize",
+    "opencv_normalize",
+    "torch_normalize",
+    "numpy_to_chw",
+    "opencv_to_chw",
+    "torch_to_chw",
+    "torch_from_image",
+    "pipeline_stages",
+    "run_pipeline",
+    "numpy_pipeline",
+    "opencv_pipeline",
+    "torch_pipeline",
+    "exact_pipeline",
+    "OutputDifference",
+    "output_difference",
+    "normalize_batch",
+    "ReferenceTransform",
+    "Uint8Transform",
+    "ToFloat32",
+]
+
+#: ImageNet channel means and standard deviations (RGB, on the [0, 1] scale).
+IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
+IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
+
+#: The three implementations, by name.
+BACKENDS: tuple[str, ...] = ("numpy", "opencv", "torch")
+
+#: Largest allowed |difference| between an implementation and :func:`exact_pipeline`, in grey levels.
+MAX_DIFF_LEVELS = 1.0
+#: Largest allowed |mean signed difference| over an image, in grey levels (catches a bias).
+MEAN_DIFF_LEVELS = 0.25
+
+ImageOrTensor = Union[np.ndarray, torch.Tensor]
+
+
+# --------------------------------------------------------------------------------------------
+# parameters
+# --------------------------------------------------------------------------------------------
+
+def _positive_int(name: str, value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 1:
+        raise ValueError(f"{where}: {name} must be a positive int (pixels), got {value!r}; "
+                         f"e.g. {name}=224.")
+    return int(value)
+
+
+def _triple(name: str, value: Any, where: str, *, positive: bool) -> tuple[float, float, float]:
+    try:
+        values = tuple(float(v) for v in value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{where}: {name} must be three numbers (R, G, B) on the [0, 1] scale, "
+                        f"got {value!r}; e.g. {name}={IMAGENET_MEAN if name == 'mean' else IMAGENET_STD}."
+                        ) from None
+    if len(values) != 3 or not all(math.isfinite(v) for v in values):
+        raise ValueError(f"{where}: {name} must be three finite numbers (R, G, B), got {value!r}.")
+    if positive and min(values) <= 0:
+        raise ValueError(f"{where}: {name}={value!r} must be > 0 for every channel (it divides).")
+    return values  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class PipelineParams:
+    """Settings of the reference pipeline (immutable, hashable, picklable).
+
+    resize: the shorter side after resizing, in pixels. crop: side of the centre square crop,
+    in pixels (<= resize). mean, std: per-channel (R, G, B) values on the [0, 1] scale.
+    flip_p: probability of a horizontal flip in the random transforms (0 = never, 1 = always).
+    """
+
+    resize: int = 256
+    crop: int = 224
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+    flip_p: float = 0.5
+
+    def __post_init__(self) -> None:
+        where = "PipelineParams"
+        set_ = functools.partial(object.__setattr__, self)
+        set_("resize", _positive_int("resize", self.resize, where))
+        set_("crop", _positive_int("crop", self.crop, where))
+        if self.crop > self.resize:
+            raise ValueError(f"{where}: crop={self.crop} is larger than resize={self.resize}; the "
+                             f"crop is taken from the resized image, so pass crop <= resize.")
+        set_("mean", _triple("mean", self.mean, where, positive=False))
+        set_("std", _triple("std", self.std, where, positive=True))
+        p = self.flip_p
+        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= float(p) <= 1.0:
+            raise ValueError(f"{where}: flip_p={p!r} must be a probability between 0 and 1 "
+                             f"(0.5 flips half of the images).")
+        set_("flip_p", float(p))
+
+    def resized_hw(self, height: int, width: int) -> tuple[int, int]:
+        """(height, width) after the resize stage, for an input of ``height`` x ``width`` pixels."""
+        return resized_hw(height, width, self.resize)
+
+    def crop_box(self, height: int, width: int) -> tuple[int, int]:
+        """(top, left) of the centre crop in an image of ``height`` x ``width`` pixels."""
+        return crop_box(height, width, self.crop)
+
+    @property
+    def output_shape(self) -> tuple[int, int, int]:
+        """Shape of one output sample: (3, crop, crop)."""
+        return (3, self.crop, self.crop)
+
+
+_DEFAULT = PipelineParams()
+
+
+def _params(params: Optional[PipelineParams], where: str) -> PipelineParams:
+    if params is None:
+        return _DEFAULT
+    if not isinstance(params, PipelineParams):
+        raise TypeError(f"{where}: params must be a PipelineParams (or None for the defaults), "
+                        f"got {type(params).__name__}; e.g. params=PipelineParams(resize=256, crop=224).")
+    return params
+
+
+def resized_hw(height: int, width: int, shorter: int) -> tuple[int, int]:
+    """Output (height, width) when the shorter side becomes ``shorter`` pixels.
+
+    The longer side is ``int(shorter * longer / shorter_in)`` (truncated, as torchvision does).
+    """
+    height = _positive_int("height", height, "resized_hw")
+    width = _positive_int("width", width, "resized_hw")
+    shorter = _positive_int("shorter", shorter, "resized_hw")
+    if height <= width:
+        return shorter, max(1, int(shorter * width / height))
+    return max(1, int(shorter * height / width)), shorter
+
+
+def crop_box(height: int, width: int, size: int) -> tuple[int, int]:
+    """(top, left) of the centre ``size`` x ``size`` crop of a ``height`` x ``width`` image."""
+    if size > height or size > width:
+        raise ValueError(f"crop_box: the crop size={size} is larger than the image "
+                         f"({height}x{width}); resize first so both sides are >= {size}.")
+    return int(round((height - size) / 2.0)), int(round((width - size) / 2.0))
+
+
+# --------------------------------------------------------------------------------------------
+# input checks
+# --------------------------------------------------------------------------------------------
+
+def _check_hwc(image: Any, where: str, *, uint8_only: bool = False) -> np.ndarray:
+    if not isinstance(image, np.ndarray):
+        raise TypeError(f"{where}: image must be an (H, W, 3) NumPy array (as decode_jpeg returns), "
+                        f"got {type(image).__name__}.")
+    if image.ndim != 3 or image.shape[2] != 3:
+        raise ValueError(f"{where}: image must have shape (H, W, 3) (channels last), got "
+                         f"{image.shape}.")
+    if uint8_only and image.dtype != np.uint8:
+        raise ValueError(f"{where}: image must be uint8, got {image.dtype}.")
+    if image.dtype not in (np.uint8, np.float32):
+        raise ValueError(f"{where}: image must be uint8 or float32, got {image.dtype}; convert "
+                         f"with image.astype(np.float32) or keep the decoded uint8.")
+    return image
+
+
+def _check_chw(x: Any, where: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{where}: x must be a (3, H, W) torch.Tensor (see torch_from_image), got "
+                        f"{type(x).__name__}.")
+    if x.dim() != 3 or x.shape[0] != 3:
+        raise ValueError(f"{where}: x must have shape (3, H, W) (channels first), got "
+                         f"{tuple(x.shape)}.")
+    if x.dtype not in (torch.uint8, torch.float32):
+        raise ValueError(f"{where}: x must be uint8 or float32, got {x.dtype}.")
+    return x
+
+
+def _check_size_hw(size_hw: Any, where: str) -> tuple[int, int]:
+    try:
+        h, w = size_hw
+    except (TypeError, ValueError):
+        raise TypeError(f"{where}: size_hw must be (height, width) in pixels, got {size_hw!r}.") from None
+    return _positive_int("height", h, where), _positive_int("width", w, where)
+
+
+# --------------------------------------------------------------------------------------------
+# resize
+# --------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=256)
+def _bilinear_axis(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Source indices (i0, i1) and weights w of one axis: out[d] = (1 - w) * in[i0] + w * in[i1].
+
+    Half-pixel convention: output pixel d samples the input at (d + 0.5) * n_in / n_out - 0.5,
+    clamped to [0, n_in - 1] (what cv2.INTER_LINEAR and align_corners=False do).
+    """
+    src = (np.arange(n_out, dtype=np.float64) + 0.5) * (n_in / n_out) - 0.5
+    src = np.clip(src, 0.0, n_in - 1)
+    i0 = np.floor(src).astype(np.intp)
+    i1 = np.minimum(i0 + 1, n_in - 1)
+    w = (src - i0).astype(np.float32)
+    for a in (i0, i1, w):
+        a.flags.writeable = False
+    return i0, i1, w
+
+
+def numpy_resize(image: np.ndarray, size_hw: Sequence[int]) -> np.ndarray:
+    """Bilinear resize of an (H, W, 3) image to ``size_hw`` = (height, width), in NumPy.
+
+    Vectorised, separable: gather the two source rows of every output row and blend them
+    (float32), then the two source columns of every output column and blend those. Same
+    half-pixel convention as ``cv2.INTER_LINEAR``, no antialiasing. uint8 in -> uint8 out,
+    rounded half up (``floor(x + 0.5)``); float32 in -> float32 out, not rounded.
+    """
+    image = _check_hwc(image, "numpy_resize")
+    h, w = _check_size_hw(size_hw, "numpy_resize")
+    y0, y1, wy = _bilinear_axis(image.shape[0], h)
+    x0, x1, wx = _bilinear_axis(image.shape[1], w)
+    top = image[y0].astype(np.float32, copy=False)
+    bottom = image[y1].astype(np.float32, copy=False)
+    rows = top + (bottom - top) * wy[:, None, None]            # (h, W, 3) float32
+    left = rows[:, x0]
+    out = left + (rows[:, x1] - left) * wx[None, :, None]       # (h, w, 3) float32
+    if image.dtype == np.uint8:
+        out += 0.5
+        np.floor(out, out=out)
+        np.clip(out, 0, 255, out=out)
+        return out.astype(np.uint8)
+    return out
+
+
+def opencv_resize(image: np.ndarray, size_hw: Sequence[int]) -> np.ndarray:
+    """``cv2.resize(image, (width, height), interpolation=cv2.INTER_LINEAR)`` (note: OpenCV
+    takes the size as (width, height)). uint8 stays uint8 (fixed-point), float32 stays float32."""
+    image = _check_hwc(image, "opencv_resize")
+    h, w = _check_size_hw(size_hw, "opencv_resize")
+    return cv2.resize(image, (w, h), interpolation=cv2.INTER_LINEAR)
+
+
+def torch_resize(x: torch.Tensor, size_hw: Sequence[int]) -> torch.Tensor:
+    """``F.interpolate(x[None], size, mode='bilinear', align_corners=False, antialias=False)[0]``.
+
+    ``x`` is (3, H, W), uint8 or float32 (torch has a uint8 bilinear kernel on CPU). A (3, H, W)
+    view of HWC memory (:func:`torch_from_image`) is "channels last" to torch, which picks its
+    channels-last kernel; the result keeps that memory layout.
+    """
+    x = _check_chw(x, "torch_resize")
+    h, w = _check_size_hw(size_hw, "torch_resize")
+    return F.interpolate(x[None], size=(h, w), mode="bilinear", align_corners=False,
+                         antialias=False)[0]
+
+
+# --------------------------------------------------------------------------------------------
+# crop, flip
+# --------------------------------------------------------------------------------------------
+
+def center_crop(image: np.ndarray, size: int) -> np.ndarray:
+    """Centre ``size`` x ``size`` crop of an (H, W, C) array: a view (no copy), for NumPy and
+    OpenCV alike (OpenCV's crop is an ROI, which in Python is exactly this NumPy slice)."""
+    image = _check_hwc(image, "center_crop")
+    size = _positive_int("size", size, "center_crop")
+    top, left = crop_box(image.shape[0], image.shape[1], size)
+    return image[top:top + size, left:left + size]
+
+
+def torch_center_crop(x: torch.Tensor, size: int) -> torch.Tensor:
+    """Centre ``size`` x ``size`` crop of a (3, H, W) tensor: a view (no copy)."""
+    x = _check_chw(x, "torch_center_crop")
+    size = _positive_int("size", size, "torch_center_crop")
+    top, left = crop_box(x.shape[1], x.shape[2], size)
+    return x[:, top:top + size, left:left + size]
+
+
+def numpy_hflip(image: np.ndarray) -> np.ndarray:
+    """Left-right mirror of an (H, W, C) array, as a new contiguous array.
+
+    ``image[:, ::-1]`` alone is a free *view* with a negative stride: the cost moves to the next
+    operation that reads it (and ``torch.from_numpy`` refuses negative strides). We copy, so
+    every backend's flip does the same work.
+    """
+    image = _check_hwc(image, "numpy_hflip")
+    return np.ascontiguousarray(image[:, ::-1])
+
+
+def opencv_hflip(image: np.ndarray) -> np.ndarray:
+    """``cv2.flip(image, 1)``: left-right mirror (flipCode 1 = around the vertical axis)."""
+    image = _check_hwc(image, "opencv_hflip")
+    return cv2.flip(image, 1)
+
+
+def torch_hflip(x: torch.Tensor) -> torch.Tensor:
+    """``torch.flip(x, dims=(-1,))``: left-right mirror of a (3, H, W) tensor (copies)."""
+    x = _check_chw(x, "torch_hflip")
+    return torch.flip(x, dims=(-1,))
+
+
+# --------------------------------------------------------------------------------------------
+# normalise, CHW
+# --------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=32)
+def _scale_shift(mean: tuple, std: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """(255 * mean, 1 / (255 * std)) as float32 arrays: out = (x - shift) * scale."""
+    shift = (np.asarray(mean, dtype=np.float64) * 255.0).astype(np.float32)
+    scale = (1.0 / (np.asarray(std, dtype=np.float64) * 255.0)).astype(np.float32)
+    shift.flags.writeable = False
+    scale.flags.writeable = False
+    return shift, scale
+
+
+@functools.lru_cache(maxsize=32)
+def _torch_scale_shift(mean: tuple, std: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    shift, scale = _scale_shift(mean, std)
+    return (torch.tensor(shift.tolist(), dtype=torch.float32).view(3, 1, 1),
+            torch.tensor(scale.tolist(), dtype=torch.float32).view(3, 1, 1))
+
+
+def _mean_std(mean: Any, std: Any, where: str) -> tuple[tuple, tuple]:
+    return _triple("mean", mean, where, positive=False), _triple("std", std, where, positive=True)
+
+
+def numpy_normalize(image: np.ndarray, mean: Sequence[float] = IMAGENET_MEAN,
+                    std: Sequence[float] = IMAGENET_STD) -> np.ndarray:
+    """(H, W, 3) uint8 (or float32 0..255) -> float32 ``(x / 255 - mean) / std``, channels last.
+
+    Computed as ``(x - 255 * mean) * (1 / (255 * std))``: one conversion and two element-wise
+    passes over the image.
+    """
+    image = _check_hwc(image, "numpy_normalize")
+    shift, scale = _scale_shift(*_mean_std(mean, std, "numpy_normalize"))
+    out = image.astype(np.float32)
+    out -= shift
+    out *= scale
+    return out
+
+
+def opencv_normalize(image: np.ndarray, mean: Sequence[float] = IMAGENET_MEAN,
+                     std: Sequence[float] = IMAGENET_STD) -> np.ndarray:
+    """Like :func:`numpy_normalize`, with OpenCV's SIMD arithmetic: ``cv2.subtract`` with a
+    per-channel scalar straight to float32 (``dtype=cv2.CV_32F``), then ``cv2.multiply``."""
+    image = _check_hwc(image, "opencv_normalize")
+    shift, scale = _scale_shift(*_mean_std(mean, std, "opencv_normalize"))
+    out = cv2.subtract(image, (*shift.tolist(), 0.0), dtype=cv2.CV_32F)
+    return cv2.multiply(out, (*scale.tolist(), 0.0))
+
+
+def torch_normalize(x: torch.Tensor, mean: Sequence[float] = IMAGENET_MEAN,
+                    std: Sequence[float] = IMAGENET_STD) -> torch.Tensor:
+    """(3, H, W) uint8 (or float32 0..255) tensor -> float32 ``(x / 255 - mean) / std``.
+
+    ``x.float()`` (a copy), then in-place ``sub_`` and ``mul_`` with per-channel constants.
+    The memory layout of ``x`` is kept.
+    """
+    x = _check_chw(x, "torch_normalize")
+    shift, scale = _torch_scale_shift(*_mean_std(mean, std, "torch_normalize"))
+    out = x.to(torch.float32, copy=True)
+    return out.sub_(shift).mul_(scale)
+
+
+def numpy_to_chw(image: np.ndarray) -> torch.Tensor:
+    """(H, W, 3) array -> contiguous (3, H, W) tensor: ``np.ascontiguousarray(transpose)``, then
+    ``torch.from_numpy`` (which shares the memory, no copy)."""
+    image = _check_hwc(image, "numpy_to_chw")
+    return torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1)))
+
+
+def opencv_to_chw(image: np.ndarray) -> torch.Tensor:
+    """(H, W, 3) float32 array -> contiguous (3, H, W) tensor with ``cv2.dnn.blobFromImage``
+    (OpenCV's HWC -> NCHW packing, used for its own networks). uint8 input goes through
+    :func:`numpy_to_chw`, because blobFromImage always returns float32."""
+    image = _check_hwc(image, "opencv_to_chw")
+    if image.dtype != np.float32:
+        return numpy_to_chw(image)
+    return torch.from_numpy(cv2.dnn.blobFromImage(image)[0])
+
+
+def torch_to_chw(x: torch.Tensor) -> torch.Tensor:
+    """``x.contiguous()``: lays a (3, H, W) tensor out channels-first in memory (a copy when it
+    was a channels-last view, as after :func:`torch_from_image`)."""
+    x = _check_chw(x, "torch_to_chw")
+    return x.contiguous()
+
+
+def torch_from_image(image: np.ndarray) -> torch.Tensor:
+    """(H, W, 3) array -> (3, H, W) tensor *view* of the same memory (no copy):
+    ``torch.from_numpy(image).permute(2, 0, 1)``."""
+    image = _check_hwc(image, "torch_from_image")
+    if any(s < 0 for s in image.strides):
+        image = np.ascontiguousarray(image)  # torch.from_numpy refuses negative strides
+    return torch.from_numpy(image).permute(2, 0, 1)
+
+
+# --------------------------------------------------------------------------------------------
+# stages and pipelines
+# --------------------------------------------------------------------------------------------
+
+def _hw(x: ImageOrTensor) -> tuple[int, int]:
+    if isinstance(x, torch.Tensor):
+        return int(x.shape[-2]), int(x.shape[-1])
+    return int(x.shape[0]), int(x.shape[1])
+
+
+_OPS: dict[str, dict[str, Callable]] = {
+    "numpy": {"resize": numpy_resize, "crop": center_crop, "flip": numpy_hflip,
+              "normalize": numpy_normalize, "to CHW": numpy_to_chw},
+    "opencv": {"resize": opencv_resize, "crop": center_crop, "flip": opencv_hflip,
+               "normalize": opencv_normalize, "to CHW": opencv_to_chw},
+    "torch": {"resize": torch_resize, "crop": torch_center_crop, "flip": torch_hflip,
+              "normalize": torch_normalize, "to CHW": torch_to_chw},
+}
+
+
+def _backend(backend: Any, where: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"{where}: backend={backend!r} is not known; use one of "
+                         f"{', '.join(repr(b) for b in BACKENDS)}.")
+    return backend
+
+
+class Stage:
+    """One pipeline stage of one backend, as a picklable callable ``stage(x) -> x``.
+
+    ``name`` is one of "to tensor", "resize", "crop", "flip", "normalize", "to CHW". Sizes are
+    computed from the input's shape and ``params`` at call time.
+    """
+
+    def __init__(self, backend: str, name: str, params: Optional[PipelineParams] = None) -> None:
+        self.backend = _backend(backend, "Stage")
+        names = ("to tensor",) + tuple(_OPS[self.backend]) if backend == "torch" else tuple(_OPS[self.backend])
+        if name not in names:
+            raise ValueError(f"Stage: name={name!r} is not a {backend} stage; use one of {names}.")
+        self.name = name
+        self.params = _params(params, "Stage")
+
+    def __call__(self, x: ImageOrTensor) -> ImageOrTensor:
+        p = self.params
+        if self.name == "to tensor":
+            return torch_from_image(x)
+        op = _OPS[self.backend][self.name]
+        if self.name == "resize":
+            return op(x, p.resized_hw(*_hw(x)))
+        if self.name == "crop":
+            return op(x, p.crop)
+        if self.name == "normalize":
+            return op(x, p.mean, p.std)
+        return op(x)  # flip, to CHW
+
+    def __repr__(self) -> str:
+        return f"Stage({self.backend!r}, {self.name!r})"
+
+
+def pipeline_stages(backend: str, params: Optional[PipelineParams] = None, *, flip: bool = False,
+                    normalize: bool = True) -> list[tuple[str, Stage]]:
+    """The stages of ``backend``'s pipeline after decoding, in order, as (name, callable) pairs.
+
+    numpy/opencv: resize, crop, [flip], [normalize], to CHW. torch: to tensor (a zero-copy
+    view), resize, crop, [flip], [normalize], to CHW. ``flip`` includes the flip stage;
+    ``normalize=False`` leaves the output uint8 (the "uint8 until the GPU" variant).
+    """
+    backend = _backend(backend, "pipeline_stages")
+    params = _params(params, "pipeline_stages")
+    names = ["resize", "crop"] + (["flip"] if flip else []) + (["normalize"] if normalize else []) + ["to CHW"]
+    if backend == "torch":
+        names.insert(0, "to tensor")
+    return [(name, Stage(backend, name, params)) for name in names]
+
+
+def run_pipeline(backend: str, image: np.ndarray, flip: bool = False,
+                 params: Optional[PipelineParams] = None, *, normalize: bool = True) -> torch.Tensor:
+    """Run ``backend``'s pipeline on a decoded (H, W, 3) uint8 RGB image.
+
+    Returns a contiguous (3, crop, crop) tensor: float32 normalised, or uint8 with
+    ``normalize=False``. ``flip`` is the flip decision (the random draw is the transforms' job).
+    """
+    _check_hwc(image, f"run_pipeline({backend!r})", uint8_only=True)
+    x: Any = image
+    for _, stage in pipeline_stages(backend, params, flip=bool(flip), normalize=normalize):
+        x = stage(x)
+    return x
+
+
+def numpy_pipeline(image: np.ndarray, flip: bool = False,
+                   params: Optional[PipelineParams] = None) -> torch.Tensor:
+    """The reference pipeline in NumPy (the tensor is made only at the end, without a copy)."""
+    return run_pipeline("numpy", image, flip, params)
+
+
+def opencv_pipeline(image: np.ndarray, flip: bool = False,
+                    params: Optional[PipelineParams] = None) -> torch.Tensor:
+    """The reference pipeline with OpenCV calls (crop is a NumPy slice: OpenCV's ROI)."""
+    return run_pipeline("opencv", image, flip, params)
+
+
+def torch_pipeline(image: np.ndarray, flip: bool = False,
+                   params: Optional[PipelineParams] = None) -> torch.Tensor:
+    """The reference pipeline in torch, on CPU tensors (starting from a zero-copy view)."""
+    return run_pipeline("torch", image, flip, params)
+
+
+def exact_pipeline(image: np.ndarray, flip: bool = False,
+                   params: Optional[PipelineParams] = None) -> torch.Tensor:
+    """The pipeline in float32 throughout, without rounding the resized pixels to uint8.
+
+    The values every implementation is compared with (see :func:`output_difference`).
+    """
+    image = _check_hwc(image, "exact_pipeline", uint8_only=True)
+    params = _params(params, "exact_pipeline")
+    x = numpy_resize(image.astype(np.float32), params.resized_hw(*image.shape[:2]))
+    x = center_crop(x, params.crop)
+    if flip:
+        x = numpy_hflip(x)
+    return numpy_to_chw(numpy_normalize(x, params.mean, params.std))
+
+
+# --------------------------------------------------------------------------------------------
+# comparing outputs
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class OutputDifference:
+    """How far one normalised output is from another, in grey levels (1 level = 1/255).
+
+    max_abs_levels: the largest |difference| of any value. mean_levels: the mean signed
+    difference (a bias). mean_abs_levels: the mean |difference|. within_tolerance: both
+    within :data:`MAX_DIFF_LEVELS` and :data:`MEAN_DIFF_LEVELS`.
+    """
+
+    max_abs_levels: float
+    mean_levels: float
+    mean_abs_levels: float
+    max_allowed: float = MAX_DIFF_LEVELS
+    mean_allowed: float = MEAN_DIFF_LEVELS
+
+    @property
+    def within_tolerance(self) -> bool:
+        # a float32 hair over 1 level (rounding of the float reference itself) is allowed
+        return (self.max_abs_levels <= self.max_allowed + 1e-3
+                and abs(self.mean_levels) <= self.mean_allowed)
+
+    def __str__(self) -> str:
+        verdict = "within tolerance" if self.within_tolerance else "OUT OF TOLERANCE"
+        return (f"max |diff| {self.max_abs_levels:.3f} levels, mean diff {self.mean_levels:+.3f}, "
+                f"mean |diff| {self.mean_abs_levels:.3f} ({verdict}: max <= {self.max_allowed:g}, "
+                f"|mean| <= {self.mean_allowed:g})")
+
+
+def _as_float_tensor(x: Any, name: str) -> torch.Tensor:
+    if isinstance(x, np.ndarray):
+        x = torch.from_numpy(np.ascontiguousarray(x))
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"output_difference: {name} must be a tensor or array of normalised "
+                        f"values, got {type(x).__name__}.")
+    return x.detach().to("cpu", torch.float64)
+
+
+def output_difference(a: Any, b: Any, params: Optional[PipelineParams] = None) -> OutputDifference:
+    """Compare two normalised outputs, (3, H, W) or (N, 3, H, W), in grey levels.
+
+    The difference of normalised values is multiplied back by ``255 * std`` of its channel, so
+    1.0 means one grey level whatever the channel's std. ``a - b`` is the signed difference.
+    """
+    params = _params(params, "output_difference")
+    ta, tb = _as_float_tensor(a, "a"), _as_float_tensor(b, "b")
+    if ta.shape != tb.shape:
+        raise ValueError(f"output_difference: a has shape {tuple(ta.shape)} but b has "
+                         f"{tuple(tb.shape)}; compare outputs of the same pipeline settings.")
+    if ta.dim() not in (3, 4) or ta.shape[-3] != 3:
+        raise ValueError(f"output_difference: outputs must be (3, H, W) or (N, 3, H, W), got "
+                         f"{tuple(ta.shape)}.")
+    std = torch.tensor(params.std, dtype=torch.float64).view(3, 1, 1) * 255.0
+    d = (ta - tb) * std
+    if d.numel() == 0:
+        return OutputDifference(0.0, 0.0, 0.0)
+    return OutputDifference(max_abs_levels=float(d.abs().max()), mean_levels=float(d.mean()),
+                            mean_abs_levels=float(d.abs().mean()))
+
+
+# --------------------------------------------------------------------------------------------
+# batched normalisation (main process or GPU)
+# --------------------------------------------------------------------------------------------
+
+def normalize_batch(batch: torch.Tensor, params: Optional[PipelineParams] = None) -> torch.Tensor:
+    """(N, 3, H, W) uint8 batch -> float32 ``(x / 255 - mean) / std``, on the batch's device.
+
+    The last stage of the "uint8 until the GPU" pipeline: one conversion per batch, where the
+    batch is (on the GPU in training; here wherever ``batch`` lives).
+    """
+    params = _params(params, "normalize_batch")
+    if not isinstance(batch, torch.Tensor) or batch.dim() != 4 or batch.shape[1] != 3:
+        raise TypeError(f"normalize_batch: batch must be an (N, 3, H, W) tensor, got "
+                        f"{getattr(batch, 'shape', type(batch).__name__)}.")
+    shift, scale = _torch_scale_shift(params.mean, params.std)
+    shift, scale = shift.to(batch.device), scale.to(batch.device)
+    return batch.to(torch.float32).sub_(shift).mul_(scale)
+
+
+# --------------------------------------------------------------------------------------------
+# picklable transforms for DataLoader workers
+# --------------------------------------------------------------------------------------------
+
+class _RandomFlip:
+    """Per-process random flip decisions.
+
+    The generator is created lazily in each process (keyed on ``os.getpid()``) and never
+    pickled, so every DataLoader worker gets its own stream:
+
+    * ``seed=None``: seeded from ``torch.initial_seed()``, which the DataLoader sets to a
+      different value in every worker and every epoch (``torch.manual_seed`` in the main
+      process makes runs reproducible).
+    * ``seed=s``: seeded from ``s`` in the main process, and from ``(s, worker seed)`` in a
+      worker (still different per worker and per epoch; reproducible for a given ``s`` and
+      ``torch.manual_seed``).
+    """
+
+    def __init__(self, flip_p: float, seed: Optional[int]) -> None:
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)
+                                 or seed < 0):
+            raise ValueError(f"seed must be None or an int >= 0, got {seed!r}.")
+        self.seed = None if seed is None else int(seed)
+        self.flip_p = flip_p
+        self._pid: Optional[int] = None
+        self._rng: Optional[np.random.Generator] = None
+
+    def _generator(self) -> np.random.Generator:
+        pid = os.getpid()
+        if self._rng is None or self._pid != pid:
+            info = torch.utils.data.get_worker_info()
+            if self.seed is None:
+                entropy: list[int] = [torch.initial_seed()]
+            elif info is None:
+                entropy = [self.seed]
+            else:
+                entropy = [self.seed, int(info.seed) % 2**63]
+            self._rng = np.random.default_rng(entropy)
+            self._pid = pid
+        return self._rng
+
+    def draw(self) -> bool:
+        if self.flip_p <= 0.0:
+            return False
+        if self.flip_p >= 1.0:
+            return True
+        return bool(self._generator().random() < self.flip_p)
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_rng"] = None
+        state["_pid"] = None
+        return state
+
+
+class ReferenceTransform:
+    """The reference pipeline as a DataLoader transform: decoded image -> (3, crop, crop) float32.
+
+    ``ReferenceTransform(backend='opencv', params=None, seed=None)``; picklable (works under
+    fork, forkserver and spawn). Each call draws a flip with probability ``params.flip_p`` (see
+    :class:`_RandomFlip` for how workers get independent streams), then runs
+    :func:`run_pipeline`. :meth:`apply` runs it with a given flip decision.
+    """
+
+    normalize = True
+
+    def __init__(self, backend: str = "opencv", params: Optional[PipelineParams] = None,
+                 seed: Optional[int] = None) -> None:
+        where = type(self).__name__
+        self.backend = _backend(backend, where)
+        self.params = _params(params, where)
+        try:
+            self._flips = _RandomFlip(self.params.flip_p, seed)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc} It seeds the random flips.") from None
+
+    @property
+    def seed(self) -> Optional[int]:
+        return self._flips.seed
+
+    def draw_flip(self) -> bool:
+        """The next random flip decision of this process."""
+        return self._flips.draw()
+
+    def apply(self, image: np.ndarray, flip: bool) -> torch.Tensor:
+        """Run the pipeline with the flip decision ``flip``."""
+        return run_pipeline(self.backend, image, flip, self.params, normalize=self.normalize)
+
+    def __call__(self, image: np.ndarray) -> torch.Tensor:
+        return self.apply(image, self.draw_flip())
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(backend={self.backend!r}, params={self.params!r}, seed={self.seed!r})"
+
+
+class Uint8Transform(ReferenceTransform):
+    """The pipeline without normalising: decoded image -> (3, crop, crop) **uint8** tensor.
+
+    Resize, crop and flip stay uint8 in the worker; the batch crosses to the main process at one
+    byte per value, and :func:`normalize_batch` converts it once per batch (on the GPU in
+    training). Same arguments and random flips as :class:`ReferenceTransform`.
+    """
+
+    normalize = False
+
+
+class ToFloat32:
+    """Per-sample ``x.float() / 255`` on a uint8 tensor (what ``ToTensor()`` does first).
+
+    Picklable; used to measure what converting to float in the worker costs.
+    """
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"ToFloat32: x must be a torch.Tensor, got {type(x).__name__}.")
+        return x.to(torch.float32).div_(255.0)
+
+    def __repr__(self) -> str:
+        return "ToFloat32()"
