@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from course_utils.threads import THREAD_ENV_VARS, ThreadPools, is_torch_openmp, thread_pools
+from .config import QUICK_ENV
+from .threads import THREAD_ENV_VARS, ThreadPools, is_torch_openmp, thread_pools
 
 __all__ = [
     "CpuInfo",
@@ -390,7 +391,7 @@ def advise(report: DoctorReport) -> list[str]:
             f"Only {_gib(report.ram_available_bytes)} of RAM available: each worker is a "
             f"process holding its own prefetched batches (prefetch_factor x batch_size); keep "
             f"num_workers and batch sizes modest and run the course in quick mode "
-            f"(COURSE_QUICK=1)."
+            f"({QUICK_ENV}=1)."
         )
     return advice
 
