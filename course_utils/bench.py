@@ -419,6 +419,37 @@ class Measurement:
                    warnings=notes)
 
     @classmethod
+    def merge(cls, parts: Sequence["Measurement"], label: str | None = None) -> "Measurement":
+        """Pool the repeats of several Measurements of the same setup into one.
+
+        Used when repeats of two setups are interleaved (A, B, A, B, ...) so that a drift of a
+        shared machine hits both alike. CPU per sample is averaged over all samples, context
+        switches are summed, memory peaks are the maximum.
+        """
+        parts = list(parts)
+        if not parts or not all(isinstance(p, Measurement) for p in parts):
+            raise ValueError("parts must be a non-empty list of Measurement objects.")
+        items = parts[0].items_per_repeat
+        times = [t * items / p.items_per_repeat for p in parts for t in p.times_s]
+        samples = [p.items_per_repeat * len(p.times_s) for p in parts]
+        cpu = None
+        if all(p.cpu_s_per_sample is not None for p in parts):
+            cpu = sum(p.cpu_s_per_sample * n for p, n in zip(parts, samples)) / sum(samples)
+        ctx = (sum(p.involuntary_ctx_switches for p in parts)
+               if all(p.involuntary_ctx_switches is not None for p in parts) else None)
+
+        def peak(name: str) -> int | None:
+            values = [getattr(p, name) for p in parts if getattr(p, name) is not None]
+            return max(values) if values else None
+
+        inherited = [w for p in parts for w in p.warnings
+                     if not w.startswith(("noisy:", "few repeats:", "short repeats:"))]
+        return cls.from_times(label or parts[0].label, times, items, cpu_s_per_sample=cpu,
+                              involuntary_ctx_switches=ctx, peak_uss_bytes=peak("peak_uss_bytes"),
+                              peak_pss_bytes=peak("peak_pss_bytes"), settings=parts[0].settings,
+                              machine=parts[0].machine, warnings=list(dict.fromkeys(inherited)))
+
+    @classmethod
     def from_dict(cls, data: Mapping) -> "Measurement":
         """Rebuild a Measurement saved with :meth:`to_dict` (e.g. results shipped as JSON)."""
         if not isinstance(data, Mapping):

@@ -32,6 +32,7 @@ import multiprocessing
 import numbers
 import os
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Optional
@@ -407,7 +408,9 @@ def sweep_workers(dataset: Dataset, worker_counts: Optional[Sequence[int]] = Non
     """Measure samples/s of ``DataLoader(dataset, num_workers=w, ...)`` for each ``w``.
 
     Each point is one :func:`~course_utils.bench.measure_loader` call (fresh workers for every
-    repeat, warm-up of ``max(2, w)`` batches untimed, then about ``batches`` timed batches,
+    repeat; warm-up untimed, by default ``max(2, prefetch_factor x w)`` batches: workers start
+    one after the other, and an early one may have ``prefetch_factor`` batches ready before the
+    clock starts; then about ``batches`` timed batches,
     default ``pick(full=48, quick=16)``). The count is rounded up to a multiple of ``w``: workers
     start together and deliver their batches in rounds, and a window that cuts a round biases
     a short measurement by up to one round. It is capped by the batches the epoch has left
@@ -415,7 +418,8 @@ def sweep_workers(dataset: Dataset, worker_counts: Optional[Sequence[int]] = Non
     :func:`default_worker_counts` (0 .. 2 x usable CPUs, capped at 32); ``repeats`` defaults to
     ``pick(full=3, quick=2)``. ``loader_kwargs`` go to every DataLoader (``shuffle``,
     ``collate_fn``, ``prefetch_factor``, ...); options that need workers (``prefetch_factor``,
-    ``persistent_workers``) are left out for ``w = 0``. Workers get ``timeout=timeout_s``
+    ``persistent_workers``) are left out for ``w = 0``. torch's warning about more workers than
+    CPUs is silenced (going past the cores is the point). Workers get ``timeout=timeout_s``
     seconds per batch, so a stuck worker raises instead of hanging. Returns a
     :class:`WorkerSweep`.
     """
@@ -460,12 +464,21 @@ def sweep_workers(dataset: Dataset, worker_counts: Optional[Sequence[int]] = Non
                 kwargs.pop("multiprocessing_context", None)
             else:
                 kwargs["timeout"] = timeout_s
-            warm = max(2, w) if warmup_batches is None else warmup_batches
+            if warmup_batches is None:
+                # everything the workers may have made before the clock starts: a worker that
+                # started early has up to prefetch_factor batches ready
+                warm = max(2, int(loader_kwargs.get("prefetch_factor") or 2) * w)
+            else:
+                warm = warmup_batches
             timed = _timed_batches(target, w, per_epoch - warm, where)
-            loader = DataLoader(dataset, batch_size=batch_size, num_workers=w, **kwargs)
-            measurements.append(measure_loader(
-                loader, batches=timed, warmup_batches=warm, repeats=repeats,
-                label=f"{name}, {w} workers", progress=progress))
+            with warnings.catch_warnings():
+                # torch warns when num_workers exceeds the CPUs it sees: going past them is
+                # the point of a sweep (to measure what oversubscription does)
+                warnings.filterwarnings("ignore", message="This DataLoader will create")
+                loader = DataLoader(dataset, batch_size=batch_size, num_workers=w, **kwargs)
+                measurements.append(measure_loader(
+                    loader, batches=timed, warmup_batches=warm, repeats=repeats,
+                    label=f"{name}, {w} workers", progress=progress))
             del loader
     finally:
         bar.close()
@@ -1075,7 +1088,9 @@ def plot_worker_memory(results: Sequence[WorkerMemory], *, ax: Any = None,
         for j, w in enumerate(res.workers):
             xs = [0] + [f for f, _ in w.timeline]
             ys = [0.0] + [(u - w.start_uss_bytes) / _MB for _, u in w.timeline]
+            # earlier series drawn wider, so identical curves stay visible under later ones
             ax.plot(xs, ys, marker="o", markersize=3, color=colors[k % 10],
+                    linewidth=max(1.0, 1.5 + 2.0 * (len(results) - 1 - k)),
                     linestyle=["-", "--", ":", "-."][j % 4],
                     label=res.label if j == 0 else None)
     ax.set_xlabel("samples fetched by the worker")

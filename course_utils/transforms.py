@@ -288,9 +288,10 @@ def numpy_resize(image: np.ndarray, size_hw: Sequence[int]) -> np.ndarray:
     left = rows[:, x0]
     out = left + (rows[:, x1] - left) * wx[None, :, None]       # (h, w, 3) float32
     if image.dtype == np.uint8:
+        # a blend of values in 0..255 stays in 0..255 (up to float rounding, far below 0.5), so
+        # rounding half up cannot leave the uint8 range: no clip needed
         out += 0.5
         np.floor(out, out=out)
-        np.clip(out, 0, 255, out=out)
         return out.astype(np.uint8)
     return out
 

@@ -509,3 +509,17 @@ def test_asking_for_cuda_without_cuda_is_a_clear_error():
     loader = DataLoader(TinyDataset(8), batch_size=2)
     with pytest.raises(ValueError, match="CUDA"):
         measure_data_wait(loader, DoNothing(), device="cuda")
+
+
+def test_merge_pools_repeats_of_interleaved_runs():
+    from course_utils.bench import Measurement
+    a = Measurement.from_times("x", [1.0, 2.0], 10, cpu_s_per_sample=0.1, involuntary_ctx_switches=5,
+                               peak_uss_bytes=100, machine="m")
+    b = Measurement.from_times("x", [3.0], 10, cpu_s_per_sample=0.4, involuntary_ctx_switches=7,
+                               peak_uss_bytes=300, machine="m")
+    merged = Measurement.merge([a, b])
+    assert merged.times_s == [1.0, 2.0, 3.0] and merged.median_s == 2.0
+    assert merged.cpu_s_per_sample == pytest.approx((0.1 * 20 + 0.4 * 10) / 30)
+    assert merged.involuntary_ctx_switches == 12 and merged.peak_uss_bytes == 300
+    with pytest.raises(ValueError, match="non-empty list of Measurement"):
+        Measurement.merge([])

@@ -311,9 +311,9 @@ def _worker_context(pipeline: Any) -> tuple[Optional[str], int, str]:
     if module != "__main__":
         return None, 1, start_method()
     if "fork" in multiprocessing.get_all_start_methods():
-        return "fork", 1, "fork (your class lives in the notebook, which spawn cannot import)"
-    return None, 0, ("main process: this platform has no fork, and spawn cannot import a class "
-                     "defined in a notebook")
+        return "fork", 1, "fork, because spawn cannot import a class defined in a notebook"
+    return None, 0, ("main process, because this platform has no fork and spawn cannot import a "
+                     "class defined in a notebook")
 
 
 def _run_in_workers(pipeline: Any, images: Any, refs: list[torch.Tensor], params: Any,
@@ -408,8 +408,8 @@ def grade_uint8_pipeline(pipeline: Any, *, n_images: int = 8, num_workers: int =
 
     run = _run_in_workers(pipeline, images, refs, params, num_workers, batch_size, timeout_s)
     per_batch = max(run["batch_bytes"])
-    where = (f"in {run['workers']} DataLoader workers ({run['start_method']})" if run["workers"]
-             else f"in the {run['start_method']}")
+    where = (f"in {run['workers']} DataLoader workers (start method {run['start_method']})"
+             if run["workers"] else f"in the {run['start_method']}")
     summary = (f"every stage stays uint8 until normalize, and the output is within "
                f"{diff.max_abs_levels:.2f} grey levels (mean {diff.mean_levels:+.3f}) of the "
                f"reference on {len(images)} real JPEGs. Run {where}, each batch of {batch_size} "

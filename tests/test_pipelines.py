@@ -1,0 +1,82 @@
+"""The benchmark's two pipelines and the `bench` command (structure, not speed)."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from course_utils.__main__ import main
+from course_utils.data import JpegDataset
+from course_utils.pipelines import (COMMON_RECIPE_LABEL, TUNED_LABEL, TransformedDataset,
+                                    common_recipe_loader, common_recipe_process_settings,
+                                    run_benchmark, tuned_loader)
+
+
+@pytest.fixture(scope="module")
+def base():
+    return JpegDataset(n=24, progress=False)
+
+
+def test_recipe_is_float32_and_tuned_is_uint8_with_equal_content(base):
+    recipe_images, _ = next(iter(common_recipe_loader(base, batch_size=4)))
+    assert recipe_images.dtype == torch.float32 and recipe_images.shape == (4, 3, 224, 224)
+    tuned = tuned_loader(base, batch_size=4, num_workers=0)
+    images, labels = next(iter(torch.utils.data.DataLoader(
+        tuned.dataset, batch_size=4, shuffle=False)))
+    reference, _ = next(iter(torch.utils.data.DataLoader(
+        common_recipe_loader(base).dataset, batch_size=4, shuffle=False)))
+    assert images.dtype == torch.uint8
+    assert torch.allclose(images.float() / 255, reference, atol=1e-6)
+
+
+def test_tuned_loader_settings(base):
+    loader = tuned_loader(base, batch_size=8, num_workers=2)
+    assert loader.num_workers == 2 and loader.worker_init_fn is not None
+    assert loader.pin_memory == torch.cuda.is_available()
+    assert tuned_loader(base, num_workers=0).worker_init_fn is None
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"batch_size": 0}, "batch_size must be a positive int"),
+    ({"num_workers": -1}, "num_workers must be an int >= 0"),
+])
+def test_bad_arguments(base, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        tuned_loader(base, **kwargs)
+
+
+def test_transformed_dataset_needs_a_callable(base):
+    with pytest.raises(TypeError, match="transform must be callable"):
+        TransformedDataset(base, "resize")
+
+
+def test_recipe_settings_are_undone():
+    before = (torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS"))
+    with common_recipe_process_settings():
+        assert torch.get_num_threads() == 1 and os.environ["OMP_NUM_THREADS"] == "1"
+    assert (torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")) == before
+
+
+@pytest.mark.timeout(180)
+def test_benchmark_runs_both_side_by_side(tmp_path, capsys):
+    result = run_benchmark(n=48, batch_size=8, repeats=1, progress=False)
+    labels = [m.label for m in result.comparison.rows]
+    assert labels == [COMMON_RECIPE_LABEL, TUNED_LABEL]
+    assert result.speedup > 0 and result.cpu_ratio > 0
+    text = str(result)
+    assert "target >= 1.5x" in text and "machine:" in text
+    json.dumps(result.to_dict())
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--images", "48", "--batch-size", "8", "--repeats", "1",
+                 "--no-progress", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["comparison"]
+    assert "tuned is" in capsys.readouterr().out
+
+
+def test_bench_help_and_bad_flag(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "--repeats", "0"])
+    assert info.value.code == 2
+    assert "must be 1 or more" in capsys.readouterr().err

@@ -1,0 +1,442 @@
+"""Tests for course_utils.scaling: behaviour, structure and bad input — never speed claims.
+
+Memory assertions are loose (the list-of-dicts dataset must grow a worker's private memory
+several times more than the same records in arrays); timings are only checked to be positive.
+Every test that starts worker processes has a timeout.
+"""
+from __future__ import annotations
+
+import gc
+import math
+import multiprocessing
+import time
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler
+
+from course_utils import compare
+from course_utils.bench import Measurement
+from course_utils.scaling import (BatchedArrayDataset, BurstyLatencyDataset, CurveShape,
+                                  EpochTaggedDataset, PerSampleView, RecordArrayDataset,
+                                  RecordListDataset, SimulatedStep, WorkerMemory, WorkerSweep,
+                                  children_uss_bytes, default_worker_counts, describe_curve,
+                                  find_knee, gather_batch, keep_batch, make_records,
+                                  plot_sweeps, plot_worker_memory, sweep_workers, time_epochs,
+                                  uss_bytes, worker_memory, worker_startup_time)
+
+pytestmark = pytest.mark.timeout(120)
+HAS_FORK = "fork" in multiprocessing.get_all_start_methods()
+
+
+class Tiny(Dataset):
+    """n instant items of shape (3,)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return torch.full((3,), float(i)), i
+
+
+# ---- worker counts ---------------------------------------------------------------------------
+
+def test_default_worker_counts_small_machines_list_every_count():
+    assert default_worker_counts(4) == [0, 1, 2, 3, 4]
+    assert default_worker_counts(0) == [0]
+
+
+def test_default_worker_counts_default_is_twice_usable_capped(monkeypatch):
+    import course_utils.machine as machine
+
+    monkeypatch.setattr(machine, "usable_cpus", lambda: 2)
+    assert default_worker_counts() == [0, 1, 2, 3, 4]
+    monkeypatch.setattr(machine, "usable_cpus", lambda: 64)
+    counts = default_worker_counts()
+    assert counts[0] == 0 and counts[-1] == 32 and counts == sorted(set(counts))
+    assert len(counts) <= 12
+    monkeypatch.setattr(machine, "usable_cpus", lambda: 10)
+    counts = default_worker_counts()
+    assert counts[-1] == 20 and 10 in counts
+
+
+@pytest.mark.parametrize("kwargs, error", [({"max_workers": -1}, ValueError),
+                                           ({"max_workers": 2.5}, TypeError),
+                                           ({"cap": 0}, ValueError)])
+def test_default_worker_counts_bad_input(kwargs, error):
+    with pytest.raises(error, match="default_worker_counts"):
+        default_worker_counts(**kwargs)
+
+
+# ---- the knee -------------------------------------------------------------------------------
+
+def test_find_knee_smallest_count_within_tolerance():
+    workers = [0, 1, 2, 3, 4, 5, 6]
+    rates = [100, 95, 190, 280, 300, 310, 305]
+    assert find_knee(workers, rates) == 3          # 280 >= 0.9 * 310
+    assert find_knee(workers, rates, tolerance=0.95) == 4
+    assert find_knee(workers, rates, tolerance=1.0) == 5  # the best itself
+
+
+def test_find_knee_accepts_unsorted_numpy_and_grids():
+    workers = np.array([8, 0, 2, 1, 4])
+    rates = np.array([400.0, 100.0, 200.0, 100.0, 390.0])
+    assert find_knee(workers, rates) == 4
+    assert isinstance(find_knee(workers, rates), int)
+
+
+def test_find_knee_flat_curve_gives_fewest_workers():
+    assert find_knee([0, 1, 2], [1000, 600, 700]) == 0
+
+
+@pytest.mark.parametrize("workers, rates, tolerance, message", [
+    ([], [], 0.9, "empty"),
+    ([0, 1], [1.0], 0.9, "one rate"),
+    ([0, 0], [1.0, 2.0], 0.9, "more than once"),
+    ([-1, 1], [1.0, 2.0], 0.9, "whole numbers >= 0"),
+    ([0.5, 1], [1.0, 2.0], 0.9, "whole numbers >= 0"),
+    ([True, 2], [1.0, 2.0], 0.9, "whole numbers >= 0"),
+    ([0, 1], [1.0, float("nan")], 0.9, "finite"),
+    ([0, 1], [1.0, -2.0], 0.9, "finite numbers >= 0"),
+    ([0, 1], [0.0, 0.0], 0.9, "every rate is 0"),
+    ([0, 1], [1.0, 2.0], 0.0, "tolerance"),
+    ([0, 1], [1.0, 2.0], 1.5, "tolerance"),
+])
+def test_find_knee_bad_curves_are_clear_errors(workers, rates, tolerance, message):
+    with pytest.raises(ValueError, match=message):
+        find_knee(workers, rates, tolerance)
+
+
+def test_find_knee_type_errors_name_the_argument():
+    with pytest.raises(TypeError, match="rates must be a sequence"):
+        find_knee([0, 1], 5)
+    with pytest.raises(TypeError, match="tolerance"):
+        find_knee([0, 1], [1, 2], "high")
+
+
+@pytest.mark.parametrize("rates, kind", [
+    ([100, 95, 190, 200, 205], "plateau"),
+    ([100, 95, 190, 280, 380], "rising"),
+    ([1000, 400, 500, 520, 510], "flat"),
+    ([100, 95, 190, 280, 150], "peaked"),
+])
+def test_describe_curve_kinds(rates, kind):
+    shape = describe_curve([0, 1, 2, 3, 4], rates)
+    assert isinstance(shape, CurveShape)
+    assert shape.kind == kind
+    assert shape.knee == find_knee([0, 1, 2, 3, 4], rates)
+    assert shape.best_rate == max(rates)
+    assert kind.split()[0] in str(shape) or "knee" in str(shape)
+
+
+def test_describe_curve_numbers():
+    shape = describe_curve([0, 1, 2, 3], [100, 90, 200, 150])
+    assert shape.kind == "peaked" and shape.knee == 2 and shape.best_workers == 2
+    assert shape.speedup_at_knee == pytest.approx(2.0)
+    assert "75%" in str(shape)
+
+
+# ---- sweeping ---------------------------------------------------------------------------------
+
+def test_sweep_workers_structure():
+    sweep = sweep_workers(Tiny(64), [1, 0], batch_size=4, batches=4, repeats=1, progress=False,
+                          label="tiny", prefetch_factor=2)
+    assert isinstance(sweep, WorkerSweep)
+    assert sweep.workers == [0, 1] and len(sweep) == 2
+    assert all(isinstance(m, Measurement) for m in sweep)
+    assert sweep.at(1) is sweep[1]
+    assert sweep[0].settings["num_workers"] == 0 and sweep[1].settings["num_workers"] == 1
+    assert sweep[1].settings["prefetch_factor"] == 2
+    assert sweep.knee() in (0, 1)
+    assert sweep.speedups()[0] == pytest.approx(1.0)
+    assert "tiny" in str(sweep) and "workers" in str(sweep)
+    assert compare(sweep).rows == sweep.measurements
+    assert sweep.to_dict()["workers"] == [0, 1]
+    with pytest.raises(ValueError, match="were not measured"):
+        sweep.at(7)
+
+
+def test_sweep_workers_rounds_timed_batches_to_whole_rounds():
+    sweep = sweep_workers(Tiny(200), [3], batch_size=4, batches=4, repeats=1, progress=False)
+    assert sweep[0].items_per_repeat == 6 * 4  # 4 rounded up to 2 rounds of 3 workers
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"worker_counts": []}, ValueError, "empty"),
+    ({"worker_counts": [1, 1]}, ValueError, "repeats"),
+    ({"worker_counts": [-1]}, ValueError, "worker_counts"),
+    ({"batch_size": 0}, ValueError, "batch_size"),
+    ({"num_workers": 2}, ValueError, "num_workers"),
+    ({"timeout_s": 0}, ValueError, "timeout_s"),
+])
+def test_sweep_workers_bad_input(kwargs, error, message):
+    kwargs.setdefault("worker_counts", [0])
+    with pytest.raises(error, match=message):
+        sweep_workers(Tiny(32), progress=False, **kwargs)
+
+
+def test_sweep_workers_rejects_non_datasets_and_tiny_epochs():
+    with pytest.raises(TypeError, match="map-style Dataset"):
+        sweep_workers(iter(range(3)), [0], progress=False)
+    with pytest.raises(ValueError, match="bigger dataset"):
+        sweep_workers(Tiny(8), [4], batch_size=4, progress=False)
+
+
+def test_plot_sweeps_returns_axes_and_checks_metric():
+    import matplotlib.pyplot as plt
+
+    sweep = sweep_workers(Tiny(48), [0, 1], batch_size=4, batches=2, repeats=1, progress=False)
+    for metric in ("speedup", "samples_per_s", "cpu_s_per_sample"):
+        ax = plot_sweeps([sweep], metric=metric)
+        assert ax.get_xlabel() == "num_workers"
+        plt.close(ax.figure)
+    with pytest.raises(ValueError, match="metric"):
+        plot_sweeps([sweep], metric="speed")
+    with pytest.raises(TypeError, match="WorkerSweep"):
+        plot_sweeps([1, 2])
+
+
+# ---- start-up, epochs, persistent workers ------------------------------------------------------
+
+def test_worker_startup_time_default_method():
+    from course_utils.machine import start_method
+
+    m = worker_startup_time(start_method(), 2, repeats=1)
+    assert isinstance(m, Measurement)
+    assert m.items_per_repeat == 2 and m.median_s > 0
+    assert m.settings == {"start_method": start_method(), "num_workers": 2}
+
+
+@pytest.mark.timeout(180)
+def test_worker_startup_time_spawn_works():
+    if "spawn" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no spawn here")
+    m = worker_startup_time("spawn", 1, repeats=1)
+    assert m.median_s > 0 and "spawn" in m.label
+
+
+@pytest.mark.parametrize("kwargs, error", [({"start_method": "teleport"}, ValueError),
+                                           ({"num_workers": 0}, ValueError),
+                                           ({"repeats": 0}, ValueError),
+                                           ({"timeout_s": -1}, ValueError)])
+def test_worker_startup_time_bad_input(kwargs, error):
+    kwargs.setdefault("start_method", multiprocessing.get_all_start_methods()[0])
+    with pytest.raises(error, match="worker_startup_time"):
+        worker_startup_time(**kwargs)
+
+
+def test_time_epochs_counts_epochs_and_rejects_bad_input():
+    loader = DataLoader(Tiny(8), batch_size=4)
+    times = time_epochs(loader, 3, progress=False)
+    assert len(times) == 3 and all(t > 0 for t in times)
+    with pytest.raises(ValueError, match="epochs"):
+        time_epochs(loader, 0)
+    with pytest.raises(TypeError, match="iterable"):
+        time_epochs(42)
+
+
+def test_persistent_workers_keep_their_copy_of_the_dataset():
+    ds = EpochTaggedDataset(4)
+    seen = {}
+    for persistent in (False, True):
+        loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=persistent,
+                            timeout=60)
+        seen[persistent] = []
+        for epoch in range(2):
+            ds.epoch = epoch
+            seen[persistent].append(sorted({int(x) for x in loader}))
+        del loader
+    assert seen[False] == [[0], [1]]
+    assert seen[True] == [[0], [0]]
+
+
+def test_uss_helpers():
+    value = uss_bytes()
+    if value is None:
+        pytest.skip("USS not reported on this platform")
+    assert value > 0
+    children = children_uss_bytes()
+    assert children is None or children >= 0
+
+
+# ---- bursty data, simulated step ----------------------------------------------------------------
+
+def test_bursty_latency_dataset_is_deterministic_and_sleeps():
+    a = BurstyLatencyDataset(n=200, latency_s=0.0, slow_fraction=0.1, slow_s=0.01, seed=3)
+    b = BurstyLatencyDataset(n=200, latency_s=0.0, slow_fraction=0.1, slow_s=0.01, seed=3)
+    assert np.array_equal(a.slow, b.slow) and 5 < a.slow.sum() < 40
+    assert a.mean_latency_s == pytest.approx(a.slow.sum() * 0.01 / 200)
+    slow = int(np.flatnonzero(a.slow)[0])
+    t0 = time.perf_counter()
+    x, label = a[slow]
+    assert time.perf_counter() - t0 >= 0.01
+    assert x.dtype == torch.uint8 and label == slow % 10
+    assert "slow" in a.describe()
+    with pytest.raises(ValueError, match="slow_fraction"):
+        BurstyLatencyDataset(n=10, slow_fraction=1.5)
+    with pytest.raises(ValueError, match="latency_s"):
+        BurstyLatencyDataset(n=10, latency_s=-1)
+
+
+def test_simulated_step_sleeps():
+    step = SimulatedStep(0.01)
+    t0 = time.perf_counter()
+    step(None)
+    assert time.perf_counter() - t0 >= 0.01
+    with pytest.raises(ValueError, match="step_s"):
+        SimulatedStep(-0.1)
+
+
+# ---- records: list vs arrays ---------------------------------------------------------------------
+
+def test_make_records_structure_and_seed():
+    records = make_records(50, seed=2)
+    assert len(records) == 50
+    r = records[7]
+    assert set(r) == {"path", "label", "box"}
+    assert r["path"].startswith("train/") and r["path"].endswith("0000007.jpg")
+    assert 0 <= r["label"] < 10 and len(r["box"]) == 4
+    assert r["box"][0] <= r["box"][2] and r["box"][1] <= r["box"][3]
+    assert make_records(50, seed=2) == records and make_records(50, seed=3) != records
+
+
+def test_make_records_refuses_more_than_the_ram_budget(monkeypatch):
+    import course_utils.scaling as scaling
+
+    monkeypatch.setattr(scaling, "ram_budget_bytes", lambda fraction=0.25: 1000)
+    with pytest.raises(ValueError, match="smaller n"):
+        make_records(100)
+    with pytest.raises(ValueError, match="n="):
+        make_records(0)
+
+
+def test_list_and_array_datasets_give_equal_items():
+    records = make_records(300, seed=1)
+    lst, arr = RecordListDataset(records), RecordArrayDataset(records)
+    assert len(lst) == len(arr) == 300
+    for i in range(300):
+        a, b = lst[i], arr[i]
+        assert torch.equal(a[0], b[0]) and a[0].dtype == b[0].dtype == torch.float32
+        assert a[1] == b[1] and isinstance(b[1], int)
+        assert a[2] == b[2] and isinstance(b[2], str)
+    assert arr[-1][2] == records[-1]["path"]
+    assert arr.nbytes < lst.object_nbytes
+    assert "arrays" in arr.describe() and "list of dicts" in lst.describe()
+    # items are copies: changing one does not change the dataset
+    box = arr[0][0]
+    box += 1
+    assert torch.equal(arr[0][0], lst[0][0])
+
+
+def test_record_datasets_bad_input():
+    with pytest.raises(ValueError, match="empty"):
+        RecordArrayDataset([])
+    with pytest.raises(ValueError, match="not both"):
+        RecordListDataset(make_records(3), n=3)
+    with pytest.raises(TypeError, match="list of dicts"):
+        RecordListDataset(tuple(make_records(3)))
+    with pytest.raises(IndexError):
+        RecordArrayDataset(make_records(3))[3]
+
+
+@pytest.mark.skipif(not HAS_FORK, reason="copy-on-read needs fork")
+def test_worker_memory_list_grows_arrays_do_not():
+    records = make_records(30_000, seed=0)
+    lst = worker_memory(RecordListDataset(records), 2, multiprocessing_context="fork",
+                        label="list")
+    arr = worker_memory(RecordArrayDataset(records), 2, multiprocessing_context="fork")
+    for res in (lst, arr):
+        assert isinstance(res, WorkerMemory)
+        assert res.num_workers == 2 and len(res.workers) == 2 and res.start_method == "fork"
+        assert {w.worker_id for w in res.workers} == {0, 1}
+        assert all(w.start_uss_bytes > 0 and w.timeline for w in res.workers)
+        assert sum(w.timeline[-1][0] for w in res.workers) == 30_000
+    assert lst.label == "list" and arr.label == "RecordArrayDataset"
+    assert lst.mean_growth_bytes > 3 * max(arr.max_growth_bytes, 1_000_000)
+    assert lst.total_growth_bytes == sum(lst.growth_bytes)
+    assert "USS growth per worker" in str(lst)
+    assert lst.to_dict()["workers"][0]["timeline"]
+    import matplotlib.pyplot as plt
+
+    ax = plot_worker_memory([lst, arr])
+    assert "USS" in ax.get_ylabel()
+    plt.close(ax.figure)
+
+
+@pytest.mark.skipif(not HAS_FORK, reason="needs fork")
+def test_worker_memory_freeze_gc_is_undone():
+    before = gc.get_freeze_count()
+    res = worker_memory(RecordArrayDataset(make_records(2_000)), 1, batch_size=100,
+                        multiprocessing_context="fork", freeze_gc=True)
+    assert res.gc_frozen
+    assert gc.get_freeze_count() == before
+
+
+def test_worker_memory_bad_input():
+    ds = RecordArrayDataset(make_records(100))
+    with pytest.raises(ValueError, match="num_workers"):
+        worker_memory(ds, 0)
+    with pytest.raises(ValueError, match="smaller batch_size"):
+        worker_memory(ds, 2, batch_size=64)
+    with pytest.raises(TypeError, match="map-style"):
+        worker_memory(5)
+    with pytest.raises(ValueError, match="multiprocessing_context"):
+        worker_memory(ds, 1, batch_size=10, multiprocessing_context="teleport")
+
+
+# ---- batched fetching ----------------------------------------------------------------------------
+
+def test_batched_dataset_paths_give_the_same_batches():
+    ds = BatchedArrayDataset(n=64, shape=(3, 4, 4), seed=1)
+    idx = [5, 0, 63, 7]
+    images, labels = ds.__getitems__(idx)
+    assert images.shape == (4, 3, 4, 4) and labels.tolist() == [5, 0, 3, 7]
+    for k, i in enumerate(idx):
+        assert torch.equal(images[k], ds[i][0])
+    images2, labels2 = ds[idx]
+    assert torch.equal(images, images2) and torch.equal(labels, labels2)
+    g_images, g_labels = gather_batch(ds.data, ds.labels, idx)
+    assert torch.equal(g_images, images) and torch.equal(g_labels, labels)
+    assert keep_batch(images) is images
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_batched_loaders_equal_per_sample_loader(workers):
+    ds = BatchedArrayDataset(n=40, shape=(3, 4, 4), seed=2)
+    opts = {"num_workers": workers}
+    if workers:
+        opts["timeout"] = 60
+    per_sample = list(DataLoader(PerSampleView(ds), batch_size=8, **opts))
+    getitems = list(DataLoader(ds, batch_size=8, collate_fn=keep_batch, **opts))
+    sampler = BatchSampler(SequentialSampler(range(len(ds))), batch_size=8, drop_last=False)
+    by_sampler = list(DataLoader(ds, batch_size=None, sampler=sampler, **opts))
+    assert len(per_sample) == len(getitems) == len(by_sampler) == 5
+    for a, b, c in zip(per_sample, getitems, by_sampler):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[0], c[0])
+        assert torch.equal(a[1], b[1]) and torch.equal(a[1], c[1])
+
+
+def test_per_sample_view_hides_getitems():
+    ds = BatchedArrayDataset(n=8, shape=(2,))
+    view = PerSampleView(ds)
+    assert not hasattr(view, "__getitems__") and len(view) == 8
+    assert torch.equal(view[3][0], ds[3][0])
+
+
+def test_batched_dataset_bad_input():
+    ds = BatchedArrayDataset(n=8, shape=(2,))
+    with pytest.raises(ValueError, match="1-D"):
+        ds.__getitems__([[0, 1]])
+    with pytest.raises(IndexError, match="out of range"):
+        ds.__getitems__([0, 8])
+    with_transform = BatchedArrayDataset(n=8, shape=(2,), transform=lambda x: x)
+    with pytest.raises(ValueError, match="PerSampleView"):
+        with_transform.__getitems__([0])
