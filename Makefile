@@ -38,8 +38,11 @@ $(STAMP): pyproject.toml | $(PY)
 
 install: $(STAMP)
 
+# JupyterLab refuses to run as root unless told; containers and some servers run as root.
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
+
 lab: install
-	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" $(LAB_ARGS) notebooks/00_measure_first.ipynb
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" $(ALLOW_ROOT) $(LAB_ARGS) notebooks/00_measure_first.ipynb
 
 test: install
 	COURSE_QUICK=1 MPLBACKEND=Agg $(PY) -m pytest tests notebooks solutions \

@@ -78,6 +78,7 @@ __all__ = [
     "opencv_to_chw",
     "torch_to_chw",
     "torch_from_image",
+    "Stage",
     "pipeline_stages",
     "run_pipeline",
     "numpy_pipeline",
@@ -433,12 +434,14 @@ def numpy_to_chw(image: np.ndarray) -> torch.Tensor:
 
 def opencv_to_chw(image: np.ndarray) -> torch.Tensor:
     """(H, W, 3) float32 array -> contiguous (3, H, W) tensor with ``cv2.dnn.blobFromImage``
-    (OpenCV's HWC -> NCHW packing, used for its own networks). uint8 input goes through
-    :func:`numpy_to_chw`, because blobFromImage always returns float32."""
+    (OpenCV's HWC -> NCHW packing, used for its own networks). uint8 input (blobFromImage
+    always returns float32), or an OpenCV built without its dnn module, goes through
+    :func:`numpy_to_chw`."""
     image = _check_hwc(image, "opencv_to_chw")
-    if image.dtype != np.float32:
+    dnn = getattr(cv2, "dnn", None)   # every opencv-python wheel has it; some custom builds don't
+    if image.dtype != np.float32 or dnn is None:
         return numpy_to_chw(image)
-    return torch.from_numpy(cv2.dnn.blobFromImage(image)[0])
+    return torch.from_numpy(dnn.blobFromImage(image)[0])
 
 
 def torch_to_chw(x: torch.Tensor) -> torch.Tensor:
