@@ -59,3 +59,15 @@ def test_environment_pins_python_minor_and_installs_the_package():
 def test_ci_runs_make_test():
     run = (ROOT / ".ci" / "run").read_text()
     assert "make test" in run and "set -e" in run
+
+
+def test_every_subpackage_and_data_file_is_packaged():
+    from setuptools import find_packages
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    include = data["tool"]["setuptools"]["packages"]["find"]["include"]
+    found = set(find_packages(str(ROOT), include=include))
+    on_disk = {str(p.parent.relative_to(ROOT)).replace("/", ".")
+               for p in (ROOT / "course_utils").rglob("__init__.py")}
+    assert on_disk <= found, f"not packaged: {sorted(on_disk - found)}"
+    patterns = data["tool"]["setuptools"]["package-data"]["course_utils"]
+    assert "reference_results/*.json" in patterns
