@@ -5,6 +5,7 @@ Commands:
   make-exercises   write exercises/ from solutions/ (--check: only report differences)
   grade NOTEBOOK   run an exercise notebook through nbval and print pass/fail per exercise
   bench            the common recipe vs the tuned CPU pipeline, measured side by side
+  gpu-check        on a CUDA machine: GPU benchmarks in full mode, written as reference results
 """
 from __future__ import annotations
 
@@ -124,6 +125,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_cmd_bench)
+
+    from . import gpu_check
+    p = sub.add_parser("gpu-check", help="on a CUDA machine: GPU benchmarks -> reference results",
+                       description="On a CUDA machine: run lessons 04-05's GPU benchmarks (and "
+                                   "their notebooks, where Jupyter is installed) in full mode "
+                                   "within a time budget, print the targets, and write reference "
+                                   "results as JSON. Refuses on a machine without CUDA.")
+    gpu_check.add_arguments(p)
+    p.set_defaults(func=gpu_check.cli)
     return parser
 
 

@@ -27,6 +27,12 @@ some of the choices below):
   DataLoader sets 1 in every worker). Setting more than one thread in such a child is refused
   with a clear error instead of a hang later.
 * OpenBLAS resets its pool at fork by itself: limiting it is safe everywhere.
+* Limiting must never hang a forked worker, even when the parent had other threads running
+  at fork time (a psutil sampler, tqdm's monitor, DataLoader queue feeders, library pools):
+  fork copies their locks in whatever state they were, and nothing releases them in the
+  child. :class:`WorkerThreadLimiter` therefore does as little as possible in a forked
+  worker, in the safest order, and under a watchdog; see its ``__call__`` for the details
+  and the evidence.
 * A reading is not a running thread: in a forked worker whose parent had already used
   OpenCV, ``cv2.getNumThreads()`` still reads the parent's value, but the pool's threads were
   not copied and OpenCV does not start new ones: the worker has one OS thread. If the
@@ -36,6 +42,7 @@ some of the choices below):
 from __future__ import annotations
 
 import contextlib
+import gc
 import numbers
 import os
 import pickle
@@ -100,12 +107,52 @@ def _count_os_threads() -> int | None:
         return None
 
 
+_opencv_ready_for_fork = False
+
+
+def _prepare_opencv_for_fork() -> None:
+    """In the parent, before fork: finish OpenCV's lazy one-time initialisation here.
+
+    ``cv::setNumThreads`` reaches two function-local statics: the parallel-backend object
+    (created on first use by a plugin search: a directory scan of the cv2 package, logging,
+    C++ exception handling) and the pthreads ``ThreadPool`` singleton (mutex init, reading
+    cgroup CPU limits). Once both exist, ``cv2.setNumThreads(0)`` is two stores to plain ints:
+    no lock, no system call (checked by disassembling opencv-python 5.0's
+    ``cv::setNumThreads`` / ``parallel_pthreads_set_threads_num``; see strace evidence in
+    :meth:`WorkerThreadLimiter.__call__`). A parent that imported cv2 but never ran a parallel
+    OpenCV call would leave that initialisation to every forked child, where any lock another
+    parent thread held at fork time stays held forever. Doing it here, once, on the forking
+    thread of the parent, removes that path from the children. The value is set to what it
+    already is, so nothing changes; when OpenCV reads <= 1 it is already sequential and the
+    child never calls ``setNumThreads`` at all (see :func:`_set_opencv_threads`).
+    """
+    global _opencv_ready_for_fork
+    if _opencv_ready_for_fork:
+        return
+    cv2 = sys.modules.get("cv2")
+    if cv2 is None or not hasattr(cv2, "setNumThreads"):
+        return  # not imported (or half imported): nothing of OpenCV's exists to copy
+    current = int(cv2.getNumThreads())  # creates the ThreadPool singleton
+    if current > 1:
+        cv2.setNumThreads(current)  # same value: creates the backend object, changes nothing
+    _opencv_ready_for_fork = True
+
+
 def _record_threads_before_fork() -> None:
     global _threads_at_fork
+    try:
+        _prepare_opencv_for_fork()
+    except Exception:  # pragma: no cover - a fork hook must never raise
+        pass
     try:
         _threads_at_fork = _count_os_threads()
     except Exception:  # pragma: no cover - a fork hook must never raise
         _threads_at_fork = None
+
+
+def _is_fork_child() -> bool:
+    """True in a process created by fork from the process that imported this module."""
+    return os.getpid() != _IMPORT_PID
 
 
 def _watch_forks() -> None:
@@ -178,7 +225,7 @@ def _get_opencv_threads() -> int | None:
     return None if cv2 is None else int(cv2.getNumThreads())
 
 
-def _set_opencv_threads(n: int) -> None:
+def _set_opencv_threads(n: int, *, import_if_missing: bool = True) -> None:
     """Ask OpenCV for ``n`` threads; ``n <= 1`` is sent as 0 ("sequential").
 
     Why 0 and not 1: with the pthreads backend, setNumThreads(1) stops and joins the pool's
@@ -186,10 +233,18 @@ def _set_opencv_threads(n: int) -> None:
     join hangs (observed in 19 of 20 forks after the parent had run cv2.GaussianBlur).
     setNumThreads(0) only records "sequential"; getNumThreads() then reads 1, and parallel
     OpenCV calls run on the calling thread. Same effect, no hang.
+
+    When OpenCV already runs sequentially (it reads 1) and ``n <= 1``, nothing is called:
+    a worker forked from a parent that was already limited does not touch OpenCV at all.
+    With ``import_if_missing=False`` an OpenCV that is not imported yet is left alone (the
+    ``OPENCV_FOR_THREADS_NUM`` variable sizes it when it is imported later).
     """
-    cv2 = _cv2()
-    if cv2 is not None:
-        cv2.setNumThreads(0 if n <= 1 else int(n))
+    cv2 = _cv2() if import_if_missing else sys.modules.get("cv2")
+    if cv2 is None:
+        return
+    if n <= 1 and int(cv2.getNumThreads()) <= 1:
+        return  # already sequential (numThreads 0 or 1): nothing to change
+    cv2.setNumThreads(0 if n <= 1 else int(n))
 
 
 def _blas_pools() -> list[dict]:
@@ -330,9 +385,9 @@ class limit_threads(contextlib.ContextDecorator):
         _refuse_unsafe_fork(self.n, f"limit_threads({self.n})")
         saved_torch = torch.get_num_threads()
         saved_opencv = _get_opencv_threads()
+        _set_opencv_threads(self.n)  # first, as in WorkerThreadLimiter (before BLAS threads)
         blas = threadpoolctl.threadpool_limits(limits=self.n)
         torch.set_num_threads(self.n)
-        _set_opencv_threads(self.n)
         self._saved = (saved_torch, saved_opencv, blas)
         return self
 
@@ -359,6 +414,32 @@ class limit_threads(contextlib.ContextDecorator):
 # threadpoolctl limit objects made in workers are kept here for the worker's life, so the
 # limits stick even if a later threadpoolctl version restored them on garbage collection.
 _worker_limits: list = []
+
+#: Seconds :class:`WorkerThreadLimiter` may take in a forked worker before its watchdog prints
+#: the worker's Python stacks and ends the worker (normally it takes well under a second).
+WORKER_INIT_WATCHDOG_S = 120.0
+
+
+@contextlib.contextmanager
+def _init_watchdog(enabled: bool):
+    """Print all stacks and end the process if the block takes WORKER_INIT_WATCHDOG_S."""
+    armed = False
+    if enabled:
+        try:
+            import faulthandler
+
+            stream = sys.__stderr__
+            if stream is None or stream.fileno() < 0:
+                raise OSError("no stderr")
+            faulthandler.dump_traceback_later(WORKER_INIT_WATCHDOG_S, exit=True, file=stream)
+            armed = True
+        except Exception:  # no usable stderr: run without the watchdog
+            armed = False
+    try:
+        yield
+    finally:
+        if armed:
+            faulthandler.cancel_dump_traceback_later()
 
 
 class WorkerThreadLimiter:
@@ -387,14 +468,54 @@ class WorkerThreadLimiter:
         _watch_forks()
 
     def __call__(self, worker_id: int) -> None:
+        """Limit this worker's pools. In a forked worker this is done so it cannot hang.
+
+        A DataLoader worker forked from a busy parent once hung for good inside this call
+        (py-spy: the worker's main thread idle on the ``cv2.setNumThreads(0)`` line; the
+        parent waited on the DataLoader queue). What was checked, and what this guards:
+
+        * ``cv2.setNumThreads(0)`` itself cannot block once OpenCV is initialised: in
+          opencv-python 5.0 it stores ``numThreads``, returns the (initialised) backend
+          static, and ``ThreadPool::setNumOfThreads(0)`` stores ``num_threads``; no lock, no
+          system call (disassembly; ``strace`` shows no syscall between two markers around
+          the call). Only OpenCV's *first* call in a process does work (plugin search: three
+          directory scans of the cv2 package; cgroup CPU-limit files; ThreadPool creation).
+          :func:`_prepare_opencv_for_fork` now does that in the parent, before fork.
+        * The Python binding releases and retakes the GIL around the call, and the call
+          allocates an argument tuple, which can start a garbage collection. A collection in a
+          forked child runs the finalizers of garbage inherited from the parent (old
+          DataLoader iterators, queues, semaphores, files of threads that do not exist here),
+          and a C-level finalizer blocked on a lock held by a parent thread at fork time shows
+          exactly as "idle on the line of a C call". ``gc.freeze()`` first, in forked workers,
+          puts everything inherited out of the collector's reach (cheap: a list splice; and
+          what CPython's documentation recommends for fork without exec).
+        * Lazy imports in a forked child hang when another parent thread held that module's
+          import lock at fork time (reproduced: 1 of 300 forks hung in
+          ``_ModuleLock.acquire`` while a parent thread imported). Nothing is imported here
+          in a forked worker that the parent had not imported: OpenCV, if the parent never
+          imported it, is sized by ``OPENCV_FOR_THREADS_NUM`` when the worker imports it.
+        * OpenCV is set first, while the worker still has one thread: limiting OpenBLAS
+          through threadpoolctl re-creates its pool threads in a forked child (measured: the
+          worker goes from 1 to 3 OS threads), and it allocates enough to trigger collections.
+        * If something still blocks, the worker does not hang forever: a watchdog
+          (``faulthandler``, a C thread that needs no GIL) prints every Python stack of the
+          worker to stderr and ends it after :data:`WORKER_INIT_WATCHDOG_S` seconds, so the
+          DataLoader reports a dead worker instead of waiting for ever.
+        """
         n = self.n_threads
         _refuse_unsafe_fork(n, f"make_worker_init(n_threads={n})")
-        if self.set_env:
-            for var in THREAD_ENV_VARS:
-                os.environ[var] = str(n)
-        _worker_limits.append(threadpoolctl.threadpool_limits(limits=n))
-        torch.set_num_threads(n)
-        _set_opencv_threads(n)
+        forked = _is_fork_child()
+        with _init_watchdog(forked):
+            if forked:
+                gc.freeze()  # no finalizer of anything inherited from the parent runs here
+            if self.set_env:
+                for var in THREAD_ENV_VARS:
+                    os.environ[var] = str(n)
+            # OpenCV first (one OS thread still); no import of OpenCV in a forked worker whose
+            # parent never imported it: OPENCV_FOR_THREADS_NUM sizes it when it is imported.
+            _set_opencv_threads(n, import_if_missing=not (forked and self.set_env))
+            _worker_limits.append(threadpoolctl.threadpool_limits(limits=n))
+            torch.set_num_threads(n)
         if self.seed is not None:
             import numpy as np
 

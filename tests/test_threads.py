@@ -342,3 +342,174 @@ def test_make_worker_init_passed_directly_limits_forked_workers(busy_parent):
 def test_make_worker_init_refuses_more_than_one_thread_in_forked_workers(busy_parent):
     with pytest.raises(RuntimeError, match="n_threads=2.*forkserver"):
         pools_in_workers(make_worker_init(2), num_workers=2, multiprocessing_context="fork", timeout_s=30)
+
+
+# ----------------------------------------------------------------------------- fork under load
+class _BusyParentThreads:
+    """Background threads that keep this process busy while it forks, like a benchmark does:
+    a psutil sampler of the process tree, an OpenCV user, and a churner of multiprocessing
+    locks (sem_open/sem_close) and cyclic garbage. Context manager.
+
+    No thread runs NumPy BLAS here: forking while another thread is inside OpenBLAS can
+    deadlock the *parent* in OpenBLAS's own fork handler (``blas_thread_shutdown_`` joining a
+    pool thread that missed its wake-up; seen once while writing this test; OpenBLAS issues
+    #2270/#3111). Nothing in a worker_init_fn can help with that one."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._loop, args=(fn,), daemon=True, name=f"busy-{fn.__name__}")
+            for fn in (self._sample, self._opencv, self._churn)
+        ]
+        self.rounds = 0
+
+    @staticmethod
+    def _sample() -> None:
+        import psutil
+
+        for proc in [psutil.Process()] + psutil.Process().children(recursive=True):
+            try:
+                proc.memory_info()
+                proc.num_threads()
+            except psutil.Error:
+                pass
+
+    @staticmethod
+    def _opencv() -> None:
+        img = np.full((480, 640, 3), 7, np.uint8)
+        cv2.GaussianBlur(cv2.resize(img, (320, 240)), (5, 5), 0)
+
+    @staticmethod
+    def _churn() -> None:
+        import multiprocessing.synchronize  # noqa: F401  (imported once, before any fork)
+
+        lock = mp.get_context("fork").Lock()
+        cycle = [lock]
+        cycle.append(cycle)  # cyclic garbage holding a semaphore: freed by the collector
+        del lock, cycle
+
+    def _loop(self, fn) -> None:
+        while not self._stop.is_set():
+            fn()
+            self.rounds += 1
+
+    def __enter__(self) -> "_BusyParentThreads":
+        for fn in (self._sample, self._opencv, self._churn):
+            fn()  # imports and first uses happen here, not at fork time
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=10)
+
+
+def _forked_worker_init_report(conn, worker_id: int) -> None:
+    try:
+        WorkerThreadLimiter(1)(worker_id)
+        pools = thread_pools()
+        img = np.full((480, 640, 3), 9, np.uint8)
+        cv2.GaussianBlur(cv2.resize(img, (320, 240)), (5, 5), 0)  # OpenCV still usable
+        import gc
+
+        conn.send({"pools": pools.to_dict(), "frozen": gc.get_freeze_count()})
+    except BaseException as exc:
+        conn.send({"error": repr(exc)})
+    finally:
+        conn.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif("fork" not in mp.get_all_start_methods(), reason="no fork on this platform")
+def test_worker_limiter_never_hangs_when_forked_from_a_busy_parent(busy_parent):
+    """Regression: a forked DataLoader worker once hung for good inside make_worker_init(1)
+    (in the cv2.setNumThreads line) while the parent benchmark had threads running. Fork many
+    children while four parent threads use psutil, OpenCV, BLAS/torch and multiprocessing
+    locks; every child must limit its pools and answer within the time limit."""
+    ctx = mp.get_context("fork")
+    reports, hung = [], []
+    deadline = time.monotonic() + 25
+    with _BusyParentThreads() as busy:
+        for i in range(12):
+            if time.monotonic() > deadline and i >= 6:
+                break  # slow machine: at least 6 forks
+            parent_end, child_end = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_forked_worker_init_report, args=(child_end, i % 2))
+            proc.start()
+            child_end.close()
+            if parent_end.poll(15):
+                reports.append(parent_end.recv())
+            else:
+                hung.append(proc.pid)
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+            parent_end.close()
+        assert busy.rounds > 0
+    assert not hung, f"forked children {hung} hung while limiting their thread pools"
+    for report in reports:
+        assert "error" not in report, report.get("error")
+        pools = ThreadPools.from_dict(report["pools"])
+        assert pools.limited_to(1) and pools.opencv == 1 and pools.torch_intra == 1, pools
+        assert report["frozen"] > 0, "a forked worker puts what it inherited out of the collector's reach"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif("fork" not in mp.get_all_start_methods(), reason="no fork on this platform")
+def test_forked_dataloader_workers_limit_while_the_parent_is_busy(busy_parent):
+    """The same through real DataLoader workers, twice (fresh workers each time)."""
+    with _BusyParentThreads():
+        for _ in range(2):
+            pools = pools_in_workers(make_worker_init(1), num_workers=2, multiprocessing_context="fork",
+                                     timeout_s=20)
+            assert all(p.limited_to(1) and p.opencv == 1 for p in pools), pools
+
+
+def _child_with_a_stuck_init(stderr_path: str) -> None:
+    fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(fd, 2)  # the watchdog writes the stacks to file descriptor 2
+    threads.WORKER_INIT_WATCHDOG_S = 1.0
+    threads.torch.set_num_threads = lambda n: time.sleep(60)  # stands in for a stuck call
+    WorkerThreadLimiter(1)(0)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif("fork" not in mp.get_all_start_methods(), reason="no fork on this platform")
+def test_a_stuck_forked_worker_init_ends_the_worker_instead_of_hanging(busy_parent, tmp_path):
+    stderr_path = str(tmp_path / "stderr.txt")
+    t0 = time.monotonic()
+    proc = mp.get_context("fork").Process(target=_child_with_a_stuck_init, args=(stderr_path,))
+    proc.start()
+    proc.join(timeout=30)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+        pytest.fail("the watchdog did not end a forked worker stuck in WorkerThreadLimiter")
+    assert proc.exitcode == 1
+    assert time.monotonic() - t0 < 20
+    text = open(stderr_path).read()
+    assert "Timeout" in text and "__call__" in text and "<lambda>" in text, text[-2000:]
+
+
+def test_prepare_opencv_for_fork_changes_nothing():
+    before = (cv2.getNumThreads(), thread_pools().opencv)
+    threads._prepare_opencv_for_fork()
+    threads._prepare_opencv_for_fork()
+    assert (cv2.getNumThreads(), thread_pools().opencv) == before
+
+
+def test_set_opencv_threads_leaves_a_sequential_opencv_alone(monkeypatch):
+    calls = []
+    with limit_threads(1):
+        assert cv2.getNumThreads() == 1
+        monkeypatch.setattr(cv2, "setNumThreads", lambda n: calls.append(n))
+        threads._set_opencv_threads(1)
+        assert calls == [], "already sequential: no call into OpenCV"
+        threads._set_opencv_threads(2)
+        assert calls == [2]
+        monkeypatch.undo()
