@@ -2,8 +2,9 @@
 
 What is measured, and in what unit:
 
-* **samples/s vs num_workers** (:func:`sweep_workers`): one :func:`~course_utils.bench.measure_loader`
-  Measurement per worker count (steady state: worker start-up excluded by warm-up).
+* **samples/s vs num_workers** (:func:`sweep_workers`): one
+  :func:`~course_utils.bench.measure_loader` Measurement per worker count (steady state:
+  worker start-up excluded by warm-up).
 * **the knee** (:func:`find_knee`): the smallest worker count whose samples/s is at least
   ``tolerance`` (default 0.9) times the best samples/s on the curve. More workers than the knee
   buy at most ``1 - tolerance`` more speed, and cost CPU, memory and start-up time.
@@ -385,18 +386,21 @@ class WorkerSweep(Sequence):
         return "\n".join(lines)
 
 
-def _timed_batches(target: int, workers: int, available: int, where: str) -> int:
+def _timed_batches(target: int, workers: int, per_epoch: int, warm: int,
+                   where: str) -> int:
     """``target`` rounded up to a multiple of ``workers`` (workers deliver their batches in
     rounds, so a window of whole rounds is not biased by where it cuts a round), then
-    rounded down to fit the ``available`` batches."""
+    rounded down to fit the batches the epoch has left after ``warm`` warm-up batches."""
     k = max(1, workers)
+    available = per_epoch - warm
     n = math.ceil(target / k) * k
     if n > available:
         n = (available // k) * k
     if n < 1:
-        raise ValueError(f"{where}: with {workers} workers the epoch has only {available} "
-                         f"batches left after warm-up, not one round of {k}; use a smaller "
-                         f"batch_size or a bigger dataset.")
+        raise ValueError(f"{where}: with {workers} workers the epoch has {per_epoch} batches; "
+                         f"after a warm-up of {warm} that leaves {max(0, available)}, not one "
+                         f"round of {k}. Use a smaller batch_size, a bigger dataset, fewer "
+                         f"workers or a smaller warmup_batches.")
     return n
 
 
@@ -470,7 +474,7 @@ def sweep_workers(dataset: Dataset, worker_counts: Optional[Sequence[int]] = Non
                 warm = max(2, int(loader_kwargs.get("prefetch_factor") or 2) * w)
             else:
                 warm = warmup_batches
-            timed = _timed_batches(target, w, per_epoch - warm, where)
+            timed = _timed_batches(target, w, per_epoch, warm, where)
             with warnings.catch_warnings():
                 # torch warns when num_workers exceeds the CPUs it sees: going past them is
                 # the point of a sweep (to measure what oversubscription does)
@@ -636,22 +640,19 @@ def uss_bytes(pid: Optional[int] = None) -> Optional[int]:
 
 
 def children_uss_bytes() -> Optional[int]:
-    """Sum of the USS (bytes) of this process's live child processes (e.g. persistent workers);
-    0 when there are none, None where USS is not reported."""
+    """Sum of the USS (bytes) of this process's live child processes, e.g. persistent workers
+    (and helper processes such as a forkserver); 0 when there are none, None where USS is not
+    reported."""
     import psutil
 
     total = 0
     for child in psutil.Process().children(recursive=True):
-        value = uss_bytes(child.pid)
-        if value is None:
-            try:
-                child.memory_full_info()
-            except psutil.NoSuchProcess:
-                continue  # exited meanwhile
-            except Exception:
-                return None
+        try:
+            total += int(child.memory_full_info().uss)
+        except psutil.NoSuchProcess:  # exited meanwhile (zombies included)
             continue
-        total += value
+        except (psutil.Error, AttributeError, NotImplementedError, OSError):
+            return None
     return total
 
 
@@ -722,7 +723,8 @@ class BurstyLatencyDataset(Dataset):
 
 class SimulatedStep:
     """A training step that takes ``step_s`` seconds without using the CPU (``time.sleep``),
-    like a GPU step the main process waits for. Use as ``measure_data_wait(loader, step_fn=...)``."""
+    like a GPU step the main process waits for. Use as
+    ``measure_data_wait(loader, step_fn=SimulatedStep(0.02))``."""
 
     def __init__(self, step_s: float) -> None:
         self.step_s = _seconds_arg("step_s", step_s, "SimulatedStep")
@@ -1110,7 +1112,8 @@ def plot_worker_memory(results: Sequence[WorkerMemory], *, ax: Any = None,
 
 def gather_batch(data: np.ndarray, labels: np.ndarray,
                  indices: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """One batch by fancy indexing: ``(torch.from_numpy(data[idx]), torch.from_numpy(labels[idx]))``.
+    """One batch by fancy indexing:
+    ``(torch.from_numpy(data[idx]), torch.from_numpy(labels[idx]))``.
 
     A single gather copies the rows into one new contiguous array: the least work any loader
     can do to make this batch from memory (the raw-gather baseline).
@@ -1142,8 +1145,8 @@ class BatchedArrayDataset(ArrayDataset):
     """
 
     def __getitem__(self, i: Any) -> tuple[Any, Any]:
-        if isinstance(i, (list, tuple, np.ndarray, torch.Tensor)):
-            return self.__getitems__(i)
+        if isinstance(i, (list, tuple)) or getattr(i, "ndim", 0) >= 1:
+            return self.__getitems__(i)  # a batch of indices (batch-sampler path)
         return super().__getitem__(i)
 
     def __getitems__(self, indices: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,7 +7,6 @@ Every test that starts worker processes has a timeout.
 from __future__ import annotations
 
 import gc
-import math
 import multiprocessing
 import time
 
@@ -440,3 +439,12 @@ def test_batched_dataset_bad_input():
     with_transform = BatchedArrayDataset(n=8, shape=(2,), transform=lambda x: x)
     with pytest.raises(ValueError, match="PerSampleView"):
         with_transform.__getitems__([0])
+
+
+def test_batched_dataset_scalar_indices_stay_per_sample():
+    ds = BatchedArrayDataset(n=8, shape=(2,))
+    for index in (3, np.int64(3), np.array(3), torch.tensor(3)):
+        x, label = ds[index]
+        assert x.shape == (2,) and label == 3
+    images, labels = ds[np.array([1, 2])]
+    assert images.shape == (2, 2) and labels.tolist() == [1, 2]

@@ -18,7 +18,6 @@ worker's private-memory (USS) growth.
 """
 from __future__ import annotations
 
-import math
 import multiprocessing
 import numbers
 from typing import Any, Callable, Sequence
@@ -214,7 +213,8 @@ def grade_choose_workers(choose_num_workers: Callable[..., Any], *,
 _LIST_BASELINE: dict[tuple, Any] = {}  # (n, seed, workers) -> WorkerMemory of the list version
 
 
-def _containers(obj: Any, n: int, path: str, depth: int, seen: set[int]) -> list[tuple[str, str, int]]:
+def _containers(obj: Any, n: int, path: str, depth: int,
+                seen: set[int]) -> list[tuple[str, str, int]]:
     """Attributes (and nested dict/list/tuple entries) holding >= n/10 Python objects."""
     import torch
 
@@ -225,7 +225,7 @@ def _containers(obj: Any, n: int, path: str, depth: int, seen: set[int]) -> list
     threshold = max(1, n // 10)
     if isinstance(obj, np.ndarray):
         if obj.dtype == object and obj.size >= threshold:
-            found.append((path, f"NumPy array of dtype=object", int(obj.size)))
+            found.append((path, "NumPy array of dtype=object", int(obj.size)))
         return found
     if isinstance(obj, (torch.Tensor, str, bytes, bytearray, memoryview, numbers.Number)):
         return found
@@ -312,7 +312,8 @@ def grade_copy_on_read(make_safe: Callable[[list], Any], *, n_records: int = 60_
     if len(safe) != len(records):
         raise ExerciseFailed(COPY, "the dataset has the wrong length.",
                              expected=f"{len(records)} items (one per record)",
-                             seen=f"{len(safe)}", hint="__len__ should return the number of records.")
+                             seen=f"{len(safe)}",
+                             hint="__len__ should return the number of records.")
     rng = np.random.default_rng(seed)
     for i in [0, 1, len(records) - 1] + rng.integers(0, len(records), size=200).tolist():
         _same_item(i, reference[i], safe[i])
@@ -344,7 +345,8 @@ def grade_copy_on_read(make_safe: Callable[[list], Any], *, n_records: int = 60_
     answer = worker_memory(safe, num_workers, multiprocessing_context="fork",
                            label=type(safe).__name__)
     mb = 1e6
-    details = {"list_growth_bytes": baseline.growth_bytes, "answer_growth_bytes": answer.growth_bytes}
+    details = {"list_growth_bytes": baseline.growth_bytes,
+               "answer_growth_bytes": answer.growth_bytes}
     if baseline.mean_growth_bytes < 8 * mb:
         return CheckResult(COPY, f"items equal and no Python object per record; on this machine "
                                  f"even the list version grew only "
