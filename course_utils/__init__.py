@@ -15,9 +15,18 @@ from .data import (ArrayDataset, CommonRecipeTransform, ImageFolderDataset, Jpeg
 from .grading import CheckResult, ExerciseFailed, check
 from .machine import (AcceleratorInfo, CpuInfo, DoctorReport, accelerator, cpu_info,
                       default_device, doctor, machine_summary, start_method, usable_cpus)
+from .pipelines import (BenchmarkResult, TransformedDataset, common_recipe_loader, run_benchmark,
+                        tuned_loader)
 from .plots import figure_title, plot_curve, plot_measurements
+from .scaling import (BatchedArrayDataset, RecordArrayDataset, RecordListDataset, WorkerMemory,
+                      WorkerSweep, default_worker_counts, describe_curve, find_knee, keep_batch,
+                      plot_sweeps, plot_worker_memory, sweep_workers, time_epochs, worker_memory,
+                      worker_startup_time)
 from .threads import (ThreadPools, WorkerThreadLimiter, limit_threads, make_worker_init,
                       pools_in_workers, thread_pools)
+from .transforms import (PipelineParams, ReferenceTransform, ToFloat32, Uint8Transform,
+                         exact_pipeline, normalize_batch, numpy_pipeline, opencv_pipeline,
+                         output_difference, torch_pipeline)
 
 __version__ = "0.1.0"
 
@@ -30,4 +39,13 @@ __all__ = [
     "make_worker_init", "measure", "measure_data_wait", "measure_loader", "mode_banner", "pick",
     "plot_curve", "plot_measurements", "pools_in_workers", "quick_mode", "ram_budget_bytes",
     "sample_photo", "start_method", "thread_pools", "usable_cpus",
+    # pipelines (the benchmark)
+    "BenchmarkResult", "TransformedDataset", "common_recipe_loader", "run_benchmark", "tuned_loader",
+    # lesson 01
+    "PipelineParams", "ReferenceTransform", "ToFloat32", "Uint8Transform", "exact_pipeline",
+    "normalize_batch", "numpy_pipeline", "opencv_pipeline", "output_difference", "torch_pipeline",
+    # lesson 03
+    "BatchedArrayDataset", "RecordArrayDataset", "RecordListDataset", "WorkerMemory", "WorkerSweep",
+    "default_worker_counts", "describe_curve", "find_knee", "keep_batch", "plot_sweeps",
+    "plot_worker_memory", "sweep_workers", "time_epochs", "worker_memory", "worker_startup_time",
 ]

@@ -48,3 +48,9 @@ def test_import_has_no_side_effects():
             "assert before == after, (before, after)\n"
             "assert buf.getvalue() == '', buf.getvalue()\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=120)
+
+
+def test_every_exported_name_exists():
+    import course_utils
+    missing = [name for name in course_utils.__all__ if not hasattr(course_utils, name)]
+    assert not missing, f"course_utils.__all__ names that do not exist: {missing}"
