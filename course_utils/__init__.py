@@ -15,6 +15,8 @@ from .data import (ArrayDataset, CommonRecipeTransform, ImageFolderDataset, Jpeg
 from .grading import CheckResult, ExerciseFailed, check
 from .machine import (AcceleratorInfo, CpuInfo, DoctorReport, accelerator, cpu_info,
                       default_device, doctor, machine_summary, start_method, usable_cpus)
+from .oversubscription import (GridResult, OpenCVHeavyTransform, env_after_vs_before_import,
+                               fork_cv2_demo, opencv_heavy_dataset, plot_grid, run_grid)
 from .pipelines import (BenchmarkResult, TransformedDataset, common_recipe_loader, run_benchmark,
                         tuned_loader)
 from .plots import figure_title, plot_curve, plot_measurements
@@ -44,6 +46,9 @@ __all__ = [
     # lesson 01
     "PipelineParams", "ReferenceTransform", "ToFloat32", "Uint8Transform", "exact_pipeline",
     "normalize_batch", "numpy_pipeline", "opencv_pipeline", "output_difference", "torch_pipeline",
+    # lesson 02
+    "GridResult", "OpenCVHeavyTransform", "env_after_vs_before_import", "fork_cv2_demo",
+    "opencv_heavy_dataset", "plot_grid", "run_grid",
     # lesson 03
     "BatchedArrayDataset", "RecordArrayDataset", "RecordListDataset", "WorkerMemory", "WorkerSweep",
     "default_worker_counts", "describe_curve", "find_knee", "keep_batch", "plot_sweeps",

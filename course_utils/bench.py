@@ -34,6 +34,7 @@ Nothing happens at import time.
 """
 from __future__ import annotations
 
+import glob
 import math
 import threading
 import time
@@ -138,6 +139,37 @@ def _machine() -> str:
 _Key = tuple  # (pid, create_time)
 
 
+def thread_involuntary_switches(pid: int) -> dict[tuple[int, int], int] | None:
+    """``{(pid, thread id): involuntary context switches}`` for every thread of ``pid``.
+
+    Linux only (reads /proc/PID/task/*/status); None elsewhere. Per thread because
+    ``psutil.Process.num_ctx_switches()`` on Linux reads the main thread only, so the threads
+    of a pool being preempted would go unseen.
+    """
+    out: dict[tuple[int, int], int] = {}
+    paths = glob.glob(f"/proc/{pid}/task/*/status")
+    if not paths:
+        return None
+    for path in paths:
+        try:
+            with open(path) as fh:
+                for line in fh:
+                    if line.startswith("nonvoluntary_ctxt_switches"):
+                        out[(pid, int(path.split("/")[4]))] = int(line.split()[1])
+                        break
+        except (OSError, ValueError):
+            continue  # the thread ended while we read
+    return out
+
+
+def _involuntary_switches(proc: Any) -> int:
+    """Involuntary context switches of all threads of a psutil Process (main thread elsewhere)."""
+    per_thread = thread_involuntary_switches(proc.pid)
+    if per_thread is not None:
+        return sum(per_thread.values())
+    return int(proc.num_ctx_switches().involuntary)
+
+
 class _TreeMonitor:
     """CPU time, involuntary context switches and memory of this process and its children.
 
@@ -194,7 +226,7 @@ class _TreeMonitor:
                     ctx: int | None = None
                     if self.ctx_available:
                         try:
-                            ctx = int(p.num_ctx_switches().involuntary)
+                            ctx = _involuntary_switches(p)
                             self._last_ctx[key] = ctx
                         except (AttributeError, NotImplementedError, ps.AccessDenied):
                             self.ctx_available = False

@@ -30,7 +30,6 @@ Nothing happens at import time.
 """
 from __future__ import annotations
 
-import glob
 import json
 import math
 import multiprocessing
@@ -48,6 +47,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from .bench import thread_involuntary_switches
 from .threads import THREAD_ENV_VARS, ThreadPools
 
 __all__ = [
@@ -56,7 +56,9 @@ __all__ = [
     "forkserver_context",
     "grid_context",
     "involuntary_switches",
+    "switches_between",
     "default_grid",
+    "GRID_METRICS",
     "GridCell",
     "GridResult",
     "run_grid",
@@ -65,6 +67,7 @@ __all__ = [
     "EnvCase",
     "EnvReport",
     "ENV_CASES",
+    "env_cases",
     "env_after_vs_before_import",
     "ForkCv2Report",
     "fork_cv2_demo",
@@ -156,14 +159,22 @@ class OpenCVHeavyTransform:
         return torch.from_numpy(x).permute(2, 0, 1).contiguous()
 
 
-def opencv_heavy_dataset(n: int | None = None, *, work_side: int = 512, seed: int = 0) -> Any:
+def opencv_heavy_dataset(n: int | None = None, *, work_side: int | None = None,
+                         max_side: int | None = None, seed: int = 0) -> Any:
     """The course JPEGs (:class:`course_utils.data.JpegDataset`) with :class:`OpenCVHeavyTransform`.
 
     ``n`` defaults to 2000 (full mode) or 200 (quick mode), as for JpegDataset.
+    ``work_side`` (the transform's working size, pixels) defaults to 512 (full) or 320 (quick);
+    ``max_side`` (the longest side of the stored JPEGs) to 512 (full) or 320 (quick): quick mode
+    makes each sample about three times cheaper.
     """
+    from .config import pick
     from .data import JpegDataset
 
-    return JpegDataset(n, seed=seed, transform=OpenCVHeavyTransform(work_side=work_side))
+    work_side = pick(full=512, quick=320) if work_side is None else work_side
+    max_side = pick(full=512, quick=320) if max_side is None else max_side
+    return JpegDataset(n, seed=seed, max_side=max_side, min_side=min(160, max_side),
+                       transform=OpenCVHeavyTransform(work_side=work_side))
 
 
 # --------------------------------------------------------------------------------------
@@ -217,24 +228,6 @@ def _method_of(context: Any) -> str:
 # --------------------------------------------------------------------------------------
 # involuntary context switches of every thread of a process tree
 # --------------------------------------------------------------------------------------
-def _thread_switches(pid: int) -> dict[tuple[int, int], int] | None:
-    """{(pid, tid): involuntary switches} for every thread of ``pid`` (Linux /proc)."""
-    out: dict[tuple[int, int], int] = {}
-    paths = glob.glob(f"/proc/{pid}/task/*/status")
-    if not paths:
-        return None
-    for path in paths:
-        try:
-            with open(path) as f:
-                for line in f:
-                    if line.startswith("nonvoluntary_ctxt_switches"):
-                        out[(pid, int(path.split("/")[4]))] = int(line.split()[1])
-                        break
-        except (OSError, ValueError):
-            continue  # the thread ended while we read
-    return out
-
-
 def involuntary_switches(pids: Sequence[int] | None = None) -> dict[tuple[int, int], int] | None:
     """Involuntary context switches of every *thread* of this process and its children.
 
@@ -255,7 +248,7 @@ def involuntary_switches(pids: Sequence[int] | None = None) -> dict[tuple[int, i
             pids = [me.pid]
     snap: dict[tuple[int, int], int] = {}
     for pid in pids:
-        part = _thread_switches(int(pid))
+        part = thread_involuntary_switches(int(pid))
         if part:
             snap.update(part)
     return snap
@@ -462,16 +455,22 @@ class GridResult:
 def run_grid(worker_counts: Sequence[int] | None = None,
              thread_counts: Sequence[int] | None = None, *,
              dataset: Any = None, batch_size: int | None = None, batches: int | None = None,
-             repeats: int | None = None, multiprocessing_context: Any = None,
-             timeout_s: float = 120.0, progress: bool = True) -> GridResult:
+             repeats: int | None = None, prefetch_factor: int = 1,
+             multiprocessing_context: Any = None, timeout_s: float = 120.0,
+             progress: bool = True) -> GridResult:
     """Measure every (num_workers, threads per pool) pair on an OpenCV-heavy loader.
 
     For each cell a DataLoader with ``num_workers=w``, ``worker_init_fn=make_worker_init(k)``
     (torch, every BLAS/OpenMP pool and OpenCV limited to ``k`` threads in each worker) and
     ``persistent_workers=True`` is measured with :func:`course_utils.bench.measure_loader`
-    (warm-up of one batch per worker excluded, ``repeats`` repeats of ``batches`` batches);
-    the involuntary context switches of every thread of the process tree are counted over the
-    same timed windows. Workers are shut down after each cell.
+    (warm-up of one batch per worker excluded, ``repeats`` repeats of at least ``batches``
+    batches); the involuntary context switches of every thread of the process tree are counted
+    over the same timed windows. Workers are shut down after each cell.
+
+    Batches already in flight when the clock starts look free (see
+    :mod:`course_utils.bench`); up to ``num_workers * prefetch_factor`` are. So each cell
+    times at least ``3 * num_workers * prefetch_factor`` batches, and ``prefetch_factor``
+    defaults to 1 (the steady state is the same; the short-window error is smaller).
 
     ``dataset`` defaults to :func:`opencv_heavy_dataset` sized to the cells;
     ``multiprocessing_context`` defaults to :func:`grid_context` (forkserver with preloaded
@@ -490,11 +489,12 @@ def run_grid(worker_counts: Sequence[int] | None = None,
     dw, dk = default_grid()
     workers = dw if worker_counts is None else _int_list("worker_counts", worker_counts, where)
     threads = dk if thread_counts is None else _int_list("thread_counts", thread_counts, where)
-    batch_size = pick(full=16, quick=8) if batch_size is None else \
+    batch_size = pick(full=8, quick=4) if batch_size is None else \
         _positive_int("batch_size", batch_size, where)
     batches = pick(full=12, quick=4) if batches is None else _positive_int("batches", batches, where)
     repeats = pick(full=3, quick=2) if repeats is None else _positive_int("repeats", repeats, where)
     timeout_s = _positive_seconds("timeout_s", timeout_s, where)
+    prefetch_factor = _positive_int("prefetch_factor", prefetch_factor, where)
     context = grid_context() if multiprocessing_context is None else multiprocessing_context
     method = _method_of(context)
     if method == "fork" and max(threads) > 1:
@@ -503,13 +503,16 @@ def run_grid(worker_counts: Sequence[int] | None = None,
             f"started with 'fork'. A forked worker inherits torch's OpenMP pool without its "
             f"threads, and growing it hangs; use multiprocessing_context='forkserver' (the "
             f"default) or 'spawn', or thread_counts=[1].")
+    def timed_batches(w: int) -> int:
+        return max(batches, 3 * w * prefetch_factor)
+
     max_warmup = max(2, max(workers))
-    needed = batch_size * (max_warmup + batches)
+    needed = batch_size * (max_warmup + max(timed_batches(w) for w in workers))
     if dataset is None:
         dataset = opencv_heavy_dataset(n=needed)
     elif len(dataset) < needed:
         raise ValueError(f"{where}: dataset has {len(dataset)} samples; one epoch must cover the "
-                         f"warm-up ({max_warmup} batches) and {batches} timed batches of "
+                         f"warm-up ({max_warmup} batches) and the timed batches of "
                          f"{batch_size}: give at least {needed} samples, or fewer batches.")
     usable = usable_cpus()
 
@@ -524,11 +527,12 @@ def run_grid(worker_counts: Sequence[int] | None = None,
             loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=w,
                                 worker_init_fn=make_worker_init(k),
                                 multiprocessing_context=context, persistent_workers=True,
-                                timeout=timeout_s)
+                                prefetch_factor=prefetch_factor, timeout=timeout_s)
             warmup = max(2, w)
-            counter = _SwitchWindow(loader, warmup, batches)
+            n_timed = timed_batches(w)
+            counter = _SwitchWindow(loader, warmup, n_timed)
             try:
-                m = measure_loader(counter, batches=batches, warmup_batches=warmup,
+                m = measure_loader(counter, batches=n_timed, warmup_batches=warmup,
                                    repeats=repeats, label=f"{w} workers x {k} threads",
                                    settings={"threads_per_pool": k, "start_method": method},
                                    progress=False)
@@ -546,8 +550,9 @@ def run_grid(worker_counts: Sequence[int] | None = None,
     finally:
         bar.close()
     transform = getattr(dataset, "transform", None)
-    settings = {"batch_size": batch_size, "batches": batches, "repeats": repeats,
-                "start_method": method, "samples": len(dataset)}
+    settings = {"batch_size": batch_size, "batches": f"max({batches}, 3 x workers x prefetch)",
+                "prefetch_factor": prefetch_factor, "repeats": repeats,
+                "start_method": method}
     if transform is not None:
         settings["transform"] = repr(transform)
     return GridResult(workers, threads, cells, usable, settings, machine_summary())
@@ -661,7 +666,7 @@ def env_cases(n_threads: int = 1) -> list[EnvCase]:
                 f"all of {', '.join(THREAD_ENV_VARS)} set before the imports",
                 before_imports=_env_lines(THREAD_ENV_VARS, n)),
         EnvCase("all variables after import",
-                "the same variables set right after importing numpy/cv2/torch",
+                "the same variables set right after importing numpy/cv2/torch (none used yet)",
                 after_imports=_env_lines(THREAD_ENV_VARS, n)),
         EnvCase("run-time calls after import",
                 f"threadpoolctl.threadpool_limits({n}), torch.set_num_threads({n}), "
@@ -736,20 +741,32 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def env_after_vs_before_import(n_threads: int = 1, *, timeout_s: float = 120.0,
-                               parallel: bool = True) -> EnvReport:
+def env_after_vs_before_import(n_threads: int = 1, *, cases: Sequence[str] | None = None,
+                               timeout_s: float = 120.0, parallel: bool = True) -> EnvReport:
     """Run each of :func:`env_cases` in a fresh Python process and collect its thread pools.
 
     Each child starts with none of :data:`THREAD_ENV_VARS` set (whatever this process has),
     runs the case's lines before/after ``import numpy, cv2, torch``, and reports
     :func:`course_utils.threads.thread_pools` (threads per pool). The children run at the same
     time when ``parallel`` (each imports torch: seconds). ``timeout_s`` bounds the whole run;
-    a child that does not answer in time is killed and reported in ``errors``.
+    a child that does not answer in time is killed and reported in ``errors``. ``cases``
+    picks some of :data:`ENV_CASES` by name (each case costs a torch import); None runs all.
     """
     where = "env_after_vs_before_import"
     n = _positive_int("n_threads", n_threads, where)
     timeout_s = _positive_seconds("timeout_s", timeout_s, where)
-    cases = env_cases(n)
+    all_cases = env_cases(n)
+    if cases is None:
+        chosen = all_cases
+    else:
+        if isinstance(cases, str) or not isinstance(cases, Sequence) or not cases:
+            raise TypeError(f"{where}: cases must be a non-empty list of case names from "
+                            f"{list(ENV_CASES)}, got {cases!r}.")
+        unknown = [c for c in cases if c not in ENV_CASES]
+        if unknown:
+            raise ValueError(f"{where}: unknown case(s) {unknown}; choose from {list(ENV_CASES)}.")
+        chosen = [c for c in all_cases if c.name in cases]
+    cases = chosen
     env = _child_env()
     start = time.perf_counter()
     pools: dict[str, ThreadPools] = {}
