@@ -1,0 +1,459 @@
+"""Grader for exercise 04: a double-buffered device prefetcher.
+
+The learner writes a class ``Prefetcher(loader, device)`` whose iterator yields every
+``(images, labels)`` batch of ``loader`` on ``device``, in order, with the dtypes unchanged,
+and fetches batch k+1 (and on CUDA starts its copy on a side stream) *before* handing out
+batch k.
+
+What is checked, on every device:
+
+* order and values: a loader of batches with known contents (each batch different, first and
+  last included) goes through the prefetcher; every batch must come out once, in order, with
+  the same values; a second pass (a second epoch) must work too; an empty and a one-batch
+  loader must work;
+* placement and dtypes: images and labels on ``device``, uint8 images stay uint8. On a
+  CPU-only machine the target device is also the CPU, so placement is checked a second time on
+  PyTorch's ``meta`` device (shapes and dtypes, no data);
+* double buffering, by behaviour: when batch k is handed out, the loader must already have
+  been asked for batch k+1 (and not for the whole epoch).
+
+Only on CUDA (it cannot be observed elsewhere):
+
+* the copy of batch k+1 must overlap the compute on batch k — timed with a slow copy (large
+  pinned batches) and a compute step calibrated to take about as long;
+* the current stream must wait for the copy stream before a batch is used — checked by reading
+  every batch on the current stream the moment it arrives (a missing ``wait_stream`` reads a
+  half-copied batch).
+
+On other devices the result says plainly which of these it could not check.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import torch
+
+from ..grading import CheckResult, ExerciseFailed, grader
+
+EXERCISE = "04.prefetcher"
+
+_SIGNATURE_HINT = ("pass the class itself: check(\"04.prefetcher\", Prefetcher); the grader "
+                   "calls Prefetcher(loader, device) and iterates over the result.")
+
+
+# --------------------------------------------------------------------------------------
+# a loader with known batches that records how far it has been read
+# --------------------------------------------------------------------------------------
+
+class _RecordingLoader:
+    """``n`` batches ``(images uint8 (B, 3, 8, 8), labels int64 (B,))`` with known values.
+
+    Batch k's labels are k*B .. k*B+B-1 and its pixels a pattern shifted by k, so every batch
+    (and every position in it) differs. ``pulled`` counts the batches handed out in the
+    current pass; ``passes`` the passes started.
+    """
+
+    def __init__(self, n: int, batch_size: int = 4, *, shape: tuple[int, ...] = (3, 8, 8),
+                 pin: bool = False, fill: str = "pattern") -> None:
+        self.n, self.batch_size, self.shape = n, batch_size, shape
+        self.pulled = 0
+        self.passes = 0
+        self.batches = [self._make(k, fill) for k in range(n)]
+        if pin:
+            self.batches = [(x.pin_memory(), y.pin_memory()) for x, y in self.batches]
+
+    def _make(self, k: int, fill: str) -> tuple[torch.Tensor, torch.Tensor]:
+        numel = self.batch_size
+        for s in self.shape:
+            numel *= s
+        if fill == "constant":
+            images = torch.full((self.batch_size, *self.shape), (k % 250) + 1, dtype=torch.uint8)
+        else:
+            images = ((torch.arange(numel, dtype=torch.int64) + 37 * k) % 251).to(torch.uint8)
+            images = images.view(self.batch_size, *self.shape)
+        labels = torch.arange(k * self.batch_size, (k + 1) * self.batch_size, dtype=torch.int64)
+        return images, labels
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        self.passes += 1
+        self.pulled = 0
+        for batch in self.batches:
+            self.pulled += 1
+            yield batch
+
+
+# --------------------------------------------------------------------------------------
+# running the learner's code
+# --------------------------------------------------------------------------------------
+
+def _fail(problem: str, **kw: str) -> ExerciseFailed:
+    return ExerciseFailed(EXERCISE, problem, **kw)
+
+
+def _build(answer: Any, loader: Any, device: torch.device) -> Any:
+    if hasattr(answer, "__iter__") and not isinstance(answer, type):
+        raise _fail("the answer looks like a prefetcher object, not the class.",
+                    expected="check(\"04.prefetcher\", Prefetcher)",
+                    seen=f"an instance of {type(answer).__name__}", hint=_SIGNATURE_HINT)
+    if not callable(answer):
+        raise _fail(f"the answer is a {type(answer).__name__}, not a class.",
+                    expected="the Prefetcher class", seen=repr(answer)[:80], hint=_SIGNATURE_HINT)
+    try:
+        return answer(loader, device)
+    except NotImplementedError:
+        raise
+    except TypeError as exc:
+        raise _fail(f"Prefetcher(loader, device) could not be created: {exc}",
+                    expected="__init__(self, loader, device)", hint=_SIGNATURE_HINT) from exc
+    except Exception as exc:
+        raise _fail(f"Prefetcher(loader, device) raised {type(exc).__name__}: {exc}",
+                    hint="__init__ should only store the loader and the device (and, on CUDA, "
+                         "may create the side stream).") from exc
+
+
+def _run_pass(prefetcher: Any, loader: _RecordingLoader, device: torch.device,
+              on_batch: Callable[[Any], None] | None = None) -> tuple[list, list[int]]:
+    """Iterate once; return the batches and loader.pulled at the moment each was handed out."""
+    out, pulled = [], []
+    try:
+        it = iter(prefetcher)
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        raise _fail(f"iter(prefetcher) raised {type(exc).__name__}: {exc}",
+                    hint="__iter__ should return an iterator (a generator: a function with "
+                         "`yield` in it).") from exc
+    if it is None or not hasattr(it, "__next__"):
+        raise _fail("iter(prefetcher) did not return an iterator.",
+                    seen=type(it).__name__,
+                    hint="write __iter__ as a generator: `yield batch` inside it (no return value).")
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration:
+            break
+        except NotImplementedError:
+            raise
+        except Exception as exc:
+            hint = "run a loop over your Prefetcher in a cell of its own and read the traceback."
+            text = str(exc)
+            if "pin" in text.lower() and device.type != "cuda":
+                hint = ("pinning needs an accelerator: leave pinning to the DataLoader "
+                        "(pin_memory=True); the prefetcher only copies.")
+            elif "cuda" in text.lower() and device.type != "cuda":
+                hint = ("CUDA calls (streams, record_stream) only on a CUDA device: test "
+                        "`self.device.type == 'cuda'` before using them; elsewhere copy plainly.")
+            raise _fail(f"iterating raised {type(exc).__name__}: {text}", hint=hint) from exc
+        pulled.append(loader.pulled)
+        if on_batch is not None:
+            on_batch(batch)
+        out.append(batch)
+        if len(out) > 3 * loader.n + 3:
+            raise _fail("the prefetcher yields more batches than the loader has.",
+                        expected=f"{loader.n} batches", seen=f"more than {3 * loader.n + 3}",
+                        hint="stop when the loader is exhausted (catch StopIteration / use "
+                             "next(it, sentinel)).")
+    return out, pulled
+
+
+def _describe(x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"tensor {tuple(x.shape)} {x.dtype} on {x.device}"
+    return f"{type(x).__name__}: {x!r:.60}"
+
+
+def _split(batch: Any, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if isinstance(batch, torch.Tensor):
+        raise _fail(f"batch {k} came out as a single tensor; the loader gives (images, labels).",
+                    expected="a tuple (images, labels), both on the device",
+                    seen=_describe(batch),
+                    hint="move every tensor of the batch and keep its structure: "
+                         "return (images.to(...), labels.to(...)).")
+    if not isinstance(batch, (tuple, list)) or len(batch) != 2 or not all(
+            isinstance(t, torch.Tensor) for t in batch):
+        raise _fail(f"batch {k} is not an (images, labels) pair of tensors.",
+                    expected="a tuple (images, labels)", seen=_describe(batch),
+                    hint="yield the moved batch itself, with the same structure the loader gave.")
+    return batch[0], batch[1]
+
+
+def _index_of(labels: torch.Tensor, batch_size: int) -> int | None:
+    if labels.device.type == "meta" or labels.numel() == 0:
+        return None
+    return int(labels.reshape(-1)[0].item()) // batch_size
+
+
+def _check_order(batches: list, loader: _RecordingLoader, device: torch.device) -> None:
+    n, bs = loader.n, loader.batch_size
+    if device.type == "meta":
+        if len(batches) != n:
+            raise _fail(f"the prefetcher yielded {len(batches)} batches for a loader of {n}.",
+                        expected=f"{n} batches", seen=f"{len(batches)}",
+                        hint="yield every batch exactly once, the first and the last included.")
+        return
+    order = [_index_of(_split(b, k)[1].cpu(), bs) for k, b in enumerate(batches)]
+    want = list(range(n))
+    if order == want:
+        return
+    if order == want[1:]:
+        problem = "the first batch is missing."
+        hint = ("the batch copied before the loop must be yielded too: copy batch 0, then in "
+                "the loop start the copy of k+1 and yield k.")
+    elif order == want[:-1]:
+        problem = "the last batch is missing."
+        hint = ("when the loader runs out, the batch already copied must still be yielded: "
+                "stop only when there is no 'next' batch left.")
+    elif sorted(order) == want:
+        problem = "the batches came out in the wrong order."
+        hint = "yield the batch copied earlier (k), not the one just started (k+1)."
+    elif len(order) > n or len(set(order)) < len(order):
+        problem = "some batches came out more than once."
+        hint = "after yielding a batch, move on: the 'next' batch becomes the current one."
+    else:
+        problem = "some batches are missing."
+        hint = "every batch of the loader must come out exactly once."
+    raise _fail(problem, expected=f"batches {want}", seen=f"batches {order}", hint=hint)
+
+
+def _check_batches(batches: list, loader: _RecordingLoader, device: torch.device) -> None:
+    for k, batch in enumerate(batches):
+        images, labels = _split(batch, k)
+        want_images, want_labels = loader.batches[k]
+        img_ok = images.device.type == device.type
+        lab_ok = labels.device.type == device.type
+        if not img_ok and lab_ok:
+            raise _fail(f"the images of batch {k} stayed on {images.device}; only the labels "
+                        f"moved to {device}.", expected=f"images and labels on {device}",
+                        seen=f"images on {images.device}, labels on {labels.device}",
+                        hint="move every tensor of the batch: the images are the big part, the "
+                             "one whose copy you want to overlap.")
+        if not img_ok or not lab_ok:
+            raise _fail(f"batch {k} is not on {device}.", expected=f"images and labels on {device}",
+                        seen=f"images on {images.device}, labels on {labels.device}",
+                        hint="tensor.to(device, non_blocking=True) for images and labels.")
+        if images.dtype != want_images.dtype or labels.dtype != want_labels.dtype:
+            raise _fail(f"batch {k} changed dtype on the way.",
+                        expected=f"images {want_images.dtype}, labels {want_labels.dtype} "
+                                 f"(as the loader gave them)",
+                        seen=f"images {images.dtype}, labels {labels.dtype}",
+                        hint="the prefetcher only moves: copying uint8 is 4x fewer bytes than "
+                             "float32; convert (and normalise) on the device after the copy, in "
+                             "the training step.")
+        if tuple(images.shape) != tuple(want_images.shape) or tuple(labels.shape) != tuple(want_labels.shape):
+            raise _fail(f"batch {k} changed shape.",
+                        expected=f"images {tuple(want_images.shape)}, labels {tuple(want_labels.shape)}",
+                        seen=f"images {tuple(images.shape)}, labels {tuple(labels.shape)}",
+                        hint="move the tensors as they are.")
+        if device.type == "meta":
+            continue
+        if not torch.equal(labels.cpu(), want_labels) or not torch.equal(images.cpu(), want_images):
+            raise _fail(f"batch {k} arrived with the wrong values.",
+                        expected="the loader's values, unchanged",
+                        seen=f"{int((images.cpu() != want_images).sum())} of {images.numel()} "
+                             f"pixels differ",
+                        hint="copy the tensors as they are; on CUDA make the current stream wait "
+                             "for the copy stream before handing the batch out.")
+
+
+def _check_lookahead(pulled: list[int], n: int) -> None:
+    if n < 3:
+        return
+    for k, p in enumerate(pulled[:-1]):
+        if p < k + 2:
+            raise _fail(
+                "no second buffer: when batch k was handed out, batch k+1 had not been requested "
+                "from the loader yet, so its copy cannot overlap the work on batch k.",
+                expected=f"the loader asked for batch {k + 1} before batch {k} is yielded "
+                         f"(at least {k + 2} batches read)",
+                seen=f"{p} batches read when batch {k} was yielded",
+                hint="keep one batch ahead: before the loop, copy batch 0; in the loop, start the "
+                     "copy of the next batch, then yield the current one.")
+    if pulled[0] >= n and n >= 4:
+        raise _fail("the prefetcher read the whole epoch before handing out the first batch.",
+                    expected="batch k+1 read (and copied) while batch k is used: two batches on "
+                             "the device at a time",
+                    seen=f"all {n} batches read before batch 0 was yielded",
+                    hint="don't build a list of all batches: a real epoch does not fit in GPU "
+                         "memory. Keep exactly one batch ahead.")
+
+
+# --------------------------------------------------------------------------------------
+# CUDA-only checks
+# --------------------------------------------------------------------------------------
+
+def _cuda_race_check(answer: Any, device: torch.device, mib: int) -> dict:
+    """Read each batch on the current stream the moment it arrives; a missing wait_stream
+    reads a batch whose copy has not finished."""
+    per = max(1, mib * 1024 * 1024 // (3 * 64 * 64))
+    loader = _RecordingLoader(8, per, shape=(3, 64, 64), pin=True, fill="constant")
+    flags: list[torch.Tensor] = []
+
+    def on_batch(batch: Any) -> None:
+        images, _ = _split(batch, len(flags))
+        flags.append((images == (len(flags) % 250) + 1).all())
+
+    results = []
+    for _ in range(3):
+        flags.clear()
+        prefetcher = _build(answer, loader, device)
+        _run_pass(prefetcher, loader, device, on_batch=on_batch)
+        torch.cuda.synchronize(device)
+        results.append([bool(f.item()) for f in flags])
+    bad = [k for r in results for k, ok in enumerate(r) if not ok]
+    if bad:
+        raise _fail("batches were read before their copy had finished (a race).",
+                    expected="every batch complete when the consumer first reads it",
+                    seen=f"{len(bad)} incomplete reads over 3 passes of 8 batches "
+                         f"({mib} MiB each)",
+                    hint="before handing out a batch copied on the side stream, make the current "
+                         "stream wait for it: torch.cuda.current_stream().wait_stream(stream); "
+                         "and call tensor.record_stream(torch.cuda.current_stream()) on its "
+                         "tensors so their memory is not reused too early.")
+    return {"race_reads": 3 * 8}
+
+
+def _cuda_overlap_check(answer: Any, device: torch.device, mib: int, threshold: float) -> dict:
+    from ..transfer import _calibrated_compute, _median, move_to_device, time_op
+
+    per = max(1, mib * 1024 * 1024 // (3 * 64 * 64))
+    loader = _RecordingLoader(12, per, shape=(3, 64, 64), pin=True, fill="constant")
+    images0 = loader.batches[0][0]
+    dst = torch.empty(images0.shape, dtype=images0.dtype, device=device)
+    copy_s = _median(time_op(lambda: dst.copy_(images0, non_blocking=True), device=device,
+                             repeats=5))
+    chain = _calibrated_compute(device, copy_s)
+
+    def step(batch: Any) -> None:
+        images, _ = batch
+        images[:1, :1, :1, :1].float().sum()   # the step reads the batch
+        chain()
+
+    step_s = _median(time_op(lambda: step((dst, None)), device=device, repeats=5))
+
+    def plain() -> None:
+        for batch in loader:
+            step(move_to_device(batch, device, non_blocking=True))  # same stream: serial
+
+    def learner() -> None:
+        for batch in _build(answer, loader, device):
+            step(batch)
+
+    def timed(fn: Callable[[], None]) -> float:
+        fn()
+        torch.cuda.synchronize(device)
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn()
+            torch.cuda.synchronize(device)
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    t_plain, t_learner = timed(plain), timed(learner)
+    n = loader.n
+    hideable = n * min(copy_s, step_s)
+    saved = (t_plain - t_learner) / hideable if hideable > 0 else 0.0
+    details = {"copy_ms": copy_s * 1e3, "step_ms": step_s * 1e3, "plain_ms": t_plain * 1e3,
+               "prefetcher_ms": t_learner * 1e3, "overlap_saved": saved}
+    if saved < threshold:
+        raise _fail("the copies did not overlap the compute.",
+                    expected=f"at least {threshold:.0%} of the hideable copy time hidden "
+                             f"({n} batches: copy {copy_s * 1e3:.2f} ms, step {step_s * 1e3:.2f} ms each)",
+                    seen=f"plain loop {t_plain * 1e3:.1f} ms, your prefetcher {t_learner * 1e3:.1f} ms: "
+                         f"{saved:.0%} hidden",
+                    hint="issue the copy of batch k+1 on a side stream (with torch.cuda.stream(s): "
+                         "...to(device, non_blocking=True)) before yielding batch k; a copy on the "
+                         "default stream waits for the previous step's kernels, and a synchronous "
+                         "copy (non_blocking=False) blocks Python until it is done.")
+    return details
+
+
+# --------------------------------------------------------------------------------------
+# the grader
+# --------------------------------------------------------------------------------------
+
+@grader(EXERCISE)
+def grade_prefetcher(answer: Any, *, device: Any = None, n_batches: int = 6, batch_size: int = 4,
+                     cuda_checks: bool = True, copy_mib: int = 32,
+                     overlap_threshold: float = 0.3) -> CheckResult:
+    """Check a Prefetcher class: order, values, placement, dtypes and double buffering on any
+    device; on CUDA also that copies overlap compute and that no batch is read mid-copy."""
+    from ..transfer import resolve_device
+
+    dev = resolve_device(device)
+    checked: list[str] = []
+    not_checked: list[str] = []
+
+    loader = _RecordingLoader(n_batches, batch_size)
+    prefetcher = _build(answer, loader, dev)
+    batches, pulled = _run_pass(prefetcher, loader, dev)
+    _check_order(batches, loader, dev)
+    _check_batches(batches, loader, dev)
+    checked.append(f"all {n_batches} batches once, in order, with the loader's values and dtypes, "
+                   f"images and labels on {dev}")
+    _check_lookahead(pulled, n_batches)
+    checked.append("batch k+1 was requested before batch k was handed out (double buffering)")
+
+    again, _ = _run_pass(prefetcher, loader, dev)
+    if len(again) != n_batches:
+        raise _fail("a second pass over the same prefetcher (the next epoch) did not give the "
+                    "batches again.", expected=f"{n_batches} batches in epoch 2",
+                    seen=f"{len(again)} batches",
+                    hint="create the loader's iterator inside __iter__ (iter(self.loader)), not in "
+                         "__init__, so every epoch starts afresh.")
+    _check_order(again, loader, dev)
+    for n in (0, 1):
+        small = _RecordingLoader(n, batch_size)
+        got, _ = _run_pass(_build(answer, small, dev), small, dev)
+        if len(got) != n:
+            raise _fail(f"a loader with {n} batch{'es' if n != 1 else ''} gave {len(got)}.",
+                        expected=f"{n} batches", seen=f"{len(got)}",
+                        hint="handle the ends: an empty loader yields nothing, a loader with one "
+                             "batch yields it once.")
+        if n:
+            _check_batches(got, small, dev)
+    checked.append("a second epoch, an empty loader and a one-batch loader")
+
+    if dev.type == "cpu":
+        meta = torch.device("meta")
+        mloader = _RecordingLoader(n_batches, batch_size)
+        try:
+            mbatches, _ = _run_pass(_build(answer, mloader, meta), mloader, meta)
+        except ExerciseFailed as exc:
+            not_checked.append(f"placement on a second device ('meta' failed: {exc.problem})")
+        except NotImplementedError as exc:
+            # the CPU pass above ran, so this is torch refusing an operation on 'meta' tensors
+            # (they hold no data), not the exercise stub
+            not_checked.append(f"placement on a second device (an operation is not supported "
+                               f"on 'meta' tensors: {exc})")
+        else:
+            _check_order(mbatches, mloader, meta)
+            _check_batches(mbatches, mloader, meta)
+            checked.append("placement and dtypes again on PyTorch's 'meta' device (this machine's "
+                           "device is the CPU, where everything is 'on the device' already)")
+
+    details: dict[str, Any] = {"device": str(dev), "batches": n_batches}
+    if dev.type == "cuda" and cuda_checks:
+        details.update(_cuda_race_check(answer, dev, copy_mib))
+        checked.append("no batch read before its copy finished (the current stream waits for the "
+                       "copy stream)")
+        details.update(_cuda_overlap_check(answer, dev, copy_mib, overlap_threshold))
+        checked.append(f"copies overlapped compute: {details['overlap_saved']:.0%} of the hideable "
+                       f"copy time hidden (plain loop {details['plain_ms']:.1f} ms, yours "
+                       f"{details['prefetcher_ms']:.1f} ms)")
+    else:
+        why = ("this machine has no CUDA" if dev.type != "cuda" else "cuda_checks=False")
+        not_checked.append(f"that copies overlap compute ({why}: only CUDA streams let a copy run "
+                           f"while a kernel computes, so timing here cannot tell a synchronous "
+                           f"copy from an overlapped one)")
+        not_checked.append("that the current stream waits for the copy stream (a missing "
+                           "wait_stream only shows as wrong values racing on a GPU)")
+    summary = "checked: " + "; ".join(checked) + "."
+    if not_checked:
+        summary += " NOT checked on this device: " + "; ".join(not_checked) + "."
+    details["checked"], details["not_checked"] = checked, not_checked
+    return CheckResult(EXERCISE, summary, details)

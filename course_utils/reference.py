@@ -1,0 +1,224 @@
+"""Reference results measured on a real GPU, shipped with the course as JSON files.
+
+A CPU-only learner cannot measure a host-to-device copy or on-device augmentation; the GPU
+lessons show them what a real GPU measured instead, *beside* their own figures. Those
+reference results are produced only by the gpu-check command on a CUDA machine::
+
+    python -m course_utils gpu-check            # writes course_utils/reference_results/*.json
+
+and are never typed by hand. Each file ``REFERENCE_DIR / f"{name}.json"`` holds one JSON object::
+
+    {"name": "...",                       # the file's name, without .json
+     "measured_at": "2025-01-31",         # ISO date of the measurement
+     "machine": {"gpu_name": ..., "gpu_memory_bytes": ..., "torch_version": ...,
+                 "cuda_version": ..., "cpu_count": ..., ...},
+     "results": {...}}                    # whatever the benchmark measured
+
+:func:`load_reference` returns ``None`` when no such file exists (nothing measured yet) and
+raises :class:`MalformedReference` (a ``ValueError``) naming the file when it exists but is
+not of that shape. Nothing happens at import time.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "REFERENCE_DIR",
+    "REQUIRED_KEYS",
+    "LESSON04",
+    "LESSON05",
+    "SUMMARY",
+    "MalformedReference",
+    "describe_machine",
+    "save_reference",
+    "load_reference",
+    "reference_path",
+    "available_references",
+    "missing_reference_text",
+]
+
+#: Where the shipped reference results live (package data of course_utils).
+REFERENCE_DIR: Path = Path(__file__).resolve().parent / "reference_results"
+
+#: Names of the reference files the course writes and reads.
+LESSON04 = "lesson04_transfer"      # course_utils.transfer.run_gpu_benchmarks
+LESSON05 = "lesson05_augment"       # course_utils.augment.run_gpu_benchmarks
+SUMMARY = "gpu_check_summary"       # course_utils.gpu_check.run_gpu_check: the issue targets
+
+#: Keys every reference file must have.
+REQUIRED_KEYS = ("name", "measured_at", "machine", "results")
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class MalformedReference(ValueError):
+    """A reference file exists but is not valid JSON of the documented shape."""
+
+
+def _check_name(name: Any) -> str:
+    if not isinstance(name, str) or not _NAME_RE.match(name) or name.endswith(".json"):
+        raise ValueError(
+            f"name must be a plain file stem such as 'lesson04_transfer' (letters, digits, "
+            f"'_', '-', '.'; no folder, no '.json'), got {name!r}.")
+    return name
+
+
+def _dir(directory: str | os.PathLike | None) -> Path:
+    return REFERENCE_DIR if directory is None else Path(directory)
+
+
+def reference_path(name: str, directory: str | os.PathLike | None = None) -> Path:
+    """The path of reference ``name`` (``<directory or REFERENCE_DIR>/<name>.json``)."""
+    return _dir(directory) / f"{_check_name(name)}.json"
+
+
+def _jsonable(value: Any) -> Any:
+    """A JSON-safe copy: non-finite floats become None, exotic objects their str()."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    try:  # numpy / torch scalars
+        import numpy as np
+        if isinstance(value, np.integer):
+            return int(value)
+        if isinstance(value, np.floating):
+            return _jsonable(float(value))
+        if isinstance(value, np.ndarray):
+            return _jsonable(value.tolist())
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        pass
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "to_dict"):
+        return _jsonable(value.to_dict())
+    return str(value)
+
+
+def describe_machine() -> dict:
+    """The machine the results were measured on, as a JSON-friendly dict.
+
+    Keys: gpu_name, gpu_memory_bytes, gpu_count, accelerator ('cuda'|'mps'|'cpu'),
+    torch_version, cuda_version (None on a CPU-only build), cudnn_version, cpu_count (usable
+    CPUs), cpu_count_logical, platform, python, summary (``machine_summary()``). On CUDA this
+    reads the device properties (initialises CUDA, allocates nothing).
+    """
+    import torch
+
+    from .machine import accelerator, cpu_info, machine_summary
+
+    acc = accelerator()
+    cpu = cpu_info()
+    cudnn = None
+    if acc.kind == "cuda":
+        try:
+            cudnn = torch.backends.cudnn.version()
+        except Exception:  # pragma: no cover - depends on the build
+            cudnn = None
+    info = {
+        "accelerator": acc.kind,
+        "gpu_name": acc.name if acc.kind != "cpu" else None,
+        "gpu_memory_bytes": acc.memory_bytes,
+        "gpu_count": acc.count if acc.kind != "cpu" else 0,
+        "torch_version": str(torch.__version__),
+        "cuda_version": getattr(torch.version, "cuda", None),
+        "cudnn_version": cudnn,
+        "cpu_count": cpu.usable,
+        "cpu_count_logical": cpu.logical,
+        "platform": f"{platform.system()} {platform.machine()}",
+        "python": platform.python_version(),
+        "summary": machine_summary(),
+    }
+    return info
+
+
+def save_reference(name: str, data: Mapping, *, machine: Mapping,
+                   directory: str | os.PathLike | None = None,
+                   measured_at: str | None = None) -> Path:
+    """Write ``{"name", "measured_at", "machine", "results": data}`` to ``<name>.json``.
+
+    ``data`` is the results dict (anything JSON can hold; NaN/inf become null), ``machine``
+    describes where it was measured (use :func:`describe_machine`). ``directory`` defaults to
+    :data:`REFERENCE_DIR`; ``measured_at`` to today's date (ISO). Returns the path written.
+    The file is written to a temporary name first and renamed, so a crash never leaves half a
+    file behind.
+    """
+    _check_name(name)
+    if not isinstance(data, Mapping):
+        raise TypeError(f"data must be a dict of results, got {type(data).__name__}.")
+    if not isinstance(machine, Mapping) or not machine:
+        raise TypeError("machine must be a non-empty dict describing the machine "
+                        "(use course_utils.reference.describe_machine()).")
+    if measured_at is None:
+        measured_at = _dt.date.today().isoformat()
+    else:
+        try:
+            _dt.date.fromisoformat(str(measured_at)[:10])
+        except ValueError:
+            raise ValueError(f"measured_at must be an ISO date like '2025-01-31', "
+                             f"got {measured_at!r}.") from None
+    doc = {"name": name, "measured_at": str(measured_at), "machine": _jsonable(dict(machine)),
+           "results": _jsonable(dict(data))}
+    path = reference_path(name, directory)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=False, allow_nan=False) + "\n",
+                   encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def load_reference(name: str, directory: str | os.PathLike | None = None) -> dict | None:
+    """The reference document ``name`` ({"name", "measured_at", "machine", "results"}).
+
+    Returns None when the file does not exist (no reference measured yet: run
+    ``python -m course_utils gpu-check`` on a CUDA machine). Raises :class:`MalformedReference`
+    naming the file when it is not JSON or lacks a required key.
+    """
+    path = reference_path(name, directory)
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise MalformedReference(
+            f"{path} is not valid JSON ({exc}). Delete it, or produce it again with "
+            f"'python -m course_utils gpu-check' on a CUDA machine.") from None
+    if not isinstance(doc, dict):
+        raise MalformedReference(f"{path} must hold a JSON object, found {type(doc).__name__}.")
+    missing = [k for k in REQUIRED_KEYS if k not in doc]
+    if missing:
+        raise MalformedReference(
+            f"{path} lacks {', '.join(missing)} (a reference file needs {', '.join(REQUIRED_KEYS)}). "
+            f"Produce it again with 'python -m course_utils gpu-check'.")
+    if not isinstance(doc["machine"], dict) or not isinstance(doc["results"], dict):
+        raise MalformedReference(f"{path}: 'machine' and 'results' must be JSON objects.")
+    return doc
+
+
+def available_references(directory: str | os.PathLike | None = None) -> list[str]:
+    """Names of the reference files present (sorted; empty when none were measured yet)."""
+    folder = _dir(directory)
+    if not folder.is_dir():
+        return []
+    return sorted(p.stem for p in folder.glob("*.json"))
+
+
+def missing_reference_text(name: str) -> str:
+    """What a lesson prints when reference ``name`` has not been measured yet."""
+    return (f"No reference GPU results have been measured yet ({name}.json is not in "
+            f"course_utils/reference_results/). They are produced on a CUDA machine by\n"
+            f"    python -m course_utils gpu-check\n"
+            f"and never typed by hand. Meanwhile, the figures below are what THIS machine measured.")

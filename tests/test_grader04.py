@@ -1,0 +1,211 @@
+"""Grader 04.prefetcher: the reference passes; plausible wrong answers fail, teaching why.
+
+On a CPU-only machine the grader cannot see overlap or a missing wait_stream (both need CUDA
+streams); those answers pass here with the limit stated, and fail on a GPU.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from course_utils.grading import CheckResult, ExerciseFailed, check, exercise_ids
+from course_utils.transfer import DevicePrefetcher, move_to_device
+
+pytestmark = pytest.mark.timeout(120)
+CUDA = torch.cuda.is_available()
+
+
+def test_registered():
+    assert "04.prefetcher" in exercise_ids()
+
+
+def test_reference_passes_and_says_what_it_could_not_check():
+    result = check("04.prefetcher", DevicePrefetcher)
+    assert isinstance(result, CheckResult)
+    assert "double buffering" in result.summary
+    if not CUDA:
+        assert "NOT checked on this device" in result.summary
+        assert "overlap" in result.summary and "wait_stream" in result.summary
+        assert any("'meta'" in c for c in result.details["checked"])
+
+
+class Base:
+    def __init__(self, loader, device):
+        self.loader, self.device = loader, torch.device(device)
+
+
+class NoSecondBuffer(Base):
+    """Synchronous copy of each batch right before it is used."""
+
+    def __iter__(self):
+        for images, labels in self.loader:
+            yield images.to(self.device), labels.to(self.device)
+
+
+class SkipsFirst(Base):
+    def __iter__(self):
+        it = iter(self.loader)
+        nxt = next(it, None)
+        for batch in it:
+            nxt = move_to_device(batch, self.device)
+            yield nxt
+
+
+class SkipsLast(Base):
+    def __iter__(self):
+        it = iter(self.loader)
+        end = object()
+        current = next(it, end)
+        if current is end:
+            return
+        current = move_to_device(current, self.device)
+        for batch in it:
+            nxt = move_to_device(batch, self.device)
+            yield current
+            current = nxt            # forgets to yield the last one after the loop
+
+
+class YieldsTheNewOne(Base):
+    """Yields batch k+1 (just copied) instead of batch k."""
+
+    def __iter__(self):
+        it = iter(self.loader)
+        end = object()
+        current = next(it, end)
+        while current is not end:
+            nxt = next(it, end)
+            if nxt is not end:
+                yield move_to_device(nxt, self.device)
+            yield move_to_device(current, self.device)
+            current = next(it, end) if nxt is not end else end
+
+
+class LabelsOnly(Base):
+    def __iter__(self):
+        it = iter(self.loader)
+        end = object()
+        nxt = next(it, end)
+        while nxt is not end:
+            images, labels = nxt
+            current = (images, labels.to(self.device, non_blocking=True))
+            nxt = next(it, end)
+            yield current
+
+
+class ConvertsToFloat(DevicePrefetcher):
+    def __iter__(self):
+        for images, labels in super().__iter__():
+            yield images.float() / 255, labels
+
+
+class WholeEpochUpFront(Base):
+    def __iter__(self):
+        yield from [move_to_device(b, self.device) for b in self.loader]
+
+
+class IteratorMadeInInit(Base):
+    def __init__(self, loader, device):
+        super().__init__(loader, device)
+        self.it = iter(DevicePrefetcher(loader, device))
+
+    def __iter__(self):
+        return self.it
+
+
+class ImagesOnly(DevicePrefetcher):
+    def __iter__(self):
+        for images, _ in super().__iter__():
+            yield images
+
+
+class NoWaitStream(Base):
+    """The reference without wait_stream / record_stream: a race on CUDA, invisible on CPU."""
+
+    def __iter__(self):
+        stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        it = iter(self.loader)
+        end = object()
+
+        def preload():
+            batch = next(it, end)
+            if batch is end:
+                return end
+            if stream is None:
+                return move_to_device(batch, self.device)
+            with torch.cuda.stream(stream):
+                return move_to_device(batch, self.device)
+
+        nxt = preload()
+        while nxt is not end:
+            batch = nxt
+            nxt = preload()
+            yield batch
+
+
+@pytest.mark.parametrize("answer, message", [
+    (NoSecondBuffer, "no second buffer"),
+    (SkipsFirst, "the first batch is missing"),
+    (SkipsLast, "the last batch is missing"),
+    (YieldsTheNewOne, "wrong order"),
+    (LabelsOnly, "images of batch 0 stayed on cpu"),
+    (ConvertsToFloat, "changed dtype"),
+    (WholeEpochUpFront, "read the whole epoch"),
+    (IteratorMadeInInit, "second pass"),
+    (ImagesOnly, "single tensor"),
+])
+def test_wrong_answers_fail_with_a_lesson(answer, message):
+    with pytest.raises(ExerciseFailed, match=message) as info:
+        check("04.prefetcher", answer)
+    assert info.value.hint
+
+
+def test_an_instance_or_a_wrong_signature_is_explained():
+    with pytest.raises(ExerciseFailed, match="not the class"):
+        check("04.prefetcher", DevicePrefetcher([], "cpu"))
+
+    class OneArg:
+        def __init__(self, loader):
+            self.loader = loader
+
+        def __iter__(self):
+            return iter(self.loader)
+
+    with pytest.raises(ExerciseFailed, match="could not be created"):
+        check("04.prefetcher", OneArg)
+
+
+def test_a_stub_is_not_done_yet():
+    class Stub(Base):
+        def __iter__(self):
+            raise NotImplementedError("Exercise: replace this line with your code")
+
+    with pytest.raises(ExerciseFailed, match="not done yet"):
+        check("04.prefetcher", Stub)
+
+
+@pytest.mark.skipif(CUDA, reason="on CUDA the race is detected instead")
+def test_missing_wait_stream_cannot_be_seen_on_cpu_and_the_grader_says_so():
+    result = check("04.prefetcher", NoWaitStream)
+    assert "NOT checked on this device" in result.summary and "wait_stream" in result.summary
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA streams")
+def test_on_cuda_a_missing_wait_stream_races_and_a_synchronous_copy_does_not_overlap():
+    with pytest.raises(ExerciseFailed, match="race"):
+        check("04.prefetcher", NoWaitStream)
+
+    class LookaheadButSynchronous(Base):
+        def __iter__(self):
+            it = iter(self.loader)
+            end = object()
+            nxt = next(it, end)
+            nxt = end if nxt is end else move_to_device(nxt, self.device, non_blocking=False)
+            while nxt is not end:
+                batch = nxt
+                nxt = next(it, end)
+                if nxt is not end:
+                    nxt = move_to_device(nxt, self.device, non_blocking=False)
+                yield batch
+
+    with pytest.raises(ExerciseFailed, match="did not overlap"):
+        check("04.prefetcher", LookaheadButSynchronous)
