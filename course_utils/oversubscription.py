@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from .bench import thread_involuntary_switches
+from .config import QUICK_ENV
 from .threads import THREAD_ENV_VARS, ThreadPools
 
 __all__ = [
@@ -737,7 +738,7 @@ def _child_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in THREAD_ENV_VARS}
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.pop("COURSE_QUICK", None)  # the child only reports; keep its config out of it
+    env.pop(QUICK_ENV, None)  # the child only reports; keep its config out of it
     return env
 
 
