@@ -11,7 +11,11 @@ The **tuned CPU pipeline** applies what lessons 01–03 measure:
 - lesson 02: limit every thread pool inside the workers (``make_worker_init(1)``), leave the
   main process's torch threads alone;
 - lesson 03: ``num_workers`` from the usable CPUs, not a fixed 4; ``pin_memory`` only when
-  there is a CUDA device to copy to.
+  there is a CUDA device to copy to; batched fetching (``__getitems__``): one call per batch
+  writes every image straight into one preallocated uint8 batch, so there is no per-sample
+  tensor and no collate copy;
+- lesson 01 again: per-pixel work after the resize, on the small image (the BGR->RGB swap
+  commutes with the resize, so the values are identical to decoding to RGB first).
 """
 from __future__ import annotations
 
@@ -19,6 +23,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+import cv2
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -26,6 +32,7 @@ from .bench import Comparison, Measurement, compare, measure_loader
 from .config import pick
 from .data import CommonRecipeTransform, JpegDataset, ToTensorUint8
 from .machine import machine_summary, usable_cpus
+from .scaling import keep_batch
 from .threads import make_worker_init
 
 RECIPE_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -47,6 +54,45 @@ class TransformedDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[Any, int]:
         image, label = self.base[index]
         return self.transform(image), label
+
+
+class BatchedJpegDataset(Dataset):
+    """The tuned pipeline's dataset: whole uint8 batches from a :class:`JpegDataset`'s bytes.
+
+    ``ds[i]`` gives one ``(3xSxS uint8 tensor, label)``; ``ds.__getitems__(indices)`` (what a
+    DataLoader calls with ``collate_fn=keep_batch``) gives ``(NxCxSxS uint8 tensor, labels)``
+    whose memory is NHWC (``channels_last``), filled in place: decode (BGR), resize, then the
+    colour swap on the resized image. Values equal ``ToTensorUint8(size)(base[i][0])``.
+    """
+
+    def __init__(self, base: JpegDataset, size: int = 224) -> None:
+        if not hasattr(base, "encoded"):
+            raise TypeError(f"base must be a JpegDataset (it needs .encoded(i)), got "
+                            f"{type(base).__name__}.")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"size must be a positive int (pixels), got {size!r}.")
+        self.base, self.size = base, size
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def _decode_into(self, index: int, out: np.ndarray) -> None:
+        bgr = cv2.imdecode(self.base.encoded(index), cv2.IMREAD_COLOR)
+        if bgr is None:
+            raise ValueError(f"sample {index} is not a decodable JPEG.")
+        small = cv2.resize(bgr, (self.size, self.size), interpolation=cv2.INTER_LINEAR)
+        cv2.cvtColor(small, cv2.COLOR_BGR2RGB, dst=out)
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = np.empty((len(indices), self.size, self.size, 3), dtype=np.uint8)
+        for slot, index in enumerate(indices):
+            self._decode_into(index, batch[slot])
+        labels = torch.as_tensor([int(self.base.labels[i]) for i in indices], dtype=torch.int64)
+        return torch.from_numpy(batch).permute(0, 3, 1, 2), labels
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        images, labels = self.__getitems__([index])
+        return images[0].contiguous(), int(labels[0])
 
 
 class common_recipe_process_settings:
@@ -90,14 +136,16 @@ def tuned_loader(base: Dataset, *, batch_size: int = 64, size: int = 224,
                  num_workers: int | None = None) -> DataLoader:
     """The tuned CPU pipeline's DataLoader over ``base``: uint8 batches, limited worker pools.
 
-    ``num_workers`` defaults to the usable CPUs. Batches are ``(uint8 NxCxHxW, labels)``;
-    convert them with ``images.to(device).float().div_(255)`` (lesson 04/05).
+    ``num_workers`` defaults to the usable CPUs. ``base`` must be a :class:`JpegDataset`
+    (batched fetching reads its bytes). Batches are ``(uint8 NxCxHxW, labels)`` in
+    channels_last memory; convert them with ``images.to(device).float().div_(255)``
+    (lessons 04/05).
     """
     workers = usable_cpus() if num_workers is None else num_workers
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
         raise ValueError(f"num_workers must be an int >= 0 (or None for the usable CPUs), "
                          f"got {num_workers!r}.")
-    return DataLoader(TransformedDataset(base, ToTensorUint8(size)),
+    return DataLoader(BatchedJpegDataset(base, size), collate_fn=keep_batch,
                       batch_size=_check_batch_size(batch_size), shuffle=True,
                       num_workers=workers, pin_memory=torch.cuda.is_available(),
                       worker_init_fn=make_worker_init(1) if workers else None)

@@ -9,7 +9,9 @@ import torch
 
 from course_utils.__main__ import main
 from course_utils.data import JpegDataset
-from course_utils.pipelines import (COMMON_RECIPE_LABEL, TUNED_LABEL, TransformedDataset,
+from course_utils.data import ToTensorUint8
+from course_utils.pipelines import (COMMON_RECIPE_LABEL, TUNED_LABEL, BatchedJpegDataset,
+                                    TransformedDataset,
                                     common_recipe_loader, common_recipe_process_settings,
                                     run_benchmark, tuned_loader)
 
@@ -24,11 +26,25 @@ def test_recipe_is_float32_and_tuned_is_uint8_with_equal_content(base):
     assert recipe_images.dtype == torch.float32 and recipe_images.shape == (4, 3, 224, 224)
     tuned = tuned_loader(base, batch_size=4, num_workers=0)
     images, labels = next(iter(torch.utils.data.DataLoader(
-        tuned.dataset, batch_size=4, shuffle=False)))
+        tuned.dataset, batch_size=4, shuffle=False, collate_fn=tuned.collate_fn)))
     reference, _ = next(iter(torch.utils.data.DataLoader(
         common_recipe_loader(base).dataset, batch_size=4, shuffle=False)))
     assert images.dtype == torch.uint8
     assert torch.allclose(images.float() / 255, reference, atol=1e-6)
+
+
+def test_batched_fetch_equals_per_sample_uint8(base):
+    batched = BatchedJpegDataset(base, size=64)
+    images, labels = batched.__getitems__([2, 0, 5])
+    expected = torch.stack([ToTensorUint8(64)(base[i][0]) for i in (2, 0, 5)])
+    assert images.dtype == torch.uint8 and torch.equal(images, expected)
+    assert labels.tolist() == [base[i][1] for i in (2, 0, 5)]
+    single, label = batched[5]
+    assert torch.equal(single, expected[2]) and label == base[5][1]
+    with pytest.raises(TypeError, match="base must be a JpegDataset"):
+        BatchedJpegDataset([1, 2, 3])
+    with pytest.raises(ValueError, match="size must be a positive int"):
+        BatchedJpegDataset(base, size=0)
 
 
 def test_tuned_loader_settings(base):
