@@ -9,6 +9,7 @@
 #                    NVIDIA GPU or https://download.pytorch.org/whl/cpu for a small CPU build
 #   LAB_ARGS         extra JupyterLab arguments, e.g. LAB_ARGS="--no-browser --port 8899"
 #   PYTEST_ARGS      extra pytest arguments, e.g. PYTEST_ARGS="-x -k threads"
+#   PYTEST_WORKERS   parallel test processes (default 2; 0 runs everything in one process)
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -19,6 +20,8 @@ TORCH_INDEX_URL ?=
 LAB_ARGS ?=
 PYTEST_ARGS ?=
 CELL_TIMEOUT ?= 300
+# Two pytest processes; --dist loadscope keeps each notebook's cells in one kernel, in order.
+PYTEST_WORKERS ?= 2
 STAMP := $(VENV)/.installed
 
 .PHONY: install lab test exercises doctor bench clean
@@ -46,7 +49,7 @@ lab: install
 
 test: install
 	COURSE_QUICK=1 MPLBACKEND=Agg $(PY) -m pytest tests notebooks solutions \
-	  --nbval-lax --nbval-cell-timeout=$(CELL_TIMEOUT) $(PYTEST_ARGS)
+	  --nbval-lax --nbval-cell-timeout=$(CELL_TIMEOUT) -n $(PYTEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 exercises: install
 	$(PY) -m course_utils make-exercises

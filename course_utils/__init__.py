@@ -7,6 +7,8 @@ no seeding, no printing.
 """
 from __future__ import annotations
 
+from .augment import (AugmentParams, AugmentTransform, augment_batch, compare_training,
+                      measure_augment_throughput)
 from .bench import (Comparison, DataWait, Measurement, batch_size_of, compare, measure,
                     measure_data_wait, measure_loader)
 from .config import QUICK_ENV, mode_banner, pick, quick_mode
@@ -24,6 +26,8 @@ from .scaling import (BatchedArrayDataset, RecordArrayDataset, RecordListDataset
                       WorkerSweep, default_worker_counts, describe_curve, find_knee, keep_batch,
                       plot_sweeps, plot_worker_memory, sweep_workers, time_epochs, worker_memory,
                       worker_startup_time)
+from .transfer import (DevicePrefetcher, bandwidth_sweep, cuda_in_forked_worker, measure_overlap,
+                       mismeasured_copy, pin_memory_cost, uint8_vs_float32)
 from .threads import (ThreadPools, WorkerThreadLimiter, limit_threads, make_worker_init,
                       pools_in_workers, thread_pools)
 from .transforms import (PipelineParams, ReferenceTransform, ToFloat32, Uint8Transform,
@@ -49,6 +53,12 @@ __all__ = [
     # lesson 02
     "GridResult", "OpenCVHeavyTransform", "env_after_vs_before_import", "fork_cv2_demo",
     "opencv_heavy_dataset", "plot_grid", "run_grid",
+    # lesson 04
+    "DevicePrefetcher", "bandwidth_sweep", "cuda_in_forked_worker", "measure_overlap",
+    "mismeasured_copy", "pin_memory_cost", "uint8_vs_float32",
+    # lesson 05
+    "AugmentParams", "AugmentTransform", "augment_batch", "compare_training",
+    "measure_augment_throughput",
     # lesson 03
     "BatchedArrayDataset", "RecordArrayDataset", "RecordListDataset", "WorkerMemory", "WorkerSweep",
     "default_worker_counts", "describe_curve", "find_knee", "keep_batch", "plot_sweeps",
