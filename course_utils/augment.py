@@ -59,7 +59,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
-from .transforms import IMAGENET_MEAN, IMAGENET_STD
+from .transforms import IMAGENET_MEAN, IMAGENET_STD, PerProcessRandom
 
 __all__ = [
     "GRAY_WEIGHTS",
@@ -537,7 +537,7 @@ def augment_sample(image: np.ndarray, draw: SampleDraw, params: Optional[Augment
     return torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1)))
 
 
-class AugmentTransform:
+class AugmentTransform(PerProcessRandom):
     """The per-sample augmentation as a DataLoader transform: (H, W, 3) uint8 -> float32 (3, size, size).
 
     Picklable (fork, forkserver, spawn). Each call draws a :class:`SampleDraw` with
@@ -551,25 +551,8 @@ class AugmentTransform:
     def __init__(self, params: Optional[AugmentParams] = None, seed: Optional[int] = None, *,
                  exact: bool = False) -> None:
         self.params = _params(params, "AugmentTransform")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0):
-            raise ValueError(f"AugmentTransform: seed must be None or an int >= 0, got {seed!r}.")
-        self.seed = None if seed is None else int(seed)
+        super().__init__(seed, owner="AugmentTransform")
         self.exact = bool(exact)
-        self._rng: Optional[np.random.Generator] = None
-        self._pid: Optional[int] = None
-
-    def _generator(self) -> np.random.Generator:
-        pid = os.getpid()
-        if self._rng is None or self._pid != pid:
-            info = torch.utils.data.get_worker_info()
-            if self.seed is None:
-                entropy: list[int] = [torch.initial_seed()]
-            elif info is None:
-                entropy = [self.seed]
-            else:
-                entropy = [self.seed, int(info.seed) % 2**63]
-            self._rng, self._pid = np.random.default_rng(entropy), pid
-        return self._rng
 
     def draw(self, height: int, width: int) -> SampleDraw:
         """The next random parameters of this process, for an image of that size."""
@@ -578,11 +561,6 @@ class AugmentTransform:
     def __call__(self, image: np.ndarray) -> torch.Tensor:
         image = _check_image(image, "AugmentTransform")
         return augment_sample(image, self.draw(*image.shape[:2]), self.params, exact=self.exact)
-
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state["_rng"] = state["_pid"] = None
-        return state
 
     def __repr__(self) -> str:
         return f"AugmentTransform(params={self.params!r}, seed={self.seed!r}, exact={self.exact})"

@@ -668,10 +668,10 @@ def normalize_batch(batch: torch.Tensor, params: Optional[PipelineParams] = None
 # picklable transforms for DataLoader workers
 # --------------------------------------------------------------------------------------------
 
-class _RandomFlip:
-    """Per-process random flip decisions.
+class PerProcessRandom:
+    """Base for picklable transforms that draw random numbers in DataLoader workers.
 
-    The generator is created lazily in each process (keyed on ``os.getpid()``) and never
+    The NumPy generator is created lazily in each process (keyed on ``os.getpid()``) and never
     pickled, so every DataLoader worker gets its own stream:
 
     * ``seed=None``: seeded from ``torch.initial_seed()``, which the DataLoader sets to a
@@ -682,12 +682,11 @@ class _RandomFlip:
       ``torch.manual_seed``).
     """
 
-    def __init__(self, flip_p: float, seed: Optional[int]) -> None:
+    def __init__(self, seed: Optional[int], *, owner: str = "transform") -> None:
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)
                                  or seed < 0):
-            raise ValueError(f"seed must be None or an int >= 0, got {seed!r}.")
+            raise ValueError(f"{owner}: seed must be None or an int >= 0, got {seed!r}.")
         self.seed = None if seed is None else int(seed)
-        self.flip_p = flip_p
         self._pid: Optional[int] = None
         self._rng: Optional[np.random.Generator] = None
 
@@ -705,18 +704,26 @@ class _RandomFlip:
             self._pid = pid
         return self._rng
 
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_rng"] = None
+        state["_pid"] = None
+        return state
+
+
+class _RandomFlip(PerProcessRandom):
+    """Per-process random flip decisions (see :class:`PerProcessRandom` for the seeding)."""
+
+    def __init__(self, flip_p: float, seed: Optional[int]) -> None:
+        super().__init__(seed)
+        self.flip_p = flip_p
+
     def draw(self) -> bool:
         if self.flip_p <= 0.0:
             return False
         if self.flip_p >= 1.0:
             return True
         return bool(self._generator().random() < self.flip_p)
-
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state["_rng"] = None
-        state["_pid"] = None
-        return state
 
 
 class ReferenceTransform:
