@@ -46,6 +46,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from .bench import _fmt_time
 from .config import pick
 
 __all__ = [
@@ -236,14 +237,6 @@ def _fmt_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
-def _fmt_s(s: float | None) -> str:
-    if s is None or not math.isfinite(s):
-        return "n/a"
-    if s >= 1:
-        return f"{s:.3g} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.3g} ms"
-    return f"{s * 1e6:.3g} us"
 
 
 # --------------------------------------------------------------------------------------
@@ -576,8 +569,8 @@ class TimingDemo:
     def __str__(self) -> str:
         return (f"{_fmt_bytes(self.nbytes)} copy to {self.device} "
                 f"({'pinned' if self.pinned else 'pageable'} source, non_blocking=True)\n"
-                f"  naive  (perf_counter, no sync): {_fmt_s(self.naive_s)} -> {self.naive_gbps:,.1f} GB/s\n"
-                f"  honest (events / synchronize):  {_fmt_s(self.honest_s)} -> {self.honest_gbps:,.1f} GB/s\n"
+                f"  naive  (perf_counter, no sync): {_fmt_time(self.naive_s)} -> {self.naive_gbps:,.1f} GB/s\n"
+                f"  honest (events / synchronize):  {_fmt_time(self.honest_s)} -> {self.honest_gbps:,.1f} GB/s\n"
                 f"  honest / naive = {self.ratio:.1f}x. {self.note}")
 
 
@@ -750,7 +743,7 @@ class OverlapResult:
             if name in self.overlap:
                 extra = (f"   overlap {self.fraction(name):.0%}" if self.streams else
                          f"   {self.noise(name):+.0%} vs the two alone (noise: nothing can overlap)")
-            lines.append(f"  {name:<34} {_fmt_s(t):>10}{extra}")
+            lines.append(f"  {name:<34} {_fmt_time(t):>10}{extra}")
         if self.note:
             lines.append("  " + self.note)
         return "\n".join(lines)
@@ -873,7 +866,7 @@ class DtypeTransfer:
                  f"({'pinned' if self.pinned else 'pageable'} source)",
                  f"  bytes: uint8 {self.bytes_uint8 / 1e6:.1f} MB, float32 {self.bytes_float32 / 1e6:.1f} MB"]
         for name, t in self.times_s.items():
-            lines.append(f"  {name:<34} {_fmt_s(t):>10}")
+            lines.append(f"  {name:<34} {_fmt_time(t):>10}")
         verdict = (f"{self.speedup:.2f}x faster than" if self.speedup >= 1
                    else f"{1 / self.speedup:.2f}x slower than")
         lines.append(f"  uint8 copy + normalise on the device was {verdict} the float32 copy; "
@@ -1035,7 +1028,7 @@ class PinCost:
                 lines.append(f"  pin_memory={str(pin):<5} {m.samples_per_s:10,.0f} samples/s   "
                              f"{'n/a' if cpu is None else f'{cpu * 1e3:.3f} ms'} CPU per sample")
         lines.append(f"  a host memcpy of one batch (the least pinning it costs): "
-                     f"{_fmt_s(self.memcpy_s_per_batch)}")
+                     f"{_fmt_time(self.memcpy_s_per_batch)}")
         if self.note:
             lines.append("  " + self.note)
         return "\n".join(lines)
@@ -1447,11 +1440,11 @@ class PrefetchTiming:
         return out
 
     def __str__(self) -> str:
-        text = (f"{self.steps} steps on {self.device}: plain loop {_fmt_s(self.plain_s_per_step)}/step, "
-                f"DevicePrefetcher {_fmt_s(self.prefetch_s_per_step)}/step ({self.speedup:.2f}x)")
+        text = (f"{self.steps} steps on {self.device}: plain loop {_fmt_time(self.plain_s_per_step)}/step, "
+                f"DevicePrefetcher {_fmt_time(self.prefetch_s_per_step)}/step ({self.speedup:.2f}x)")
         if self.copy_s_per_batch is not None and self.step_s is not None:
-            text += (f"\n  alone: copy {_fmt_s(self.copy_s_per_batch)}/batch, compute "
-                     f"{_fmt_s(self.step_s)}/step")
+            text += (f"\n  alone: copy {_fmt_time(self.copy_s_per_batch)}/batch, compute "
+                     f"{_fmt_time(self.step_s)}/step")
         if self.note:
             text += "\n  " + self.note
         return text
@@ -1689,7 +1682,7 @@ def reference_summary(reference: Mapping | None) -> str:
     demo = res.get("mismeasure")
     if isinstance(demo, Mapping):
         lines.append(f"  unsynchronised non_blocking copy of {_fmt_bytes(demo['nbytes'])}: naive "
-                     f"{_fmt_s(demo['naive_s'])} vs honest {_fmt_s(demo['honest_s'])} "
+                     f"{_fmt_time(demo['naive_s'])} vs honest {_fmt_time(demo['honest_s'])} "
                      f"({demo['honest_s'] / demo['naive_s']:.0f}x too short)")
     ov = res.get("overlap")
     if isinstance(ov, Mapping):
@@ -1698,12 +1691,12 @@ def reference_summary(reference: Mapping | None) -> str:
     dt = res.get("dtype")
     if isinstance(dt, Mapping):
         t = dt["times_s"]
-        lines.append(f"  batch {tuple(dt['batch_shape'])}: float32 copy {_fmt_s(t['float32 copy'])}, "
-                     f"uint8 copy + normalise {_fmt_s(t['uint8 copy + normalise on device'])}")
+        lines.append(f"  batch {tuple(dt['batch_shape'])}: float32 copy {_fmt_time(t['float32 copy'])}, "
+                     f"uint8 copy + normalise {_fmt_time(t['uint8 copy + normalise on device'])}")
     pf = res.get("prefetch")
     if isinstance(pf, Mapping):
-        lines.append(f"  DevicePrefetcher: {_fmt_s(pf['prefetch_s_per_step'])}/step vs plain loop "
-                     f"{_fmt_s(pf['plain_s_per_step'])}/step")
+        lines.append(f"  DevicePrefetcher: {_fmt_time(pf['prefetch_s_per_step'])}/step vs plain loop "
+                     f"{_fmt_time(pf['plain_s_per_step'])}/step")
     fork = res.get("forked_worker")
     if isinstance(fork, Mapping) and fork.get("worker_error"):
         lines.append(f"  a forked DataLoader worker touching CUDA raised: {fork['worker_error']}")
