@@ -27,8 +27,8 @@ one core; its own CPU time is measured and subtracted from the CPU time reported
 
 A caveat that no timer avoids: a loader with workers keeps working ahead (up to
 ``prefetch_factor * num_workers`` batches in flight), so batches made before the clock starts
-look free. The default warm-up of ``max(2, num_workers)`` batches and a window of many batches
-keep that error small; a window of a handful of batches cannot.
+look free. The default warm-up of ``max(2, num_workers * prefetch_factor)`` batches and a window
+of many batches keep that error small; a window of a handful of batches cannot.
 
 Nothing happens at import time.
 """
@@ -728,15 +728,24 @@ def _next_or_explain(it: Any, pulled: int, warmup: int, asked: int | None, what:
 
 
 def _warmup_for(loader: Any, warmup_batches: int | None) -> int:
-    """The warm-up to use: as given, or by default max(2, num_workers).
+    """The warm-up to use: as given, or by default every batch the workers hold in flight.
 
-    Every worker starts its first batch at the same moment, so after one batch the others'
-    first batches are ready too; timing them would make them look free. Pulling one batch per
-    worker before the clock starts lets the pipeline reach its steady state.
+    Workers start one after another and each runs ``prefetch_factor`` batches ahead, so until
+    ``num_workers * prefetch_factor`` batches have been pulled, batches finished before the
+    clock started would be counted as free (a latency-bound loader read 146% of its physical
+    limit that way). Default: ``max(2, num_workers * prefetch_factor)``, capped at half the
+    loader's length when it has one, so that at least half an epoch is timed.
     """
     if warmup_batches is not None:
         return warmup_batches
-    return max(2, int(getattr(loader, "num_workers", 0) or 0))
+    workers = int(getattr(loader, "num_workers", 0) or 0)
+    prefetch = int(getattr(loader, "prefetch_factor", None) or 2)
+    warmup = max(2, workers * prefetch)
+    try:
+        length = len(loader)
+    except TypeError:
+        return warmup
+    return max(1, min(warmup, length // 2))
 
 
 def measure_loader(loader: Iterable, *, batches: int | None = None,
@@ -746,8 +755,9 @@ def measure_loader(loader: Iterable, *, batches: int | None = None,
     """Time how fast ``loader`` delivers batches, in samples per second.
 
     Each repeat: a fresh ``iter(loader)`` (fresh workers unless ``persistent_workers``);
-    ``warmup_batches`` batches pulled untimed (default ``max(2, num_workers)``: one per worker,
-    so worker start-up and the first, simultaneous batches are excluded); then ``batches``
+    ``warmup_batches`` batches pulled untimed (default: the batches the workers hold in flight,
+    ``max(2, num_workers * prefetch_factor)``, at most half the epoch, so worker start-up and
+    batches finished before the clock started are excluded); then ``batches``
     batches timed (default: the rest of the epoch; at most 10 in quick mode). Samples are counted
     from the real batch sizes (:func:`batch_size_of`), so a last partial batch counts exactly.
     CPU time and involuntary context switches of the process tree (main process + workers) are
@@ -1011,8 +1021,9 @@ def measure_data_wait(loader: Iterable, step_fn: Callable[[Any], Any], *,
                       device: Any = None) -> DataWait:
     """Run a training loop and time how long each step waits for data.
 
-    ``warmup_steps`` full steps run untimed first (default ``max(2, num_workers)``, so the
-    batches every worker made at start-up are not counted as free). Then each timed step: the wait is the time
+    ``warmup_steps`` full steps run untimed first (default ``max(2, num_workers *
+    prefetch_factor)``, at most half the loader, so the batches the workers made ahead at start-up
+    are not counted as free). Then each timed step: the wait is the time
     spent in ``next(iterator)`` plus moving the batch to ``device`` (when given; non_blocking only
     from pinned memory); the step is the whole iteration including ``step_fn(batch)``.
     ``steps`` defaults to the rest of the epoch (at most 10 in quick mode). On CUDA the device is

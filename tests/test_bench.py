@@ -336,10 +336,13 @@ def test_cpu_time_includes_the_workers():
         assert m.peak_pss_bytes > 0
 
 
-def test_default_warm_up_covers_every_worker():
-    # one batch per worker before the clock starts (their first batches arrive together)
+def test_default_warm_up_covers_every_batch_in_flight():
+    # num_workers * prefetch_factor batches before the clock starts, at most half the epoch
     assert bench._warmup_for(DataLoader(TinyDataset(4), num_workers=0), None) == 2
-    assert bench._warmup_for(SimpleNamespace(num_workers=5), None) == 5
+    assert bench._warmup_for(SimpleNamespace(num_workers=5), None) == 10  # prefetch_factor 2
+    assert bench._warmup_for(SimpleNamespace(num_workers=3, prefetch_factor=4), None) == 12
+    assert bench._warmup_for(DataLoader(TinyDataset(10), num_workers=2), None) == 4
+    assert bench._warmup_for(DataLoader(TinyDataset(4), num_workers=4), None) == 2  # half of 4
     assert bench._warmup_for(SimpleNamespace(num_workers=5), 1) == 1
 
 
