@@ -20,23 +20,12 @@ from course_utils import bench
 from course_utils.bench import (Comparison, DataWait, Measurement, batch_size_of, compare,
                                 measure, measure_data_wait, measure_loader)
 
+from _helpers import TinyDataset
+
 
 # ---------------------------------------------------------------------------------------
 # datasets used by the tests (module level, so DataLoader workers can use them)
 # ---------------------------------------------------------------------------------------
-
-class TinyDataset(Dataset):
-    """n items of shape (3,), instant."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        return torch.full((3,), float(i)), i
-
 
 class SleepDataset(Dataset):
     """Sleeps ``latency_s`` per item; item 0 (the first of each sequential epoch) also sleeps

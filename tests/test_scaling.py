@@ -29,21 +29,10 @@ from course_utils.scaling import (BatchedArrayDataset, BurstyLatencyDataset, Cur
                                   plot_sweeps, plot_worker_memory, sweep_workers, time_epochs,
                                   uss_bytes, worker_memory, worker_startup_time)
 
+from _helpers import TinyDataset
+
 pytestmark = pytest.mark.timeout(120)
 HAS_FORK = "fork" in multiprocessing.get_all_start_methods()
-
-
-class Tiny(Dataset):
-    """n instant items of shape (3,)."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        return torch.full((3,), float(i)), i
 
 
 # ---- worker counts ---------------------------------------------------------------------------
@@ -146,7 +135,7 @@ def test_describe_curve_numbers():
 # ---- sweeping ---------------------------------------------------------------------------------
 
 def test_sweep_workers_structure():
-    sweep = sweep_workers(Tiny(64), [1, 0], batch_size=4, batches=4, repeats=1, progress=False,
+    sweep = sweep_workers(TinyDataset(64), [1, 0], batch_size=4, batches=4, repeats=1, progress=False,
                           label="tiny", prefetch_factor=2)
     assert isinstance(sweep, WorkerSweep)
     assert sweep.workers == [0, 1] and len(sweep) == 2
@@ -164,7 +153,7 @@ def test_sweep_workers_structure():
 
 
 def test_sweep_workers_rounds_timed_batches_to_whole_rounds():
-    sweep = sweep_workers(Tiny(200), [3], batch_size=4, batches=4, repeats=1, progress=False)
+    sweep = sweep_workers(TinyDataset(200), [3], batch_size=4, batches=4, repeats=1, progress=False)
     assert sweep[0].items_per_repeat == 6 * 4  # 4 rounded up to 2 rounds of 3 workers
 
 
@@ -179,20 +168,20 @@ def test_sweep_workers_rounds_timed_batches_to_whole_rounds():
 def test_sweep_workers_bad_input(kwargs, error, message):
     kwargs.setdefault("worker_counts", [0])
     with pytest.raises(error, match=message):
-        sweep_workers(Tiny(32), progress=False, **kwargs)
+        sweep_workers(TinyDataset(32), progress=False, **kwargs)
 
 
 def test_sweep_workers_rejects_non_datasets_and_tiny_epochs():
     with pytest.raises(TypeError, match="map-style Dataset"):
         sweep_workers(iter(range(3)), [0], progress=False)
     with pytest.raises(ValueError, match="bigger dataset"):
-        sweep_workers(Tiny(8), [4], batch_size=4, progress=False)
+        sweep_workers(TinyDataset(8), [4], batch_size=4, progress=False)
 
 
 def test_plot_sweeps_returns_axes_and_checks_metric():
     import matplotlib.pyplot as plt
 
-    sweep = sweep_workers(Tiny(48), [0, 1], batch_size=4, batches=2, repeats=1, progress=False)
+    sweep = sweep_workers(TinyDataset(48), [0, 1], batch_size=4, batches=2, repeats=1, progress=False)
     for metric in ("speedup", "samples_per_s", "cpu_s_per_sample"):
         ax = plot_sweeps([sweep], metric=metric)
         assert ax.get_xlabel() == "num_workers"
@@ -233,7 +222,7 @@ def test_worker_startup_time_bad_input(kwargs, error):
 
 
 def test_time_epochs_counts_epochs_and_rejects_bad_input():
-    loader = DataLoader(Tiny(8), batch_size=4)
+    loader = DataLoader(TinyDataset(8), batch_size=4)
     times = time_epochs(loader, 3, progress=False)
     assert len(times) == 3 and all(t > 0 for t in times)
     with pytest.raises(ValueError, match="epochs"):
