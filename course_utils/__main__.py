@@ -6,6 +6,7 @@ Commands:
   grade NOTEBOOK   run an exercise notebook through nbval and print pass/fail per exercise
   bench            the common recipe vs the tuned CPU pipeline, measured side by side
   gpu-check        on a CUDA machine: GPU benchmarks in full mode, written as reference results
+  hosted-cell      write the Colab/Kaggle install cell into every notebook (--check: only report)
 """
 from __future__ import annotations
 
@@ -62,6 +63,25 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(result.to_dict(), fh, indent=2, default=str)
         print(f"wrote {args.json}")
+    return 0
+
+
+def _cmd_hosted_cell(args: argparse.Namespace) -> int:
+    from .hosted import REPOSITORY_URL, sync_install_cells
+    try:
+        changed = sync_install_cells(args.folders, check=args.check)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.check and changed:
+        print("these notebooks lack the current hosted-install cell:")
+        for path in changed:
+            print(f"  {path}")
+        print("Run: python -m course_utils hosted-cell")
+        return 1
+    for path in changed:
+        print(f"wrote {path}")
+    print(f"hosted-install cells are up to date (repository: {REPOSITORY_URL}).")
     return 0
 
 
@@ -134,6 +154,18 @@ def build_parser() -> argparse.ArgumentParser:
                                    "results as JSON. Refuses on a machine without CUDA.")
     gpu_check.add_arguments(p)
     p.set_defaults(func=gpu_check.cli)
+
+    p = sub.add_parser("hosted-cell", help="write the Colab/Kaggle install cell into every notebook",
+                       description="Make the first code cell of every notebook the cell that "
+                                   "installs the course on hosted services (Google Colab, Kaggle) "
+                                   "and does nothing elsewhere. The repository URL is set in "
+                                   "course_utils/hosted.py.")
+    p.add_argument("folders", nargs="*", default=["notebooks", "solutions", "exercises"],
+                   metavar="FOLDER", help="folders of notebooks (default: notebooks solutions "
+                                          "exercises)")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 when a notebook lacks the current cell")
+    p.set_defaults(func=_cmd_hosted_cell)
     return parser
 
 
