@@ -1,6 +1,9 @@
 # Feed the GPU — two commands on a fresh machine:
 #   make lab    install everything into .venv and open the course in JupyterLab
 #   make test   install everything into .venv and run the whole test suite (quick mode)
+# Opt-in tools, not part of make test:
+#   make browser-check   run lesson 00 in JupyterLab in headless Chromium (tools/browser_check.py)
+#   make runtimes        time every lesson, quick and full mode, into README.md (tools/lesson_runtimes.py)
 #
 # Knobs (make VAR=value ...):
 #   PYTHON           interpreter that creates the venv (default: python3, needs >= 3.10)
@@ -10,6 +13,10 @@
 #   LAB_ARGS         extra JupyterLab arguments, e.g. LAB_ARGS="--no-browser --port 8899"
 #   PYTEST_ARGS      extra pytest arguments, e.g. PYTEST_ARGS="-x -k threads"
 #   PYTEST_WORKERS   parallel test processes (default 2; 0 runs everything in one process)
+#   BROWSER_CHECK_ARGS  options for make browser-check, e.g. "notebooks/03_num_workers.ipynb --timeout 900"
+#                    (see .venv/bin/python tools/browser_check.py --help)
+#   RUNTIMES_ARGS    options for make runtimes, e.g. "--quick-only --lessons 00 03"
+#                    (see .venv/bin/python tools/lesson_runtimes.py --help)
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -23,8 +30,11 @@ CELL_TIMEOUT ?= 300
 # Two pytest processes; --dist loadscope keeps each notebook's cells in one kernel, in order.
 PYTEST_WORKERS ?= 2
 STAMP := $(VENV)/.installed
+BROWSER_STAMP := $(VENV)/.installed-browser
+BROWSER_CHECK_ARGS ?=
+RUNTIMES_ARGS ?=
 
-.PHONY: install lab test exercises doctor bench clean
+.PHONY: install lab test exercises doctor bench clean browser-check runtimes
 
 $(PY):
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 is needed; run make PYTHON=python3.11 ..."'
@@ -59,6 +69,27 @@ doctor: install
 
 bench: install
 	$(PY) -m course_utils bench
+
+# Opt-in, not part of make test: lesson 00 in JupyterLab in headless Chromium (Debian's
+# chromium package; installed here with apt-get when missing and we are root).
+$(BROWSER_STAMP): pyproject.toml $(STAMP)
+	$(PIP) install -e ".[test,browser]"
+	@touch $@
+
+browser-check: $(BROWSER_STAMP)
+	@$(PY) tools/browser_check.py --find-chromium >/dev/null 2>&1 || \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "Chromium is missing: installing Debian's chromium package"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  else \
+	    $(PY) tools/browser_check.py --find-chromium; exit 1; \
+	  fi
+	$(PY) tools/browser_check.py $(BROWSER_CHECK_ARGS)
+
+# Times every lesson in quick and full mode and rewrites the table in README.md (slow: run it
+# on a quiet machine). Raw results: build/lesson_runtimes.json.
+runtimes: install
+	$(PY) tools/lesson_runtimes.py $(RUNTIMES_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,182 @@
+"""tools/lesson_runtimes.py: the table, the README markers, and one run of tiny notebooks."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+from course_utils.config import QUICK_ENV
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("lesson_runtimes", ROOT / "tools" / "lesson_runtimes.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+lr = _load()
+R = lr.Result
+MACHINE = {"usable_cpus": 2, "logical_cpus": 8, "cpu_model": "AMD EPYC 7B13", "ram_bytes": 16 * 2**30,
+           "gpu": None, "torch": "2.5.1+cpu", "python": "3.11.7", "platform": "Linux x86_64"}
+README = f"""# Course
+
+## Lessons
+
+text before
+
+{lr.START}
+{lr.PLACEHOLDER}
+{lr.END}
+
+## Commands
+
+text after
+"""
+
+
+@pytest.mark.parametrize("seconds, text", [(0.4, "0 s"), (42.4, "42 s"), (59.6, "1 min 00 s"),
+                                           (125, "2 min 05 s"), (3725, "1 h 02 min")])
+def test_format_seconds(seconds, text):
+    assert lr.format_seconds(seconds) == text
+
+
+def _results():
+    return [R("00_measure_first", "notebooks/00_measure_first.ipynb", "quick", True, 35.2),
+            R("01_numpy", "notebooks/01_numpy.ipynb", "quick", False, 12.0,
+              "code cell 3: ValueError: a | b"),
+            R("00_measure_first", "notebooks/00_measure_first.ipynb", "full", True, 250.0),
+            R("01_numpy", "notebooks/01_numpy.ipynb", "full", True, 600.0)]
+
+
+def test_table_lists_each_lesson_in_both_modes_with_the_machine():
+    table = lr.render_table(_results(), MACHINE, "2025-01-31")
+    assert "2025-01-31" in table
+    assert "2 usable CPUs (of 8), AMD EPYC 7B13, 16 GiB RAM, no GPU, torch 2.5.1+cpu" in table
+    assert f"`{QUICK_ENV}=1`" in table
+    lines = table.splitlines()
+    assert lr.TABLE_HEADER in lines
+    assert "| [00 measure first](notebooks/00_measure_first.ipynb) | 35 s | 4 min 10 s |" in lines
+    failed = next(line for line in lines if line.startswith("| [01 numpy]"))
+    assert "**failed** after 12 s: code cell 3: ValueError: a \\| b" in failed
+    assert failed.endswith("| 10 min 00 s |")
+    assert failed.count(" | ") == 2  # the escaped pipe does not add a column
+    assert lines[-1] == "| **all lessons** | **47 s** (1 failed) | **14 min 10 s** |"
+
+
+def test_table_with_quick_mode_only_and_a_gpu():
+    results = [r for r in _results() if r.mode == "quick"]
+    table = lr.render_table(results, dict(MACHINE, gpu="NVIDIA H100", logical_cpus=2), "2025-01-31")
+    assert "2 usable CPUs, AMD EPYC 7B13, 16 GiB RAM, NVIDIA H100," in table
+    assert "| 35 s | not run |" in table
+    assert table.splitlines()[-1].endswith("| not run |")
+
+
+def test_long_errors_are_cut():
+    r = R("00_x", "notebooks/00_x.ipynb", "quick", False, 1.0, "RuntimeError: " + "x" * 300)
+    row = lr.render_table([r], MACHINE, "d").splitlines()[-2]
+    assert "..." in row and len(row) < 200
+
+
+def test_replace_between_markers_touches_nothing_else():
+    table = lr.render_table(_results(), MACHINE, "2025-01-31")
+    new = lr.replace_between_markers(README, table)
+    before, after = README.split(lr.START)[0], README.split(lr.END)[1]
+    assert new.startswith(before + lr.START + "\n") and new.endswith(lr.END + after)
+    assert lr.between_markers(new) == table
+    assert lr.PLACEHOLDER not in new
+    assert lr.replace_between_markers(new, table) == new  # idempotent
+    assert lr.replace_between_markers(new, lr.PLACEHOLDER) == README  # and back
+
+
+@pytest.mark.parametrize("text, message", [
+    ("# no markers\n", "no <!-- lesson-runtimes:start --> and"),
+    (f"{lr.START}\n", "no <!-- lesson-runtimes:end -->"),
+    (f"{lr.END}\n{lr.START}\n", "comes before"),
+    (f"{lr.START}\n{lr.END}\n{lr.START}\n{lr.END}\n", "more than once"),
+])
+def test_bad_markers_are_refused(text, message):
+    with pytest.raises(lr.MarkerError, match=message):
+        lr.replace_between_markers(text, "table")
+    assert not lr.has_table(text)
+
+
+def test_check(tmp_path, capsys):
+    readme = tmp_path / "README.md"
+    readme.write_text("# nothing\n")
+    assert lr.main(["--check", "--readme", str(readme)]) == 1
+    readme.write_text(README)
+    assert lr.main(["--check", "--readme", str(readme)]) == 1  # the placeholder is no table
+    assert "make runtimes" in capsys.readouterr().err
+    readme.write_text(lr.replace_between_markers(README, lr.render_table(_results(), MACHINE, "d")))
+    assert lr.main(["--check", "--readme", str(readme)]) == 0
+
+
+def test_the_course_readme_has_the_markers_once():
+    text = (ROOT / "README.md").read_text()
+    lr.between_markers(text)  # raises MarkerError otherwise
+
+
+def test_discover_and_choose_lessons(tmp_path):
+    for name in ("00_a", "01_b", "10_c"):
+        (tmp_path / f"{name}.ipynb").write_text("{}")
+    assert [p.stem for p in lr.discover(tmp_path)] == ["00_a", "01_b", "10_c"]
+    assert [p.stem for p in lr.discover(tmp_path, ["10", "00"])] == ["00_a", "10_c"]
+    assert [p.stem for p in lr.discover(tmp_path, ["01_b"])] == ["01_b"]
+    with pytest.raises(ValueError, match="no lesson '07'.*00_a, 01_b, 10_c"):
+        lr.discover(tmp_path, ["07"])
+
+
+def test_from_json_rebuilds_the_table(tmp_path):
+    from dataclasses import asdict
+    saved = tmp_path / "runs.json"
+    saved.write_text(json.dumps({"date": "2025-01-31", "machine": MACHINE,
+                                 "results": [asdict(r) for r in _results()]}))
+    readme = tmp_path / "README.md"
+    readme.write_text(README)
+    assert lr.main(["--from-json", str(saved), "--readme", str(readme)]) == 1  # one run failed
+    assert lr.between_markers(readme.read_text()) == lr.render_table(
+        _results(), MACHINE, "2025-01-31", readme_dir=tmp_path)
+
+
+def _notebook(path: Path, *sources: str) -> None:
+    nb = new_notebook(cells=[new_markdown_cell("# tiny")] + [new_code_cell(s) for s in sources])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, str(path))
+
+
+def test_tiny_notebooks_end_to_end(tmp_path, capsys):
+    """Three tiny notebooks in a fresh kernel each: one passes (in quick mode), one fails, one
+    times out. The failures are in the table, not a crash."""
+    nbs = tmp_path / "notebooks"
+    nbs.mkdir()
+    _notebook(nbs / "00_ok.ipynb", "import os",
+              f"assert os.environ[{QUICK_ENV!r}] == '1', 'not quick mode'\nprint('ok')")
+    _notebook(nbs / "01_fails.ipynb", "x = 1", "raise KeyError('missing thing')\n# second line")
+    _notebook(nbs / "02_slow.ipynb", "import time; time.sleep(60)")
+    readme = tmp_path / "README.md"
+    readme.write_text(README)
+    out = tmp_path / "build" / "runs.json"
+    code = lr.main(["--notebooks", str(nbs), "--readme", str(readme), "--json", str(out),
+                    "--quick-only", "--timeout", "3"])
+    assert code == 1
+    printed = capsys.readouterr().out
+    assert "[quick 1/3] 00_ok" in printed and "[quick 3/3] 02_slow" in printed
+    data = json.loads(out.read_text())
+    by_lesson = {r["lesson"]: r for r in data["results"]}
+    assert by_lesson["00_ok"]["ok"] and by_lesson["00_ok"]["mode"] == "quick"
+    assert by_lesson["01_fails"]["error"] == "code cell 2: KeyError: 'missing thing'"
+    assert by_lesson["02_slow"]["error"] == "code cell 1: timed out after 3 s"
+    assert data["machine"]["usable_cpus"] >= 1
+    table = lr.between_markers(readme.read_text())
+    assert "| [00 ok](notebooks/00_ok.ipynb) |" in table
+    assert "**failed**" in table and "KeyError: 'missing thing'" in table
+    assert readme.read_text().endswith("## Commands\n\ntext after\n")
