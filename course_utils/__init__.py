@@ -30,6 +30,7 @@ from .transfer import (DevicePrefetcher, bandwidth_sweep, cuda_in_forked_worker,
                        mismeasured_copy, pin_memory_cost, uint8_vs_float32)
 from .threads import (ThreadPools, WorkerThreadLimiter, limit_threads, make_worker_init,
                       pools_in_workers, thread_pools)
+from .tuning import LoaderSettings, Trial, TuningResult, tune_loader
 from .transforms import (PipelineParams, ReferenceTransform, ToFloat32, Uint8Transform,
                          exact_pipeline, normalize_batch, numpy_pipeline, opencv_pipeline,
                          output_difference, torch_pipeline)
@@ -56,6 +57,8 @@ __all__ = [
     # lesson 04
     "DevicePrefetcher", "bandwidth_sweep", "cuda_in_forked_worker", "measure_overlap",
     "mismeasured_copy", "pin_memory_cost", "uint8_vs_float32",
+    # lesson 06
+    "LoaderSettings", "Trial", "TuningResult", "tune_loader",
     # lesson 05
     "AugmentParams", "AugmentTransform", "augment_batch", "compare_training",
     "measure_augment_throughput",

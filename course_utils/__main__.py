@@ -5,6 +5,7 @@ Commands:
   make-exercises   write exercises/ from solutions/ (--check: only report differences)
   grade NOTEBOOK   run an exercise notebook through nbval and print pass/fail per exercise
   bench            the common recipe vs the tuned CPU pipeline, measured side by side
+  tune [FOLDER]    find fast DataLoader settings for a folder of images (or the course data)
   gpu-check        on a CUDA machine: GPU benchmarks in full mode, written as reference results
   hosted-cell      write the Colab/Kaggle install cell into every notebook (--check: only report)
 """
@@ -85,6 +86,63 @@ def _cmd_hosted_cell(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_tune(args: argparse.Namespace) -> int:
+    """Tune a loader; bad input gives one line on stderr and exit status 2, never a traceback."""
+    from .tuning import MIN_BUDGET_S, tune_loader
+
+    def fail(message: str) -> int:
+        print(f"python -m course_utils tune: error: {message}", file=sys.stderr)
+        return 2
+
+    if args.folder is not None and args.course_data:
+        return fail("give a FOLDER or --course-data, not both.")
+    if not (args.budget > 0):
+        return fail(f"--budget {args.budget:g} must be more than 0 seconds; pass e.g. --budget 60.")
+    if args.budget < MIN_BUDGET_S:
+        return fail(f"--budget {args.budget:g} is too small to try anything; pass --budget "
+                    f"{MIN_BUDGET_S:g} or more, e.g. --budget 60.")
+    data = None
+    if args.folder is not None:
+        from pathlib import Path
+
+        from .data import ImageFolderDataset
+        folder = Path(args.folder).expanduser()
+        if not folder.exists():
+            return fail(f"FOLDER {args.folder!r} does not exist; pass the folder that holds your "
+                        f"images, or --course-data.")
+        if not folder.is_dir():
+            return fail(f"FOLDER {args.folder!r} is a file; pass the folder that holds your images.")
+        try:
+            data = ImageFolderDataset(folder)
+        except ValueError:
+            return fail(f"FOLDER {args.folder!r} has no images (.jpg, .jpeg, .png, .bmp, .webp, "
+                        f"searched in sub-folders too); pass a folder with images.")
+    try:
+        result = tune_loader(data, budget_s=args.budget, batch_size=args.batch_size,
+                             size=args.size, n_images=args.images,
+                             compare_with_baselines=not args.no_compare,
+                             progress=not args.no_progress)
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        return fail(str(exc).splitlines()[0])
+    print(result)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(result.to_dict(), fh, indent=2, default=str)
+        print(f"wrote {args.json}")
+    if args.plot:
+        result.plot().savefig(args.plot, dpi=100)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    return value
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -145,6 +203,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("tune", help="find fast DataLoader settings (your images or the course data)",
+                       description="Search num_workers, batch_size, prefetch_factor, "
+                                   "persistent_workers, pin_memory (CUDA only) and threads per "
+                                   "worker for a folder of your images (decoded with OpenCV, "
+                                   "resized to --size, kept uint8) within --budget seconds, "
+                                   "compare the best with the common recipe and DataLoader "
+                                   "defaults side by side, and print the DataLoader call to "
+                                   "paste. Without FOLDER (or with --course-data) it tunes the "
+                                   "course's JPEG dataset.",
+                       epilog="examples: python -m course_utils tune ~/photos --budget 60\n"
+                              "          python -m course_utils tune --course-data --budget 60",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("folder", nargs="?", metavar="FOLDER", default=None,
+                   help="folder of images (searched recursively); omit it to tune the course data")
+    p.add_argument("--course-data", action="store_true",
+                   help="tune the course's JPEG dataset (the same as giving no FOLDER)")
+    p.add_argument("--budget", type=_seconds, default=60.0, metavar="SECONDS",
+                   help="wall-clock seconds for the search and the comparison (default 60)")
+    p.add_argument("--batch-size", type=_positive_int, default=None,
+                   help="batch size to start from, also used by the baselines (default 64, or "
+                        "32 in quick mode)")
+    p.add_argument("--size", type=_positive_int, default=224,
+                   help="images are resized to SIZE x SIZE pixels (default 224)")
+    p.add_argument("--images", type=_positive_int, default=None,
+                   help="course data only: number of images (default 2000, or 200 in quick mode)")
+    p.add_argument("--no-compare", action="store_true",
+                   help="skip the side-by-side comparison (the whole budget goes to the search)")
+    p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
+    p.add_argument("--plot", metavar="PNG", help="also save the plot")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_tune)
 
     from . import gpu_check
     p = sub.add_parser("gpu-check", help="on a CUDA machine: GPU benchmarks -> reference results",

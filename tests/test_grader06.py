@@ -1,0 +1,102 @@
+"""Grader of exercise 06 passes the reference answer and fails plausible wrong ones, teaching why."""
+from __future__ import annotations
+
+import time
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from course_utils import (ExerciseFailed, check, common_recipe_loader, keep_batch,
+                          make_worker_init, tuned_loader)
+from course_utils.grading import CheckResult, exercise_ids
+from course_utils.pipelines import BatchedJpegDataset
+
+pytestmark = pytest.mark.timeout(240)
+FAST = {"n_images": 96, "batches": 4, "rounds": 3, "cpu_budget": 1}
+
+
+def reference(dataset, *, batch_size, size, cpu_budget):
+    return DataLoader(BatchedJpegDataset(dataset, size), batch_size=batch_size, shuffle=True,
+                      collate_fn=keep_batch, num_workers=cpu_budget,
+                      persistent_workers=cpu_budget > 0,
+                      worker_init_fn=make_worker_init(1) if cpu_budget else None)
+
+
+def the_common_recipe(dataset, *, batch_size, size, cpu_budget):
+    return common_recipe_loader(dataset, batch_size=batch_size, size=size)
+
+
+def over_budget(dataset, *, batch_size, size, cpu_budget):
+    return tuned_loader(dataset, batch_size=batch_size, size=size, num_workers=cpu_budget + 2)
+
+
+class BgrBatches(BatchedJpegDataset):
+    """Forgets the BGR -> RGB swap."""
+
+    def _decode_into(self, index, out):
+        bgr = cv2.imdecode(self.base.encoded(index), cv2.IMREAD_COLOR)
+        out[...] = cv2.resize(bgr, (self.size, self.size), interpolation=cv2.INTER_LINEAR)
+
+
+def wrong_colours(dataset, *, batch_size, size, cpu_budget):
+    return DataLoader(BgrBatches(dataset, size), batch_size=batch_size, collate_fn=keep_batch)
+
+
+def list_of_batches(dataset, *, batch_size, size, cpu_budget):
+    return list(reference(dataset, batch_size=batch_size, size=size, cpu_budget=0))
+
+
+def wrong_batch_size(dataset, *, batch_size, size, cpu_budget):
+    return reference(dataset, batch_size=2 * batch_size, size=size, cpu_budget=cpu_budget)
+
+
+class SlowBatches(BatchedJpegDataset):
+    """Right values, but waits 20 ms per sample (a slow storage or a needless sleep)."""
+
+    def __getitems__(self, indices):
+        time.sleep(0.02 * len(indices))
+        return super().__getitems__(indices)
+
+
+def too_slow(dataset, *, batch_size, size, cpu_budget):
+    return DataLoader(SlowBatches(dataset, size), batch_size=batch_size, collate_fn=keep_batch)
+
+
+def not_done(dataset, *, batch_size, size, cpu_budget):
+    raise NotImplementedError("Exercise: replace this line with your code")
+
+
+def test_known_id():
+    assert "06.fast_pipeline" in exercise_ids()
+
+
+def test_reference_passes():
+    result = check("06.fast_pipeline", reference, n_images=160, batches=8, cpu_budget=1)
+    assert isinstance(result, CheckResult)
+    assert "right samples" in result.summary and result.details["cpu_budget"] == 1
+
+
+@pytest.mark.parametrize("answer, words", [
+    (the_common_recipe, ["torch.float32", "uint8"]),
+    (over_budget, ["over the CPU budget", "num_workers <= 1"]),
+    (wrong_colours, ["values differ", "BGR"]),
+    (list_of_batches, ["did not return a DataLoader"]),
+    (wrong_batch_size, ["batch_size"]),
+    (too_slow, ["the reference's samples/s", "at least 0.60x"]),
+    ("not a function", ["not a function"]),
+])
+def test_wrong_answers_fail_with_a_teaching_message(answer, words):
+    with pytest.raises(ExerciseFailed) as info:
+        check("06.fast_pipeline", answer, **FAST)
+    message = str(info.value)
+    for word in words:
+        assert word in message, message
+    assert "06.fast_pipeline" in message
+
+
+def test_not_done_says_so():
+    with pytest.raises(ExerciseFailed, match="not done yet"):
+        check("06.fast_pipeline", not_done, **FAST)
