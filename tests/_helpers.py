@@ -1,5 +1,11 @@
-"""Small datasets shared by several test modules (module level, so DataLoader workers can use them)."""
+"""Small datasets shared by several test modules (module level, so DataLoader workers can use
+them), and a loader for the scripts in tools/."""
 from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
 
 import torch
 from torch.utils.data import Dataset
@@ -16,3 +22,15 @@ class TinyDataset(Dataset):
 
     def __getitem__(self, i: int):
         return torch.full((3,), float(i)), i
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_tool(name: str) -> ModuleType:
+    """Import ``tools/NAME.py`` (a script, not a package module) under the module name NAME."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module

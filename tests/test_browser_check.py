@@ -1,7 +1,6 @@
 """tools/browser_check.py: the parts that need no browser, no JupyterLab and no network."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import socket
 import subprocess
@@ -11,18 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from _helpers import load_tool
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("browser_check", ROOT / "tools" / "browser_check.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-bc = _load()
+bc = load_tool("browser_check")
 
 
 def test_defaults_run_lesson_00_in_quick_mode():

@@ -1,29 +1,20 @@
 """tools/lesson_runtimes.py: the table, the README markers, and one run of tiny notebooks."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+from _helpers import load_tool
 from course_utils.config import QUICK_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("lesson_runtimes", ROOT / "tools" / "lesson_runtimes.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-lr = _load()
+lr = load_tool("lesson_runtimes")
 R = lr.Result
 MACHINE = {"usable_cpus": 2, "logical_cpus": 8, "cpu_model": "AMD EPYC 7B13", "ram_bytes": 16 * 2**30,
            "gpu": None, "torch": "2.5.1+cpu", "python": "3.11.7", "platform": "Linux x86_64"}
