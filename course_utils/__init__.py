@@ -14,6 +14,9 @@ from .bench import (Comparison, DataWait, Measurement, batch_size_of, compare, m
 from .config import QUICK_ENV, mode_banner, pick, quick_mode
 from .data import (ArrayDataset, CommonRecipeTransform, ImageFolderDataset, JpegDataset,
                    LatencyDataset, ToTensorUint8, ram_budget_bytes, sample_photo)
+from .distributed import (Budget, DdpMeasurement, DistributedError, DistributedRun, IndexDataset,
+                          ShardingReport, budget, launch, measure_ddp, sharding_report,
+                          simulate_ranks)
 from .grading import CheckResult, ExerciseFailed, check
 from .machine import (AcceleratorInfo, CpuInfo, DoctorReport, accelerator, cpu_info,
                       default_device, doctor, machine_summary, start_method, usable_cpus)
@@ -66,4 +69,7 @@ __all__ = [
     "BatchedArrayDataset", "RecordArrayDataset", "RecordListDataset", "WorkerMemory", "WorkerSweep",
     "default_worker_counts", "describe_curve", "find_knee", "keep_batch", "plot_sweeps",
     "plot_worker_memory", "sweep_workers", "time_epochs", "worker_memory", "worker_startup_time",
+    # lesson 07
+    "Budget", "DdpMeasurement", "DistributedError", "DistributedRun", "IndexDataset",
+    "ShardingReport", "budget", "launch", "measure_ddp", "sharding_report", "simulate_ranks",
 ]

@@ -1,0 +1,262 @@
+"""The program every rank runs: ``python -m course_utils.ddp_rank TASK --config F --out DIR``.
+
+Started by :func:`course_utils.distributed.launch` through ``torchrun``, which sets ``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK`` and the rendezvous address for each rank. Each rank joins the
+process group (gloo on CPU, nccl with one GPU per rank), runs its task, and writes what it saw
+to ``DIR/rank{RANK}.json``; on an error it writes the traceback to ``DIR/rank{RANK}.error.txt``
+and exits non-zero (torchrun then stops the other ranks).
+
+Tasks (their config is a JSON dict):
+
+* ``sampler`` — draw a :class:`~course_utils.distributed.IndexDataset` through
+  ``DistributedSampler`` for several *variants* (shuffle, seed, drop_last, set_epoch or not,
+  workers and start method) and record the indices each epoch, in order.
+* ``bench`` — a tiny DDP model trained on JPEGs decoded in the rank's DataLoader workers:
+  samples, wall time, CPU time of the rank's process tree, time spent waiting for data.
+* ``learner`` — import a learner's ``make_epoch_loader`` from a module written by the grader
+  and record what it draws for each epoch.
+* ``fail`` / ``sleep`` — a rank that raises, or one that never finishes: the launcher's error
+  paths, shown in the lesson and tested.
+
+Every rank also records its thread pools at start (``torchrun`` sets ``OMP_NUM_THREADS=1`` for
+each rank when it starts more than one and the variable is not set).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+
+def _env_int(name: str) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        raise RuntimeError(f"{name} is not set: run this module through torchrun "
+                           f"(course_utils.distributed.launch), not directly.")
+    return int(value)
+
+
+# --------------------------------------------------------------------------------------------
+# tasks
+# --------------------------------------------------------------------------------------------
+
+def _sampler(cfg: dict, rank: int, world: int) -> dict:
+    import torch
+    import torch.distributed as dist
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from .distributed import IndexDataset, indices_of
+
+    dataset = IndexDataset(int(cfg.get("n", 10)))
+    variants = {}
+    drawn = 0
+    for v in cfg.get("variants", [{"name": "default"}]):
+        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank,
+                                     shuffle=bool(v.get("shuffle", True)),
+                                     seed=rank if v.get("seed") == "rank" else int(v.get("seed", 0)),
+                                     drop_last=bool(v.get("drop_last", False)))
+        workers = int(v.get("num_workers", 0))
+        loader = DataLoader(dataset, batch_size=int(v.get("batch_size", 4)), sampler=sampler,
+                            num_workers=workers,
+                            multiprocessing_context=v.get("start_method") if workers else None,
+                            timeout=60 if workers else 0)
+        calls = []
+        for epoch in v.get("epochs", [0, 1]):
+            if v.get("set_epoch", True):
+                sampler.set_epoch(int(epoch))
+            calls.append({"epoch": int(epoch), "indices": indices_of(loader)})
+        variants[str(v.get("name", len(variants)))] = calls
+        drawn += sum(len(c["indices"]) for c in calls)
+    total = torch.tensor([drawn])
+    dist.all_reduce(total)  # the process group works: every rank learns the sum over ranks
+    return {"n": len(dataset), "variants": variants, "drawn": drawn,
+            "all_reduce_total": int(total.item())}
+
+
+def _bench(cfg: dict, rank: int, world: int, local_rank: int, backend: str) -> dict:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from .bench import _TreeMonitor
+    from .data import JpegDataset, ToTensorUint8
+    from .threads import make_worker_init, thread_pools
+
+    if cfg.get("rank_threads"):
+        torch.set_num_threads(int(cfg["rank_threads"]))
+    device = torch.device(f"cuda:{local_rank}" if backend == "nccl" else "cpu")
+    dataset = JpegDataset(int(cfg.get("n_images", 256)), min_side=int(cfg.get("min_side", 256)),
+                          max_side=int(cfg.get("max_side", 512)),
+                          transform=ToTensorUint8(int(cfg.get("image_size", 64))), progress=False)
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=0)
+    sampler.set_epoch(0)
+    workers = int(cfg.get("num_workers", 0))
+    loader = DataLoader(dataset, batch_size=int(cfg.get("batch_size", 16)), sampler=sampler,
+                        num_workers=workers,
+                        worker_init_fn=make_worker_init(1) if workers else None,
+                        multiprocessing_context=cfg.get("start_method") if workers else None,
+                        timeout=120 if workers else 0)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.ReLU(),
+                          nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10)).to(device)
+    ddp = DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    loss_fn = nn.CrossEntropyLoss()
+
+    def step(batch) -> None:
+        images, labels = batch
+        x = images.to(device, non_blocking=True).float().div_(255)
+        loss = loss_fn(ddp(x), labels.to(device))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    n_batches = len(loader)
+    warm = min(int(cfg.get("warmup_steps", max(2, 2 * workers))), n_batches // 2)
+    it = iter(loader)
+    for _ in range(warm):
+        step(next(it))
+    monitor = _TreeMonitor()
+    dist.barrier()  # every rank starts the clock together
+    before = monitor.snapshot(fresh=True)
+    t0 = time.perf_counter()
+    waits, steps, sizes, samples = [], [], [], 0
+    # Stop the clock while the workers still hold as many batches ahead as when it started
+    # (workers x prefetch_factor): batches made before the window then balance those made in
+    # it for later, instead of counting as free (see course_utils.bench, "A caveat").
+    in_flight = workers * 2
+    limit = cfg.get("steps")
+    timed = max(1, n_batches - warm - in_flight)
+    for _ in range(timed if limit is None else min(int(limit), n_batches - warm)):
+        a = time.perf_counter()
+        batch = next(it)
+        b = time.perf_counter()
+        step(batch)
+        c = time.perf_counter()
+        waits.append(b - a)
+        steps.append(c - a)
+        sizes.append(int(batch[1].shape[0]))
+        samples += sizes[-1]
+    t1 = time.perf_counter()
+    after = monitor.snapshot(fresh=True)
+    cpu_s, ctx = monitor.window(before, after)
+    pools = thread_pools().to_dict()
+    del it
+    return {"samples": samples, "window_s": t1 - t0, "cpu_s": cpu_s, "wait_s": sum(waits),
+            "step_s": sum(steps), "steps": len(steps), "involuntary_ctx_switches": ctx,
+            "wait_fraction": sum(waits) / sum(steps) if steps else None,
+            "wait_times": waits, "step_times": steps, "step_samples": sizes,
+            "num_workers": workers, "device": str(device), "pools": pools,
+            "torch_threads": torch.get_num_threads(), "batches_per_epoch": n_batches}
+
+
+def _learner(cfg: dict, rank: int, world: int) -> dict:
+    from .distributed import IndexDataset, indices_of
+
+    module = importlib.import_module(cfg["module"])
+    make_loader = getattr(module, cfg["name"])
+    dataset = IndexDataset(int(cfg["n"]))
+    calls = []
+    for epoch in cfg.get("epochs", [0, 1, 2, 1]):
+        loader = make_loader(dataset, int(epoch), rank, world)
+        calls.append({"epoch": int(epoch), "indices": indices_of(loader)})
+    return {"n": len(dataset), "epochs": calls}
+
+
+def _fail(cfg: dict, rank: int) -> dict:
+    if rank == int(cfg.get("rank", 1)):
+        raise RuntimeError(f"rank {rank} failed on purpose (task 'fail')")
+    if cfg.get("wait_s"):
+        time.sleep(float(cfg["wait_s"]))
+    return {}
+
+
+def _sleep(cfg: dict, rank: int) -> dict:
+    if rank == int(cfg.get("rank", rank)):
+        time.sleep(float(cfg.get("seconds", 3600)))
+    return {}
+
+
+# --------------------------------------------------------------------------------------------
+# main
+# --------------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m course_utils.ddp_rank")
+    parser.add_argument("task")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--backend", default="gloo")
+    parser.add_argument("--timeout-s", type=float, default=120.0)
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        rank, world, local_rank = _env_int("RANK"), _env_int("WORLD_SIZE"), _env_int("LOCAL_RANK")
+        omp_env = os.environ.get("OMP_NUM_THREADS")
+        cfg = json.loads(Path(args.config).read_text())
+        from .threads import thread_pools
+
+        record = {"rank": rank, "world_size": world, "local_rank": local_rank, "pid": os.getpid(),
+                  "backend": args.backend, "task": args.task, "omp_num_threads_env": omp_env,
+                  "pools_at_start": thread_pools().to_dict(),
+                  "start_method_default": _default_start_method()}
+        if args.task == "fail" and cfg.get("when") == "before_init":
+            _fail(cfg, rank)
+        import torch
+        import torch.distributed as dist
+
+        if args.backend == "nccl":
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group(args.backend, timeout=timedelta(seconds=max(10.0, args.timeout_s)))
+        try:
+            if args.task == "sampler":
+                record.update(_sampler(cfg, rank, world))
+            elif args.task == "bench":
+                record.update(_bench(cfg, rank, world, local_rank, args.backend))
+            elif args.task == "learner":
+                record.update(_learner(cfg, rank, world))
+            elif args.task == "fail":
+                record.update(_fail(cfg, rank))
+            elif args.task == "sleep":
+                record.update(_sleep(cfg, rank))
+            else:
+                raise ValueError(f"unknown task {args.task!r}")
+        finally:
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
+        tmp = out / f"rank{rank}.json.tmp"
+        tmp.write_text(json.dumps(record))
+        tmp.replace(out / f"rank{rank}.json")
+        return 0
+    except BaseException:
+        text = traceback.format_exc()
+        try:
+            (out / f"rank{rank}.error.txt").write_text(text)
+        except OSError:
+            pass
+        print(f"[rank {rank}] {text}", file=sys.stderr, flush=True)
+        return 1
+
+
+def _default_start_method() -> str:
+    from .machine import start_method
+
+    return start_method()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
