@@ -700,8 +700,9 @@ class _Search:
                     rest = [x for x in values if (x > v if values[-1] > values[0] else x < v)]
                     if rest:
                         self.skipped.append(
-                            f"{stage}: {key} in {rest} (the ladder fell {falls}x below "
-                            f"{LADDER_FALL_FRACTION:.0%} of its best at {key}={v})")
+                            f"{stage}: {key} in {rest} (below {LADDER_FALL_FRACTION:.0%} "
+                            f"of the ladder's best {falls} time(s) in a row, the last at "
+                            f"{key}={v})")
                     return
             else:
                 falls = 0
