@@ -56,11 +56,16 @@ def install_cell_source(repository_url: str = REPOSITORY_URL) -> str:
         "import importlib, importlib.util, os, subprocess, sys\n"
         "\n"
         f'COURSE_REPOSITORY = "{repository_url}"\n'
-        f"HOSTED = any(v in os.environ for v in ({markers})) or \"google.colab\" in sys.modules\n"
+        f"HOSTED_MARKERS = ({markers})\n"
+        "HOSTED = any(v in os.environ for v in HOSTED_MARKERS) or \"google.colab\" in sys.modules\n"
         "if HOSTED and importlib.util.find_spec(\"course_utils\") is None:\n"
         "    print(f\"Hosted notebook: installing the course from {COURSE_REPOSITORY} (about a minute)\")\n"
-        "    subprocess.run([sys.executable, \"-m\", \"pip\", \"install\", \"--quiet\",\n"
-        "                    f\"git+{COURSE_REPOSITORY}\"], check=True)\n"
+        "    pip = subprocess.run([sys.executable, \"-m\", \"pip\", \"install\", \"--quiet\",\n"
+        "                          f\"git+{COURSE_REPOSITORY}\"])\n"
+        "    if pip.returncode != 0:\n"
+        "        raise RuntimeError(f\"pip could not install the course from {COURSE_REPOSITORY} (its \"\n"
+        "                           \"message is above). On Kaggle, switch Internet on in the notebook's \"\n"
+        "                           \"settings; elsewhere check that the address opens in a browser.\")\n"
         "    importlib.invalidate_caches()"
     )
 

@@ -40,7 +40,7 @@ def test_bad_url_is_named():
         hosted.install_cell_source("example.org/course")
 
 
-def _run_cell(monkeypatch, env: dict, has_package: bool) -> list:
+def _run_cell(monkeypatch, env: dict, has_package: bool, pip_status: int = 0) -> list:
     calls = []
     for variable in hosted.HOSTED_MARKERS:
         monkeypatch.delenv(variable, raising=False)
@@ -50,7 +50,8 @@ def _run_cell(monkeypatch, env: dict, has_package: bool) -> list:
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: (real_find_spec(name, *a) if has_package or
                                           name != "course_utils" else None))
-    monkeypatch.setattr(subprocess, "run", lambda args, **kw: calls.append(args))
+    monkeypatch.setattr(subprocess, "run", lambda args, **kw: calls.append(args) or
+                        subprocess.CompletedProcess(args, pip_status))
     exec(compile(hosted.install_cell_source(), "install-cell", "exec"), {})
     return calls
 
@@ -110,3 +111,9 @@ def test_cli_check_passes_on_the_repository(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     assert main(["hosted-cell", "--check"]) == 0
     assert "up to date" in capsys.readouterr().out
+
+
+def test_a_failed_install_says_what_to_do(monkeypatch):
+    with pytest.raises(RuntimeError, match="Kaggle, switch Internet on"):
+        _run_cell(monkeypatch, {"KAGGLE_KERNEL_RUN_TYPE": "Interactive"}, has_package=False,
+                  pip_status=1)
