@@ -171,3 +171,45 @@ def test_tiny_notebooks_end_to_end(tmp_path, capsys):
     assert "| [00 ok](notebooks/00_ok.ipynb) |" in table
     assert "**failed**" in table and "KeyError: 'missing thing'" in table
     assert readme.read_text().endswith("## Commands\n\ntext after\n")
+
+
+def _flaky_kernel(tmp_path: Path, monkeypatch, failures: int) -> str:
+    """A kernelspec whose first ``failures`` launches die at once, as a kernel does that loses a
+    port race with another one starting at the same time; later launches are ipykernel."""
+    import sys
+    counter = tmp_path / "launches"
+    launcher = tmp_path / "flaky_kernel.py"
+    launcher.write_text(
+        "import pathlib, sys\n"
+        f"counter = pathlib.Path({str(counter)!r})\n"
+        "n = int(counter.read_text()) if counter.exists() else 0\n"
+        "counter.write_text(str(n + 1))\n"
+        f"if n < {failures}:\n"
+        "    print('flaky kernel: address already in use', file=sys.stderr); sys.exit(1)\n"
+        "from ipykernel.kernelapp import launch_new_instance\n"
+        "launch_new_instance()\n")
+    spec_dir = tmp_path / "jupyter" / "kernels" / "flaky"
+    spec_dir.mkdir(parents=True)
+    (spec_dir / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, str(launcher), "-f", "{connection_file}"],
+        "display_name": "flaky", "language": "python"}))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    return "flaky"
+
+
+@pytest.mark.parametrize("failures, ok", [(1, True), (2, False)])
+def test_a_kernel_that_does_not_start_is_started_once_more(tmp_path, monkeypatch, capsys, failures, ok):
+    name = _flaky_kernel(tmp_path, monkeypatch, failures)
+    nb_path = tmp_path / "00_tiny.ipynb"
+    _notebook(nb_path, "print('ran')")
+    nb = nbformat.read(str(nb_path), as_version=4)
+    nb.metadata["kernelspec"]["name"] = name
+    nbformat.write(nb, str(nb_path))
+    log = tmp_path / "kernels.log"
+    log.write_text("")
+    r = lr.run_notebook(nb_path, quick=True, timeout=60, kernel_log=log)
+    assert r.ok is ok, r.error
+    assert (tmp_path / "launches").read_text() == "2"  # never more than one retry
+    assert "starting it again" in capsys.readouterr().out
+    if not ok:
+        assert "(kernel said: flaky kernel: address already in use)" in r.error

@@ -20,6 +20,7 @@ table between the markers.
 from __future__ import annotations
 
 import argparse
+import atexit
 import datetime as _dt
 import json
 import os
@@ -39,6 +40,7 @@ PLACEHOLDER = ("_Not measured yet: `make runtimes` writes this table (the wall t
                "lesson in quick and full mode, on the machine it runs on)._")
 MODES = ("quick", "full")
 TABLE_HEADER = "| lesson | quick mode | full mode |"
+START_ATTEMPTS = 2  # a kernel that dies before running any cell is started once more
 
 
 class MarkerError(ValueError):
@@ -91,42 +93,67 @@ def run_notebook(path: Path, quick: bool, timeout: float, kernel_log: Path | Non
     env = dict(os.environ)
     env[QUICK_ENV] = "1" if quick else "0"
     env.pop("MPLBACKEND", None)  # the kernel's inline backend, as in JupyterLab
-    current = {"index": None}
-    start = time.monotonic()
-    deadline = start + timeout
-
-    def on_cell_start(cell, cell_index, **_):
-        current["index"] = cell_index
-
-    client = NotebookClient(
-        nb,
-        timeout_func=lambda cell: max(1, int(deadline - time.monotonic()) + 1),
-        kernel_name=nb.metadata.get("kernelspec", {}).get("name", "python3"),
-        resources={"metadata": {"path": str(path.parent)}},
-        on_cell_start=on_cell_start,
-    )
     rel = _rel(path)
     mode = "quick" if quick else "full"
-    error = None
-    # The kernel process's own messages (not the cells' output) go to a log, not the progress.
-    log = open(kernel_log, "ab") if kernel_log else None
-    launch = {"stdout": log, "stderr": log} if log else {}
-    try:
-        client.execute(env=env, **launch)
-    except CellTimeoutError:
-        error = f"{_where(nb, current['index'])}timed out after {timeout:.0f} s"
-    except CellExecutionError as exc:
-        detail = f"{exc.ename}: {_first_line(exc.evalue)}" if exc.ename else _first_line(str(exc))
-        error = f"{_where(nb, current['index'])}{detail}"
-    except DeadKernelError as exc:
-        error = f"{_where(nb, current['index'])}the kernel died: {_first_line(str(exc))}"
-    except Exception as exc:  # a broken notebook file, a kernel that does not start, ...
-        error = f"{type(exc).__name__}: {_first_line(str(exc))}"
-    finally:
-        if log:
-            log.close()
+    for attempt in range(1, START_ATTEMPTS + 1):
+        current = {"index": None}
+        start = time.monotonic()
+        deadline = start + timeout
+
+        def on_cell_start(cell, cell_index, **_):
+            current["index"] = cell_index
+
+        client = NotebookClient(
+            nb,
+            timeout_func=lambda cell: max(1, int(deadline - time.monotonic()) + 1),
+            kernel_name=nb.metadata.get("kernelspec", {}).get("name", "python3"),
+            resources={"metadata": {"path": str(path.parent)}},
+            on_cell_start=on_cell_start,
+        )
+        error = None
+        # The kernel process's own messages (not the cells' output) go to a log, not the progress.
+        log_from = kernel_log.stat().st_size if kernel_log and kernel_log.exists() else 0
+        log = open(kernel_log, "ab") if kernel_log else None
+        launch = {"stdout": log, "stderr": log} if log else {}
+        try:
+            client.execute(env=env, **launch)
+        except CellTimeoutError:
+            error = f"{_where(nb, current['index'])}timed out after {timeout:.0f} s"
+        except CellExecutionError as exc:
+            detail = f"{exc.ename}: {_first_line(exc.evalue)}" if exc.ename else _first_line(str(exc))
+            error = f"{_where(nb, current['index'])}{detail}"
+        except DeadKernelError as exc:
+            error = f"{_where(nb, current['index'])}the kernel died: {_first_line(str(exc))}"
+        except Exception as exc:  # a kernel that does not start, ...
+            error = f"{type(exc).__name__}: {_first_line(str(exc))}"
+        finally:
+            if log:
+                log.close()
+            # nbclient leaves its at-exit clean-up registered when the kernel fails to start,
+            # and that clean-up then fails at exit with an AssertionError: drop it.
+            atexit.unregister(client._cleanup_kernel)
+        if error is None or current["index"] is not None:
+            break
+        # The kernel never ran a cell: it did not start. That is the machine, not the lesson
+        # (e.g. two kernels starting at once raced for the same port), so start it once more.
+        why = _last_line_since(kernel_log, log_from)
+        if why:
+            error += f" (kernel said: {why})"
+        if attempt < START_ATTEMPTS:
+            print(f"(kernel did not start: {error}; starting it again)", end=" ", flush=True)
     seconds = time.monotonic() - start
     return Result(path.stem, rel, mode, error is None, round(seconds, 2), error)
+
+
+def _last_line_since(log: Path | None, offset: int) -> str:
+    """The last non-empty line the kernel wrote to ``log`` after byte ``offset``."""
+    if not log or not log.exists():
+        return ""
+    with open(log, "rb") as f:
+        f.seek(offset)
+        text = f.read().decode("utf-8", "replace")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][:200] if lines else ""
 
 
 def _where(nb, index: int | None) -> str:
