@@ -146,7 +146,8 @@ def _notebook(path: Path, *sources: str) -> None:
 
 def test_tiny_notebooks_end_to_end(tmp_path, capsys):
     """Three tiny notebooks in a fresh kernel each: one passes (in quick mode), one fails, one
-    times out. The failures are in the table, not a crash."""
+    times out. The failures are in the table, not a crash. The time limit counts from the
+    kernel's start, which takes seconds on a loaded 2-core machine: hence 10 s, not less."""
     nbs = tmp_path / "notebooks"
     nbs.mkdir()
     _notebook(nbs / "00_ok.ipynb", "import os",
@@ -157,7 +158,7 @@ def test_tiny_notebooks_end_to_end(tmp_path, capsys):
     readme.write_text(README)
     out = tmp_path / "build" / "runs.json"
     code = lr.main(["--notebooks", str(nbs), "--readme", str(readme), "--json", str(out),
-                    "--quick-only", "--timeout", "3"])
+                    "--quick-only", "--timeout", "10"])
     assert code == 1
     printed = capsys.readouterr().out
     assert "[quick 1/3] 00_ok" in printed and "[quick 3/3] 02_slow" in printed
@@ -165,7 +166,7 @@ def test_tiny_notebooks_end_to_end(tmp_path, capsys):
     by_lesson = {r["lesson"]: r for r in data["results"]}
     assert by_lesson["00_ok"]["ok"] and by_lesson["00_ok"]["mode"] == "quick"
     assert by_lesson["01_fails"]["error"] == "code cell 2: KeyError: 'missing thing'"
-    assert by_lesson["02_slow"]["error"] == "code cell 1: timed out after 3 s"
+    assert by_lesson["02_slow"]["error"] == "code cell 1: timed out after 10 s"
     assert data["machine"]["usable_cpus"] >= 1
     table = lr.between_markers(readme.read_text())
     assert "| [00 ok](notebooks/00_ok.ipynb) |" in table
