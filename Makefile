@@ -28,6 +28,7 @@ LAB_ARGS ?=
 PYTEST_ARGS ?=
 CELL_TIMEOUT ?= 300
 # Two pytest processes; --dist loadscope keeps each notebook's cells in one kernel, in order.
+# Kernels start over IPC, not TCP ports (course_utils/kernels.py says why).
 PYTEST_WORKERS ?= 2
 STAMP := $(VENV)/.installed
 BROWSER_STAMP := $(VENV)/.installed-browser
@@ -59,7 +60,8 @@ lab: install
 
 test: install
 	COURSE_QUICK=1 MPLBACKEND=Agg $(PY) -m pytest tests notebooks solutions \
-	  --nbval-lax --nbval-cell-timeout=$(CELL_TIMEOUT) -n $(PYTEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
+	  --nbval-lax --nbval-cell-timeout=$(CELL_TIMEOUT) -p course_utils._nbval_kernels \
+	  -n $(PYTEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 exercises: install
 	$(PY) -m course_utils make-exercises

@@ -163,10 +163,12 @@ def _lesson05(budget_s: float) -> dict:
 _EXECUTE = r'''
 import sys, nbformat
 from nbclient import NotebookClient
+from course_utils.kernels import kernel_manager_class
 path, out, timeout = sys.argv[1], sys.argv[2], int(sys.argv[3])
 nb = nbformat.read(path, as_version=4)
 client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                        resources={"metadata": {"path": sys.argv[4]}})
+                        resources={"metadata": {"path": sys.argv[4]}},
+                        kernel_manager_class=kernel_manager_class())
 try:
     client.execute()
 finally:

@@ -103,7 +103,8 @@ def grade_notebook(path: str | os.PathLike, *, cell_timeout: int = 600) -> Noteb
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.jsonl"
         env = dict(os.environ, COURSE_GRADE_REPORT=str(report))
-        cmd = [sys.executable, "-m", "pytest", "-p", "course_utils._nbval_report", "-p",
+        cmd = [sys.executable, "-m", "pytest", "-p", "course_utils._nbval_report",
+               "-p", "course_utils._nbval_kernels", "-p",
                "no:cacheprovider", "-q", "--nbval-lax", f"--nbval-cell-timeout={cell_timeout}",
                str(nb_path)]
         subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -88,6 +88,7 @@ def run_notebook(path: Path, quick: bool, timeout: float, kernel_log: Path | Non
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
     from course_utils.config import QUICK_ENV
+    from course_utils.kernels import kernel_manager_class
 
     nb = nbformat.read(path, as_version=4)
     env = dict(os.environ)
@@ -109,6 +110,7 @@ def run_notebook(path: Path, quick: bool, timeout: float, kernel_log: Path | Non
             kernel_name=nb.metadata.get("kernelspec", {}).get("name", "python3"),
             resources={"metadata": {"path": str(path.parent)}},
             on_cell_start=on_cell_start,
+            kernel_manager_class=kernel_manager_class(),  # IPC: no port races with other kernels
         )
         error = None
         # The kernel process's own messages (not the cells' output) go to a log, not the progress.

@@ -1,0 +1,17 @@
+"""pytest plugin (``-p course_utils._nbval_kernels``): nbval starts its kernels over IPC.
+
+See :mod:`course_utils.kernels` for why: with several kernels starting at once over TCP, two can
+take the same port and one of them dies before it runs a cell.
+"""
+from __future__ import annotations
+
+
+def pytest_configure(config):  # noqa: D103 - pytest hook
+    try:
+        import nbval.kernel
+    except ImportError:  # pragma: no cover - nbval is a test dependency
+        return
+    from .kernels import kernel_manager_class
+
+    # nbval.kernel.start_new_kernel looks KernelManager up in its module when it runs.
+    nbval.kernel.KernelManager = kernel_manager_class(asynchronous=False)
