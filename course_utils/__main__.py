@@ -46,7 +46,14 @@ def _cmd_make_exercises(args: argparse.Namespace) -> int:
 
 
 def _cmd_grade(args: argparse.Namespace) -> int:
-    from .grade_notebook import grade_notebook
+    """Grade notebooks; a bad path gives one line on stderr and exit status 2, before any runs."""
+    from .grade_notebook import grade_notebook, read_notebook
+    for notebook in args.notebooks:
+        try:
+            read_notebook(notebook, argument="NOTEBOOK")
+        except (OSError, ValueError) as exc:
+            print(f"python -m course_utils grade: error: {exc}", file=sys.stderr)
+            return 2
     failed = 0
     for notebook in args.notebooks:
         result = grade_notebook(notebook, cell_timeout=args.cell_timeout)
@@ -88,7 +95,7 @@ def _cmd_hosted_cell(args: argparse.Namespace) -> int:
 
 def _cmd_tune(args: argparse.Namespace) -> int:
     """Tune a loader; bad input gives one line on stderr and exit status 2, never a traceback."""
-    from .tuning import MIN_BUDGET_S, tune_loader
+    from .tuning import MIN_BUDGET_S, folder_for_tuning, tune_loader
 
     def fail(message: str) -> int:
         print(f"python -m course_utils tune: error: {message}", file=sys.stderr)
@@ -113,10 +120,17 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         if not folder.is_dir():
             return fail(f"FOLDER {args.folder!r} is a file; pass the folder that holds your images.")
         try:
-            data = ImageFolderDataset(folder)
+            data = ImageFolderDataset(folder, skip_damaged=True)
         except ValueError:
             return fail(f"FOLDER {args.folder!r} has no images (.jpg, .jpeg, .png, .bmp, .webp, "
                         f"searched in sub-folders too); pass a folder with images.")
+        try:
+            data = folder_for_tuning(data, f"FOLDER {args.folder!r}")
+        except ValueError as exc:
+            return fail(str(exc))
+        if data.damaged:
+            print(f"python -m course_utils tune: warning: FOLDER {args.folder!r}: "
+                  f"{data.damaged_summary()}; tuning the {len(data)} others.", file=sys.stderr)
     try:
         result = tune_loader(data, budget_s=args.budget, batch_size=args.batch_size,
                              size=args.size, n_images=args.images,
@@ -208,7 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Search num_workers, batch_size, prefetch_factor, "
                                    "persistent_workers, pin_memory (CUDA only) and threads per "
                                    "worker for a folder of your images (decoded with OpenCV, "
-                                   "resized to --size, kept uint8) within --budget seconds, "
+                                   "resized to --size, kept uint8; damaged files are skipped "
+                                   "and listed) within --budget seconds, "
                                    "compare the best with the common recipe and DataLoader "
                                    "defaults side by side, and print the DataLoader call to "
                                    "paste. Without FOLDER (or with --course-data) it tunes the "
@@ -238,10 +253,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     from . import gpu_check
     p = sub.add_parser("gpu-check", help="on a CUDA machine: GPU benchmarks -> reference results",
-                       description="On a CUDA machine: run lessons 04-05's GPU benchmarks (and "
-                                   "their notebooks, where Jupyter is installed) in full mode "
-                                   "within a time budget, print the targets, and write reference "
-                                   "results as JSON. Refuses on a machine without CUDA.")
+                       description="On a CUDA machine: run lessons 04-05's GPU benchmarks in "
+                                   "full mode, then the code cells of their notebooks in quick "
+                                   "mode (no Jupyter needed), within a time budget; print the "
+                                   "targets, and write reference results as JSON. Exits non-zero "
+                                   "when any section or cell failed. Refuses on a machine without "
+                                   "CUDA.")
     gpu_check.add_arguments(p)
     p.set_defaults(func=gpu_check.cli)
 

@@ -18,6 +18,7 @@ from pathlib import Path
 _CHECK_RE = re.compile(r"""check\(\s*["']([\w.\-]+)["']""")
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 _CELL_RE = re.compile(r"::Cell (\d+)$")
+_EXAMPLE = "exercises/00_measure_first.ipynb"
 
 
 @dataclass
@@ -91,15 +92,45 @@ def _failure_message(longrepr: str) -> str:
     return "\n".join(tail[-3:])
 
 
-def grade_notebook(path: str | os.PathLike, *, cell_timeout: int = 600) -> NotebookGrade:
-    """Run ``path`` through ``pytest --nbval-lax`` and return the grade per exercise."""
+def read_notebook(path: str | os.PathLike, *, argument: str = "path") -> dict:
+    """The notebook at ``path`` as a dict; errors name ``argument`` and say what to pass.
+
+    FileNotFoundError: no such file. IsADirectoryError: a folder. OSError: unreadable.
+    ValueError: not an .ipynb file, or not notebook JSON (e.g. damaged by a failed copy).
+    """
     nb_path = Path(path)
-    if not nb_path.is_file() or nb_path.suffix != ".ipynb":
-        raise FileNotFoundError(
-            f"grade: {str(nb_path)!r} is not a notebook file; pass a path like "
-            f"exercises/00_measure_first.ipynb.")
-    notebook = json.loads(nb_path.read_text(encoding="utf-8"))
-    checks = exercise_cells(notebook)
+    where = f"{argument} {str(path)!r}"
+    if not nb_path.exists():
+        raise FileNotFoundError(f"{where} does not exist; pass a notebook path like {_EXAMPLE}.")
+    if nb_path.is_dir():
+        raise IsADirectoryError(f"{where} is a folder; pass notebook files, e.g. "
+                                f"{nb_path.as_posix()}/*.ipynb for every notebook in it.")
+    if nb_path.suffix != ".ipynb":
+        raise ValueError(f"{where} is not a notebook (.ipynb file); pass a path like {_EXAMPLE}.")
+    try:
+        raw = nb_path.read_bytes()
+    except OSError as exc:
+        raise OSError(f"{where} cannot be read ({exc.strerror or exc}); check that the file is "
+                      f"readable.") from None
+    try:
+        notebook = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{where} is not valid notebook JSON ({exc}); restore it, e.g. with "
+                         f"git checkout -- {nb_path.as_posix()} (this discards your edits) or "
+                         f"from a backup.") from None
+    if not isinstance(notebook, dict) or not isinstance(notebook.get("cells"), list):
+        raise ValueError(f"{where} is JSON but not a notebook (it has no list of cells); pass "
+                         f"a notebook path like {_EXAMPLE}.")
+    return notebook
+
+
+def grade_notebook(path: str | os.PathLike, *, cell_timeout: int = 600) -> NotebookGrade:
+    """Run ``path`` through ``pytest --nbval-lax`` and return the grade per exercise.
+
+    A path that is not a readable notebook raises before anything runs (see
+    :func:`read_notebook`)."""
+    nb_path = Path(path)
+    checks = exercise_cells(read_notebook(nb_path))
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.jsonl"
         env = dict(os.environ, COURSE_GRADE_REPORT=str(report))

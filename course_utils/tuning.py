@@ -76,6 +76,7 @@ __all__ = [
     "LADDER_FALLS",
     "COMPARE_SHARE",
     "MIN_BUDGET_S",
+    "MIN_FOLDER_IMAGES",
 ]
 
 #: a probe window is this fraction of a full trial window
@@ -90,6 +91,8 @@ LADDER_FALLS = 2
 COMPARE_SHARE = 0.25
 #: smallest budget that can try anything (the first trial starts workers-free, a few batches)
 MIN_BUDGET_S = 2.0
+#: a folder needs this many readable images (the smallest batch size the ladder tries)
+MIN_FOLDER_IMAGES = 8
 #: seconds a DataLoader waits for one batch from a worker before it gives up (a hung worker)
 WORKER_TIMEOUT_S = 120
 
@@ -182,6 +185,7 @@ class _Pipeline:
     code_dataset: str                # Python expression of the dataset in the pasted code
     code_imports: list[str]
     size: int
+    notes: list[str] = field(default_factory=list)   # e.g. damaged files skipped
 
 
 def _check_size(size: Any) -> int:
@@ -189,6 +193,20 @@ def _check_size(size: Any) -> int:
         raise ValueError(f"size must be an int from 1 to 8192 (pixels of the square output "
                          f"image), got {size!r}; pass e.g. size=224.")
     return int(size)
+
+
+def folder_for_tuning(data: ImageFolderDataset, where: str) -> ImageFolderDataset:
+    """``data`` with its damaged files left out (checked once, unless that was done already);
+    a ValueError naming ``where`` when fewer than :data:`MIN_FOLDER_IMAGES` images remain."""
+    if not data.checked:
+        data = ImageFolderDataset(data.root, extensions=data.extensions,
+                                  skip_damaged=True).with_transform(data.transform)
+    if len(data) < MIN_FOLDER_IMAGES:
+        damaged = f" ({data.damaged_summary()})" if data.damaged else ""
+        raise ValueError(f"{where}: only {len(data)} readable image(s){damaged}; the tuner needs "
+                         f"at least {MIN_FOLDER_IMAGES} (one batch of the smallest batch size it "
+                         f"tries). Add images or replace the damaged ones.")
+    return data
 
 
 def _pipeline(data: Any, size: int, n_images: int | None, progress: bool = True) -> _Pipeline:
@@ -204,7 +222,12 @@ def _pipeline(data: Any, size: int, n_images: int | None, progress: bool = True)
         if not path.is_dir():
             raise NotADirectoryError(f"data={str(data)!r} is a file, not a folder; pass the "
                                      f"folder that holds your images.")
-        data = ImageFolderDataset(path)
+        data = ImageFolderDataset(path, skip_damaged=True)
+    notes: list[str] = []
+    if isinstance(data, ImageFolderDataset):
+        data = folder_for_tuning(data, f"data={str(data.root)!r}")
+        if data.damaged:
+            notes.append(f"{data.damaged_summary()}; they were left out")
     if isinstance(data, JpegDataset) and data.transform is None:
         return _Pipeline(BatchedJpegDataset(data, size), keep_batch, data, data.describe(),
                          f"BatchedJpegDataset(dataset, size={size})",
@@ -212,18 +235,17 @@ def _pipeline(data: Any, size: int, n_images: int | None, progress: bool = True)
                                     "from course_utils.pipelines import BatchedJpegDataset"],
                          size)
     if isinstance(data, ImageFolderDataset) and data.transform is None:
-        folder = ImageFolderDataset(data.root, transform=ToTensorUint8(size),
-                                    extensions=data.extensions)
-        return _Pipeline(folder, None, data, data.describe(),
+        skip = ", skip_damaged=True" if data.damaged else ""
+        return _Pipeline(data.with_transform(ToTensorUint8(size)), None, data, data.describe(),
                          f"ImageFolderDataset({str(data.root)!r}, "
-                         f"transform=ToTensorUint8({size}))",
+                         f"transform=ToTensorUint8({size}){skip})",
                          imports + ["from course_utils import ImageFolderDataset, ToTensorUint8, "
-                                    "make_worker_init"], size)
+                                    "make_worker_init"], size, notes)
     if isinstance(data, Dataset) or (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
         describe = getattr(data, "describe", None)
         text = describe() if callable(describe) else f"{type(data).__name__} of {len(data)} items"
         return _Pipeline(data, None, None, text, "dataset",
-                         imports + ["from course_utils import make_worker_init"], size)
+                         imports + ["from course_utils import make_worker_init"], size, notes)
     raise TypeError(f"data must be None (the course's JPEG dataset), a folder of images (str or "
                     f"Path), a JpegDataset, an ImageFolderDataset or a map-style Dataset; got "
                     f"{type(data).__name__}.")
@@ -826,7 +848,7 @@ def tune_loader(data: Any = None, *, budget_s: float = 60.0, batch_size: int | N
     search_s = budget_s * (1 - COMPARE_SHARE) if compare_with_baselines else budget_s
     search = _Search(pipe, budget_s=budget_s, search_s=search_s,
                      epoch_samples=int(epoch_samples), device=device, progress=progress)
-    notes: list[str] = []
+    notes: list[str] = list(pipe.notes)
     try:
         start = LoaderSettings(num_workers=worker_counts[0], batch_size=batch_size)
         # 1. num_workers ladder
