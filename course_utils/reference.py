@@ -36,6 +36,7 @@ __all__ = [
     "LESSON04",
     "LESSON05",
     "SUMMARY",
+    "REFERENCE_NAMES",
     "MalformedReference",
     "describe_machine",
     "save_reference",
@@ -52,6 +53,9 @@ REFERENCE_DIR: Path = Path(__file__).resolve().parent / "reference_results"
 LESSON04 = "lesson04_transfer"      # course_utils.transfer.run_gpu_benchmarks
 LESSON05 = "lesson05_augment"       # course_utils.augment.run_gpu_benchmarks
 SUMMARY = "gpu_check_summary"       # course_utils.gpu_check.run_gpu_check: the issue targets
+#: Every reference file gpu-check writes: exactly these ``<name>.json`` go into
+#: REFERENCE_DIR (other JSON that a GPU run writes, such as tune's, does not belong there).
+REFERENCE_NAMES = (LESSON04, LESSON05, SUMMARY)
 
 #: Keys every reference file must have.
 REQUIRED_KEYS = ("name", "measured_at", "machine", "results")

@@ -189,10 +189,12 @@ def time_op(fn: Callable[[], Any], *, device: Any, repeats: int = 5, warmup: int
             inner: int = 1) -> list[float]:
     """Seconds per call of ``fn``, one figure per repeat (``fn`` runs ``inner`` times per repeat).
 
-    CUDA: a CUDA event is recorded on the current stream before and after the ``inner`` calls,
-    and the time between them is read after the end event completes (``event.synchronize()``):
-    the GPU's time, whatever Python was doing. Other devices: ``time.perf_counter`` with the
-    device synchronised before the clock starts and before it stops.
+    CUDA: a CUDA event is recorded on ``device``'s current stream
+    (``torch.cuda.current_stream(device)``, not the current device's) before and after the
+    ``inner`` calls, and the time between them is read after the end event completes
+    (``event.synchronize()``): the GPU's time, whatever Python was doing. ``device`` is
+    synchronised after the warm-up. Other devices: ``time.perf_counter`` with the device
+    synchronised before the clock starts and before it stops.
     """
     if not callable(fn):
         raise TypeError(f"fn must be a callable taking no arguments, got {type(fn).__name__}.")
@@ -203,15 +205,16 @@ def time_op(fn: Callable[[], Any], *, device: Any, repeats: int = 5, warmup: int
     for _ in range(warmup):
         fn()
     synchronize(dev)
+    stream = torch.cuda.current_stream(dev) if dev.type == "cuda" else None
     times = []
     for _ in range(repeats):
-        if dev.type == "cuda":
+        if stream is not None:
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
-            start.record()
+            start.record(stream)
             for _ in range(inner):
                 fn()
-            end.record()
+            end.record(stream)
             end.synchronize()
             seconds = start.elapsed_time(end) / 1e3  # elapsed_time is in milliseconds
         else:
@@ -1159,7 +1162,8 @@ out = {"fork": hasattr(os, "fork")}
 import torch
 from torch.utils.data import DataLoader
 from course_utils.transfer import CudaTouchingDataset, HostTensorDataset
-cuda = torch.cuda.is_available()
+out["cuda_build"] = torch.version.cuda
+cuda = torch.cuda.is_available()           # a CUDA build initialises the driver here, GPU or not
 out["cuda"] = cuda
 if cuda:
     torch.zeros(1, device="cuda")          # the training script uses CUDA first, as usual
@@ -1237,6 +1241,7 @@ class ForkedCudaDemo:
     fork_warning: str | None
     timed_out: bool = False
     stderr_tail: str = ""
+    cuda_build: str | None = None
 
     @property
     def reproduced_cuda_error(self) -> bool:
@@ -1258,14 +1263,24 @@ class ForkedCudaDemo:
             return ("This platform has no fork (e.g. Windows): DataLoader workers are spawned, "
                     "each imports torch afresh and may initialise CUDA itself, so the forked-CUDA "
                     "error cannot happen here.")
-        if self.reproduced_cuda_error:
+        if self.reproduced_cuda_error and self.parent_used_cuda:
             lines.append("Measured here (CUDA): the parent used CUDA, then a forked DataLoader "
                          "worker touched CUDA and raised:")
             lines.append(f"    {self.worker_error}")
+        elif self.reproduced_cuda_error:
+            lines.append(f"Measured here: the parent never used CUDA (this machine has no usable "
+                         f"GPU); it only called torch.cuda.is_available(). With this CUDA "
+                         f"{self.cuda_build} build of torch that call already initialises the CUDA "
+                         f"driver, so a forked DataLoader worker that touched CUDA raised:")
+            lines.append(f"    {self.worker_error}")
+            lines.append("So with the default (CUDA) torch on Linux, even a GPU-less laptop hits "
+                         "this error: keep CUDA out of forked workers everywhere.")
         else:
-            lines.append("This machine has no CUDA, so the forked worker cannot fail the way it "
-                         "does on a GPU machine. What a forked worker that touches CUDA raised "
-                         "here (real, from this run):")
+            what = ("This torch is a CPU-only build" if not self.cuda_build else
+                    "This run did not produce torch's forked-CUDA error")
+            lines.append(f"{what}, so the forked worker could not fail the way it does on a GPU "
+                         "machine. What a forked worker that touches CUDA raised here (real, "
+                         "from this run):")
             lines.append(f"    {self.worker_error}")
             if self.torch_message:
                 lines.append(f"On a CUDA machine, the worker raises this instead — QUOTED FROM "
@@ -1334,7 +1349,7 @@ def cuda_in_forked_worker(timeout_s: float = 60.0) -> ForkedCudaDemo:
         right_pattern_ok=bool(out.get("right_ok")),
         right_pattern_text=str(out.get("right_text", "not run (no fork on this platform)")),
         lock_held_in_child=out.get("lock_held_in_child"), fork_warning=out.get("fork_warning"),
-        stderr_tail=proc.stderr[-500:] if proc.returncode else "")
+        stderr_tail=proc.stderr[-500:] if proc.returncode else "", cuda_build=out.get("cuda_build"))
 
 
 # --------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from course_utils.graders import ex04_prefetcher as G
 from course_utils.grading import CheckResult, ExerciseFailed, check, exercise_ids
 from course_utils.transfer import DevicePrefetcher, move_to_device
 
@@ -209,3 +210,64 @@ def test_on_cuda_a_missing_wait_stream_races_and_a_synchronous_copy_does_not_ove
 
     with pytest.raises(ExerciseFailed, match="did not overlap"):
         check("04.prefetcher", LookaheadButSynchronous)
+
+
+# ---- the race check: every pass and batch holds its own values ---------------------------------
+
+
+class ReplaysItsFirstCopies(Base):
+    """Hands out what it copied the first time it saw each batch: what a cached block that
+    still holds an earlier pass's batch looks like to the consumer."""
+
+    copies: dict = {}
+
+    def __iter__(self):
+        for k, (images, labels) in enumerate(self.loader):
+            cached = self.copies.setdefault(k, (images.to(self.device).clone(), labels.clone()))
+            yield cached
+
+
+def test_race_fills_differ_for_every_pass_and_batch():
+    values = [G._race_fill(p, k) for p in range(len(G._RACE_PASSES)) for k in range(G._RACE_BATCHES)]
+    assert len(set(values)) == len(values) and all(1 <= v <= 250 for v in values)
+
+
+def test_race_check_logic_on_cpu_catches_stale_batches():
+    cpu = torch.device("cpu")
+    assert G._cuda_race_check(DevicePrefetcher, cpu, 1)["race_reads"] == 5 * 8
+    ReplaysItsFirstCopies.copies = {}
+    with pytest.raises(ExerciseFailed, match="a race") as info:
+        G._cuda_race_check(ReplaysItsFirstCopies, cpu, 1)
+    assert "32 wrong reads over 5 passes" in info.value.seen       # all but the first pass
+
+
+class NoRecordStream(Base):
+    """The reference with wait_stream but without record_stream: a batch's memory can be given
+    to a later copy while the current stream has still to read it."""
+
+    def __iter__(self):
+        stream = torch.cuda.Stream(self.device)
+        it = iter(self.loader)
+        end = object()
+
+        def preload():
+            batch = next(it, end)
+            if batch is end:
+                return end
+            with torch.cuda.stream(stream):
+                return move_to_device(batch, self.device)
+
+        nxt = preload()
+        while nxt is not end:
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            batch = nxt
+            nxt = preload()
+            yield batch
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA streams")
+def test_on_cuda_a_missing_record_stream_is_caught_and_the_reference_passes():
+    assert G._cuda_race_check(DevicePrefetcher, torch.device("cuda"), 32)["race_busy_passes"] == 2
+    with pytest.raises(ExerciseFailed, match="race") as info:
+        G._cuda_race_check(NoRecordStream, torch.device("cuda"), 32)
+    assert "record_stream" in info.value.hint

@@ -12,8 +12,8 @@ import torch
 matplotlib.use("Agg")
 
 from course_utils import transfer as T
-from course_utils.transfer import (KIB, MIB, BandwidthSweep, DevicePrefetcher, bandwidth_sweep,
-                                   compare_prefetch, cuda_in_forked_worker, max_transfer_bytes,
+from course_utils.transfer import (KIB, MIB, BandwidthSweep, DevicePrefetcher, ForkedCudaDemo,
+                                   bandwidth_sweep, compare_prefetch, cuda_in_forked_worker, max_transfer_bytes,
                                    measure_overlap, mismeasured_copy, move_to_device,
                                    pin_memory_cost, resolve_device, sweep_sizes, time_op,
                                    torch_fork_error_message, uint8_vs_float32)
@@ -254,12 +254,59 @@ def test_cuda_in_forked_worker_runs_in_a_subprocess():
     assert not demo.timed_out and demo.fork_available
     assert demo.worker_error                       # the exact text the worker raised here
     assert demo.right_pattern_ok
-    assert demo.reproduced_cuda_error == CUDA
-    if not CUDA:
-        text = str(demo)
+    assert demo.parent_used_cuda == CUDA           # what the parent really did
+    assert demo.cuda_build == torch.version.cuda
+    # The CUDA fork error needs CUDA initialised in the parent: by using it, or (a CUDA build of
+    # torch, GPU or not) by torch.cuda.is_available() alone. A CPU build can never produce it.
+    if CUDA:
+        assert demo.reproduced_cuda_error
+    if torch.version.cuda is None:
+        assert not demo.reproduced_cuda_error
+    text = str(demo)
+    if demo.reproduced_cuda_error and not demo.parent_used_cuda:
+        assert "never used CUDA" in text and "the parent used CUDA" not in text
+    if not demo.reproduced_cuda_error:
         assert "QUOTED FROM" in text and "not produced here" in text
+    if not CUDA:
         assert demo.lock_held_in_child is True
     json.dumps(demo.to_dict())
+
+
+_CUDA_FORK_ERROR = ("RuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with "
+                    "multiprocessing, you must use the 'spawn' start method")
+
+
+@pytest.mark.parametrize("parent_used_cuda, build, words, not_words", [
+    (True, "13.0", ["the parent used CUDA"], ["never used CUDA"]),
+    (False, "13.0", ["never used CUDA", "CUDA 13.0 build", "torch.cuda.is_available()"],
+     ["the parent used CUDA"]),
+])
+def test_fork_demo_text_says_what_the_parent_really_did(parent_used_cuda, build, words, not_words):
+    # a CUDA build of torch on a GPU-less laptop (the default `pip install torch` on Linux)
+    # produces the CUDA fork error although the parent never used CUDA: the text must say so
+    demo = ForkedCudaDemo(cuda_available=parent_used_cuda, fork_available=True,
+                          parent_used_cuda=parent_used_cuda, worker_error=_CUDA_FORK_ERROR,
+                          worker_error_full=_CUDA_FORK_ERROR, torch_message=None,
+                          torch_message_source="torch/cuda/__init__.py", right_pattern_ok=True,
+                          right_pattern_text="2 forked workers returned CPU tensors",
+                          lock_held_in_child=None, fork_warning=None, cuda_build=build)
+    assert demo.reproduced_cuda_error
+    text = str(demo)
+    for word in words:
+        assert word in text, text
+    for word in not_words:
+        assert word not in text, text
+
+
+def test_fork_demo_text_on_a_cpu_build_quotes_the_error():
+    demo = ForkedCudaDemo(cuda_available=False, fork_available=True, parent_used_cuda=False,
+                          worker_error="AssertionError: Torch not compiled with CUDA enabled",
+                          worker_error_full=None, torch_message="Cannot re-initialize CUDA in forked subprocess.",
+                          torch_message_source="torch/cuda/__init__.py", right_pattern_ok=True,
+                          right_pattern_text="ok", lock_held_in_child=True, fork_warning=None,
+                          cuda_build=None)
+    text = str(demo)
+    assert "CPU-only build" in text and "QUOTED FROM" in text and "never used CUDA" not in text
 
 
 def test_cuda_in_forked_worker_never_hangs():
@@ -305,3 +352,37 @@ def test_plot_sweeps_and_reference_summary():
                  "float32 copy", "DevicePrefetcher", "stand-in text", "not measured: pin_cost"):
         assert part in text, part
     assert "gpu-check" in T.reference_summary(None)
+
+
+def test_time_op_records_cuda_events_on_the_devices_own_stream(monkeypatch):
+    # no GPU needed: stand-ins for the stream, the events and the synchronize show where
+    # time_op records its events (cuda:1's current stream, not the current device's)
+    streams: dict = {}
+    recorded: list = []
+
+    class FakeEvent:
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+
+        def record(self, stream=None):
+            recorded.append(stream)
+            self.at = len(recorded)
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return 2.0 * (end.at - self.at)                    # milliseconds
+
+    def current_stream(device=None):
+        return streams.setdefault(str(device), object())
+
+    synced = []
+    monkeypatch.setattr(T.torch.cuda, "current_stream", current_stream)
+    monkeypatch.setattr(T.torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(T, "synchronize", lambda device: synced.append(torch.device(device)))
+    times = time_op(lambda: None, device="cuda:1", repeats=3, warmup=1, inner=2)
+    assert times == [pytest.approx(1e-3)] * 3                 # 2 ms per repeat, 2 calls each
+    assert len(recorded) == 6 and all(s is streams["cuda:1"] for s in recorded)
+    assert list(streams) == ["cuda:1"]
+    assert synced == [torch.device("cuda:1")]

@@ -21,9 +21,12 @@ Only on CUDA (it cannot be observed elsewhere):
 
 * the copy of batch k+1 must overlap the compute on batch k — timed with a slow copy (large
   pinned batches) and a compute step calibrated to take about as long;
-* the current stream must wait for the copy stream before a batch is used — checked by reading
-  every batch on the current stream the moment it arrives (a missing ``wait_stream`` reads a
-  half-copied batch).
+* the current stream must wait for the copy stream before a batch is used, and a batch's
+  memory must not be reused while the current stream still reads it — checked by reading every
+  batch on the current stream as it arrives, each pass and batch filled with its own value (so
+  a reused block holding an earlier batch cannot pass for it): at once (a missing
+  ``wait_stream`` reads a half-copied batch) and behind a busy current stream (a missing
+  ``record_stream`` lets a later copy overwrite a batch before it is read).
 
 On other devices the result says plainly which of these it could not check.
 """
@@ -285,35 +288,88 @@ def _check_lookahead(pulled: list[int], n: int) -> None:
 # CUDA-only checks
 # --------------------------------------------------------------------------------------
 
-def _cuda_race_check(answer: Any, device: torch.device, mib: int) -> dict:
-    """Read each batch on the current stream the moment it arrives; a missing wait_stream
-    reads a batch whose copy has not finished."""
+#: The race check's passes over 8 batches: False reads each batch the moment it arrives (a
+#: missing ``wait_stream`` reads a half-copied batch); True first keeps the current stream busy
+#: for about four copies, so the side stream runs ahead (a missing ``record_stream`` lets the
+#: caching allocator give a batch's memory to a later copy before the current stream read it).
+_RACE_PASSES = (False, False, False, True, True)
+_RACE_BATCHES = 8
+
+
+def _race_fill(pass_index: int, batch_index: int, n_batches: int = _RACE_BATCHES) -> int:
+    """The value of every pixel of batch ``batch_index`` in pass ``pass_index``: 1..250, a
+    different one for every (pass, batch) of the check, so memory that still holds another
+    batch or an earlier pass (a block the caching allocator handed out again) never reads as
+    the batch expected."""
+    return 1 + (pass_index * n_batches + batch_index) % 250
+
+
+def _cuda_race_check(answer: Any, device: torch.device, mib: int,
+                     passes: tuple[bool, ...] = _RACE_PASSES) -> dict:
+    """Read every batch on the current stream as it arrives and compare it with the value it
+    was filled with in this pass (see :data:`_RACE_PASSES` and :func:`_race_fill`).
+
+    The real check needs CUDA streams; on another device the same code runs without pinning,
+    streams or a busy current stream (the tests use that to check the logic).
+    """
+    from ..transfer import _calibrated_compute, _median, synchronize, time_op
+
+    cuda = device.type == "cuda"
+    n = _RACE_BATCHES
     per = max(1, mib * 1024 * 1024 // (3 * 64 * 64))
-    loader = _RecordingLoader(8, per, shape=(3, 64, 64), pin=True, fill="constant")
-    flags: list[torch.Tensor] = []
-
-    def on_batch(batch: Any) -> None:
-        images, _ = _split(batch, len(flags))
-        flags.append((images == (len(flags) % 250) + 1).all())
-
-    results = []
-    for _ in range(3):
-        flags.clear()
-        prefetcher = _build(answer, loader, device)
-        _run_pass(prefetcher, loader, device, on_batch=on_batch)
-        torch.cuda.synchronize(device)
-        results.append([bool(f.item()) for f in flags])
-    bad = [k for r in results for k, ok in enumerate(r) if not ok]
+    loader = _RecordingLoader(n, per, shape=(3, 64, 64), pin=cuda, fill="constant")
+    busy: Callable[[], Any] | None = None
+    if cuda and any(passes):
+        first = loader.batches[0][0]
+        dst = torch.empty(first.shape, dtype=first.dtype, device=device)
+        copy_s = _median(time_op(lambda: dst.copy_(first, non_blocking=True), device=device,
+                                 repeats=3))
+        busy = _calibrated_compute(device, 4 * copy_s)
+        del dst
+    end = object()
+    bad: list[tuple[int, int]] = []
+    for p, lagging in enumerate(passes):
+        for k, (host_images, _) in enumerate(loader.batches):
+            host_images.fill_(_race_fill(p, k, n))   # the last pass was synchronised: no copy reads it
+        flags: list[torch.Tensor] = []
+        it = iter(_build(answer, loader, device))
+        while len(flags) < n:
+            try:
+                batch = next(it, end)
+            except NotImplementedError:
+                raise
+            except Exception as exc:
+                raise _fail(f"iterating raised {type(exc).__name__}: {exc}",
+                            hint="run a loop over your Prefetcher in a cell of its own and read "
+                                 "the traceback.") from exc
+            if batch is end:
+                break
+            images, _ = _split(batch, len(flags))
+            if lagging and busy is not None:
+                busy()                                # the current stream falls behind the copies
+            flags.append((images == _race_fill(p, len(flags), n)).all())
+            del batch, images                         # free it, as a training loop does
+        synchronize(device)
+        bad += [(p, k) for k, ok in enumerate(flags) if not bool(ok.item())]
     if bad:
-        raise _fail("batches were read before their copy had finished (a race).",
-                    expected="every batch complete when the consumer first reads it",
-                    seen=f"{len(bad)} incomplete reads over 3 passes of 8 batches "
-                         f"({mib} MiB each)",
-                    hint="before handing out a batch copied on the side stream, make the current "
-                         "stream wait for it: torch.cuda.current_stream().wait_stream(stream); "
-                         "and call tensor.record_stream(torch.cuda.current_stream()) on its "
-                         "tensors so their memory is not reused too early.")
-    return {"race_reads": 3 * 8}
+        early = any(not passes[p] for p, _ in bad)
+        hint = ("before handing out a batch copied on the side stream, make the current stream "
+                "wait for it: torch.cuda.current_stream().wait_stream(stream); and call "
+                "tensor.record_stream(torch.cuda.current_stream()) on its tensors so their memory "
+                "is not reused too early.")
+        if not early:
+            hint = ("every batch was complete when read at once, but not when the current stream "
+                    "was busy: its memory was reused for a later copy before the current stream "
+                    "read it. Call tensor.record_stream(torch.cuda.current_stream()) on every "
+                    "tensor of a batch before handing it out.")
+        raise _fail("batches were read before their copy had finished, or after their memory "
+                    "was reused for another batch (a race).",
+                    expected="every batch complete, with this pass's values, when the consumer "
+                             "reads it",
+                    seen=f"{len(bad)} wrong reads over {len(passes)} passes of {n} batches "
+                         f"({mib} MiB each; {sum(passes)} passes with a busy current stream)",
+                    hint=hint)
+    return {"race_reads": len(passes) * n, "race_busy_passes": sum(passes)}
 
 
 def _cuda_overlap_check(answer: Any, device: torch.device, mib: int, threshold: float) -> dict:
@@ -439,8 +495,8 @@ def grade_prefetcher(answer: Any, *, device: Any = None, n_batches: int = 6, bat
     details: dict[str, Any] = {"device": str(dev), "batches": n_batches}
     if dev.type == "cuda" and cuda_checks:
         details.update(_cuda_race_check(answer, dev, copy_mib))
-        checked.append("no batch read before its copy finished (the current stream waits for the "
-                       "copy stream)")
+        checked.append("no batch read before its copy finished or after its memory was reused "
+                       "(wait_stream and record_stream)")
         details.update(_cuda_overlap_check(answer, dev, copy_mib, overlap_threshold))
         checked.append(f"copies overlapped compute: {details['overlap_saved']:.0%} of the hideable "
                        f"copy time hidden (plain loop {details['plain_ms']:.1f} ms, yours "
@@ -450,8 +506,10 @@ def grade_prefetcher(answer: Any, *, device: Any = None, n_batches: int = 6, bat
         not_checked.append(f"that copies overlap compute ({why}: only CUDA streams let a copy run "
                            f"while a kernel computes, so timing here cannot tell a synchronous "
                            f"copy from an overlapped one)")
-        not_checked.append("that the current stream waits for the copy stream (a missing "
-                           "wait_stream only shows as wrong values racing on a GPU)")
+        not_checked.append("that the current stream waits for the copy stream and that a "
+                           "batch's memory is not reused while it is read (a missing "
+                           "wait_stream or record_stream only shows as wrong values racing "
+                           "on a GPU)")
     summary = "checked: " + "; ".join(checked) + "."
     if not_checked:
         summary += " NOT checked on this device: " + "; ".join(not_checked) + "."
