@@ -13,6 +13,9 @@
 #   LAB_ARGS         extra JupyterLab arguments, e.g. LAB_ARGS="--no-browser --port 8899"
 #   PYTEST_ARGS      extra pytest arguments, e.g. PYTEST_ARGS="-x -k threads"
 #   PYTEST_WORKERS   parallel test processes (default 2; 0 runs everything in one process)
+#   START_METHOD     force the default multiprocessing start method of every process of the
+#                    test run (fork, forkserver or spawn), e.g. make test START_METHOD=forkserver
+#                    to test what Python >= 3.14 on Linux does (tools/start_method/sitecustomize.py)
 #   BROWSER_CHECK_ARGS  options for make browser-check, e.g. "notebooks/03_num_workers.ipynb --timeout 900"
 #                    (see .venv/bin/python tools/browser_check.py --help)
 #   RUNTIMES_ARGS    options for make runtimes, e.g. "--quick-only --lessons 00 03"
@@ -30,6 +33,8 @@ CELL_TIMEOUT ?= 300
 # Two pytest processes; --dist loadscope keeps each notebook's cells in one kernel, in order.
 # Kernels start over IPC, not TCP ports (course_utils/kernels.py says why).
 PYTEST_WORKERS ?= 2
+START_METHOD ?=
+FORCE_START := $(if $(START_METHOD),COURSE_FORCE_START_METHOD=$(START_METHOD) PYTHONPATH="$(CURDIR)/tools/start_method$${PYTHONPATH:+:$$PYTHONPATH}")
 STAMP := $(VENV)/.installed
 BROWSER_STAMP := $(VENV)/.installed-browser
 BROWSER_CHECK_ARGS ?=
@@ -59,7 +64,7 @@ lab: install
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" $(ALLOW_ROOT) $(LAB_ARGS) notebooks/00_measure_first.ipynb
 
 test: install
-	COURSE_QUICK=1 MPLBACKEND=Agg $(PY) -m pytest tests notebooks solutions \
+	COURSE_QUICK=1 MPLBACKEND=Agg $(FORCE_START) $(PY) -m pytest tests notebooks solutions \
 	  --nbval-lax --nbval-cell-timeout=$(CELL_TIMEOUT) -p course_utils._nbval_kernels \
 	  -n $(PYTEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 

@@ -28,6 +28,8 @@ __all__ = [
     "accelerator",
     "default_device",
     "start_method",
+    "platform_default_start_method",
+    "explain_start_method",
     "DoctorReport",
     "doctor",
     "machine_summary",
@@ -193,9 +195,78 @@ def start_method() -> str:
     name = getattr(default, "_name", None)
     if name:
         return str(name)
-    if sys.platform in ("darwin", "win32"):  # pragma: no cover - fallback only
+    return platform_default_start_method()  # pragma: no cover - fallback only
+
+
+def platform_default_start_method(platform_name: str | None = None,
+                                  version: tuple[int, int] | None = None) -> str:
+    """What Python picks by default on ``platform_name`` (``sys.platform``) at ``version``.
+
+    ``spawn`` on macOS and Windows; on Linux and other POSIX systems ``fork`` up to Python 3.13
+    and ``forkserver`` from Python 3.14 on.
+    """
+    name = sys.platform if platform_name is None else platform_name
+    major_minor = tuple(sys.version_info[:2]) if version is None else tuple(version)
+    if name in ("darwin", "win32"):
         return "spawn"
-    return "forkserver" if sys.version_info >= (3, 14) else "fork"  # pragma: no cover
+    return "forkserver" if major_minor >= (3, 14) else "fork"
+
+
+_START_METHOD_CASES = {
+    "fork": (
+        "Each worker is a copy of this process, made when the loader starts its workers. It "
+        "inherits everything defined here (a Dataset class written in a notebook cell works), "
+        "the thread settings made here, and the state of every thread pool. CUDA initialised "
+        "here - by using it, or with a CUDA build of torch by torch.cuda.is_available() alone - "
+        "cannot be used in a worker: keep CUDA out of workers."),
+    "forkserver": (
+        "Each worker is forked from one server process that multiprocessing starts once, the "
+        "first time it is needed. The server imported little (only the modules named by "
+        "multiprocessing.set_forkserver_preload), so workers inherit nothing of this process: a "
+        "Dataset, collate_fn or worker_init_fn defined in a notebook cell cannot be pickled to "
+        "them (\"Can't get attribute ... on <module '__main__'>\") and must live in an importable "
+        "module; settings made here (torch.set_num_threads, cv2.setNumThreads, threadpoolctl "
+        "limits) are not inherited; unless torch is preloaded into the server, every worker "
+        "imports torch itself. CUDA in a worker works (the server never initialised it), but each "
+        "worker then builds its own CUDA context - GPU memory and seconds of start-up per "
+        "worker: wasteful; copy batches to the GPU in the main process."),
+    "spawn": (
+        "Each worker is a fresh Python interpreter that imports everything it runs: a Dataset, "
+        "collate_fn or worker_init_fn defined in a notebook cell cannot be pickled to it and must "
+        "live in an importable module; nothing set in this process is inherited; start-up costs "
+        "a torch import per worker (use persistent_workers=True). CUDA in a worker works, but "
+        "each worker builds its own CUDA context: wasteful; copy in the main process."),
+}
+
+
+def explain_start_method(method: str | None = None) -> str:
+    """A few sentences on how DataLoader workers start with ``method`` and what follows.
+
+    ``method`` defaults to :func:`start_method` (what a DataLoader without
+    ``multiprocessing_context`` uses here). The text says whether that is this platform's and
+    Python version's default, and what the learner's case means for notebook-defined code,
+    inherited settings and CUDA in workers.
+    """
+    here = start_method()
+    method = here if method is None else method
+    if method not in _START_METHOD_CASES:
+        raise ValueError(f"method={method!r} is not a start method; use one of "
+                         f"{sorted(_START_METHOD_CASES)} (or None for this process's default).")
+    py = f"Python {sys.version_info[0]}.{sys.version_info[1]}"
+    default = platform_default_start_method()
+    if method != here:
+        head = f"With '{method}' (not this process's default, which is '{here}'):"
+    elif here == default:
+        head = (f"DataLoader workers here start with '{here}', the default of {py} on "
+                f"{platform.system() or sys.platform} (Linux: fork up to Python 3.13, forkserver "
+                f"from 3.14; macOS and Windows: spawn).")
+    else:
+        head = (f"DataLoader workers here start with '{here}', set for this process (the default "
+                f"of {py} on {platform.system() or sys.platform} would be '{default}').")
+    case = _START_METHOD_CASES[method]
+    if method != here:
+        case = case[0].lower() + case[1:]
+    return head + " " + case
 
 
 # --------------------------------------------------------------------------------------
@@ -373,11 +444,27 @@ def advise(report: DoctorReport) -> list[str]:
             f"the main process."
         )
 
-    if report.start_method in ("spawn", "forkserver"):
+    if acc.kind == "cpu" and getattr(torch.version, "cuda", None) and report.start_method == "fork":
         advice.append(
-            f"Workers start with '{report.start_method}': every Dataset, collate_fn and "
-            f"worker_init_fn must live in an importable module (like course_utils), not in the "
-            f"notebook; each worker imports torch afresh, so consider persistent_workers=True."
+            f"This torch is a CUDA {torch.version.cuda} build on a machine without a usable GPU: "
+            f"torch.cuda.is_available() alone initialises CUDA here, after which a forked worker "
+            f"that touches CUDA raises 'Cannot re-initialize CUDA in forked subprocess'. Keep "
+            f"CUDA out of workers (a CPU-only build is also ~10x smaller)."
+        )
+
+    if report.start_method == "forkserver":
+        advice.append(
+            "Workers start with 'forkserver': they are forked from one server process, not from "
+            "this one, so every Dataset, collate_fn and worker_init_fn must live in an importable "
+            "module (like course_utils), not in the notebook, and settings made in this process "
+            "are not inherited; unless torch is preloaded into the server each worker imports it "
+            "itself, so consider persistent_workers=True."
+        )
+    elif report.start_method == "spawn":
+        advice.append(
+            "Workers start with 'spawn': every Dataset, collate_fn and worker_init_fn must live "
+            "in an importable module (like course_utils), not in the notebook; each worker is a "
+            "fresh interpreter that imports torch afresh, so consider persistent_workers=True."
         )
     elif report.start_method == "fork":
         advice.append(

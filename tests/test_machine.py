@@ -21,7 +21,9 @@ from course_utils.machine import (
     cpu_info,
     default_device,
     doctor,
+    explain_start_method,
     machine_summary,
+    platform_default_start_method,
     start_method,
     usable_cpus,
 )
@@ -268,5 +270,49 @@ def test_machine_summary_is_one_line():
     assert re.fullmatch(rf"{cpu.usable} usable CPUs? \(of {cpu.logical}\)", parts[1])
     assert parts[2].startswith(f"torch {torch.__version__.split('+')[0]} ")
     if not torch.cuda.is_available() and accelerator().kind == "cpu":
-        assert parts[2].endswith(" cpu") and parts[3] == "no GPU"
+        # the default `pip install torch` on Linux is a CUDA build, also on a GPU-less laptop
+        build = f"cuda {torch.version.cuda}" if torch.version.cuda else "cpu"
+        assert parts[2].endswith(" " + build) and parts[3] == "no GPU"
     assert parts[4] == f"start: {start_method()}"
+
+
+@pytest.fixture
+def fake_cuda_build_without_gpu(monkeypatch):
+    """This process looks like the default Linux torch (a CUDA build) on a machine with no GPU."""
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None:
+        monkeypatch.setattr(mps, "is_available", lambda: False)
+
+
+def test_summary_and_doctor_with_a_cuda_build_and_no_gpu(fake_cuda_build_without_gpu):
+    parts = machine_summary().split(" | ")
+    assert parts[2].endswith(" cuda 13.0") and parts[3] == "no GPU"
+    report = doctor()
+    assert report.accelerator.kind == "cpu"
+    text = str(report)
+    assert "CUDA 13.0" in text
+    if report.start_method == "fork":
+        assert any("torch.cuda.is_available() alone initialises CUDA" in a for a in report.advice)
+
+
+@pytest.mark.parametrize("platform_name, version, expected", [
+    ("linux", (3, 10), "fork"), ("linux", (3, 13), "fork"), ("linux", (3, 14), "forkserver"),
+    ("linux", (3, 15), "forkserver"), ("darwin", (3, 11), "spawn"), ("win32", (3, 14), "spawn"),
+])
+def test_platform_default_start_method(platform_name, version, expected):
+    assert platform_default_start_method(platform_name, version) == expected
+
+
+def test_explain_start_method_describes_the_learners_case():
+    here = explain_start_method()
+    assert f"'{start_method()}'" in here
+    fork, server, spawn = (explain_start_method(m) for m in ("fork", "forkserver", "spawn"))
+    assert "copy of this process" in fork and "cannot be used in a worker" in fork
+    assert "one server process" in server and "not inherited" in server
+    assert "fresh interpreter" not in server          # forkserver is not spawn
+    assert "CUDA in a worker works" in server and "wasteful" in server
+    assert "fresh Python interpreter" in spawn and "importable module" in spawn
+    with pytest.raises(ValueError, match="method="):
+        explain_start_method("threads")

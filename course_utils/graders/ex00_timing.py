@@ -91,6 +91,21 @@ def grade_time_loader(time_loader: Callable[..., Any], *, latency_s: float = 0.0
     if _near(value, honest):
         return CheckResult(EXERCISE, f"{value:.1f} samples/s, honest measurement {honest:.1f} "
                                      f"samples/s (ratio {value / honest:.2f}).", details)
+    # What the function did with the loader comes first: a timing without warm-up (or with a
+    # fresh iterator) can land anywhere below the honest rate - under forkserver or spawn, where
+    # each worker also imports torch, near honest / batch_size, which would look like a unit slip.
+    no_warmup = recorder.batches_per_iterator[0] < warmup_batches + batches
+    if value < honest and (recorder.iterators > 1 or no_warmup):
+        if recorder.iterators > 1:
+            hint = ("you made a new iterator after the warm-up: each new iterator starts fresh "
+                    "workers and pays their start-up again. Warm up and time the same iterator.")
+        else:
+            hint = (f"pull `warmup_batches` batches before starting the clock: the first batch "
+                    f"pays worker start-up (here {startup_s:.1f} s plus starting the process), "
+                    f"which a training run pays once, not every step.")
+        raise ExerciseFailed(EXERCISE, "too slow: the timing includes work that is not steady-state "
+                                       "loading.", expected=f"about {honest:.4g} samples/s", seen=seen,
+                             hint=hint)
     if _near(value, honest / batch_size):
         raise ExerciseFailed(EXERCISE, "wrong unit: this looks like batches per second.",
                              expected="samples per second", seen=seen,
@@ -103,19 +118,10 @@ def grade_time_loader(time_loader: Callable[..., Any], *, latency_s: float = 0.0
                                  expected="samples per second (a rate: bigger is faster)", seen=seen,
                                  hint="return samples / elapsed_seconds, not elapsed / samples.")
     if value < honest:
-        if recorder.iterators > 1:
-            hint = ("you made a new iterator after the warm-up: each new iterator starts fresh "
-                    "workers and pays their start-up again. Warm up and time the same iterator.")
-        elif recorder.batches_per_iterator[0] < warmup_batches + batches:
-            hint = (f"pull `warmup_batches` batches before starting the clock: the first batch "
-                    f"pays worker start-up (here {startup_s:.1f} s), which a training run pays once, "
-                    f"not every step.")
-        else:
-            hint = ("start the clock after the warm-up batches and stop it right after the last "
-                    "timed batch arrives; don't time anything else.")
         raise ExerciseFailed(EXERCISE, "too slow: the timing includes work that is not steady-state "
                                        "loading.", expected=f"about {honest:.4g} samples/s", seen=seen,
-                             hint=hint)
+                             hint="start the clock after the warm-up batches and stop it right after "
+                                  "the last timed batch arrives; don't time anything else.")
     raise ExerciseFailed(EXERCISE, "too fast: the timing missed work the loader really does.",
                          expected=f"about {honest:.4g} samples/s", seen=seen,
                          hint="stop the clock after the last timed batch has arrived, and count "
