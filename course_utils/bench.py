@@ -1029,6 +1029,9 @@ def measure_data_wait(loader: Iterable, step_fn: Callable[[Any], Any], *,
     ``steps`` defaults to the rest of the epoch (at most 10 in quick mode). On CUDA the device is
     synchronised before each clock reading, so the copy counts as wait and queued GPU work counts
     in the step it belongs to (this also stops the GPU running ahead, as ``loss.item()`` would).
+    On a GPU the fraction is therefore an upper bound: the forced syncs keep the CPU from queueing
+    the next step while the GPU still works, so loading cannot overlap the GPU's last kernels.
+    On a CPU the step is synchronous anyway and the fraction is what the loop really waited.
     """
     if not hasattr(loader, "__iter__"):
         raise TypeError(f"loader must be iterable (e.g. a torch.utils.data.DataLoader), got "

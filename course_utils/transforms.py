@@ -649,18 +649,37 @@ def output_difference(a: Any, b: Any, params: Optional[PipelineParams] = None) -
 # batched normalisation (main process or GPU)
 # --------------------------------------------------------------------------------------------
 
+# The two per-channel constants of normalize_batch, kept on each device once: moving a CPU
+# tensor to the GPU inside a step (``.to('cuda')`` of pageable memory) is a blocking copy, a
+# hidden synchronisation that would make every call wait for the GPU to drain its queue.
+_NORMALIZE_CONSTANTS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _normalize_constants(params: PipelineParams, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(shift, scale), each (3, 1, 1) float32 on ``device``; made once per device and params."""
+    key = (str(device), tuple(params.mean), tuple(params.std))
+    hit = _NORMALIZE_CONSTANTS.get(key)
+    if hit is None:
+        if len(_NORMALIZE_CONSTANTS) > 16:
+            _NORMALIZE_CONSTANTS.clear()
+        shift, scale = _torch_scale_shift(params.mean, params.std)
+        hit = (shift.to(device), scale.to(device))
+        _NORMALIZE_CONSTANTS[key] = hit
+    return hit
+
+
 def normalize_batch(batch: torch.Tensor, params: Optional[PipelineParams] = None) -> torch.Tensor:
     """(N, 3, H, W) uint8 batch -> float32 ``(x / 255 - mean) / std``, on the batch's device.
 
     The last stage of the "uint8 until the GPU" pipeline: one conversion per batch, where the
-    batch is (on the GPU in training; here wherever ``batch`` lives).
+    batch is (on the GPU in training; here wherever ``batch`` lives). The two constants are
+    cached per device, so a call queues kernels only and never waits for the device.
     """
     params = _params(params, "normalize_batch")
     if not isinstance(batch, torch.Tensor) or batch.dim() != 4 or batch.shape[1] != 3:
         raise TypeError(f"normalize_batch: batch must be an (N, 3, H, W) tensor, got "
                         f"{getattr(batch, 'shape', type(batch).__name__)}.")
-    shift, scale = _torch_scale_shift(params.mean, params.std)
-    shift, scale = shift.to(batch.device), scale.to(batch.device)
+    shift, scale = _normalize_constants(params, batch.device)
     return batch.to(torch.float32).sub_(shift).mul_(scale)
 
 

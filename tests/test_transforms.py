@@ -322,3 +322,15 @@ def test_import_has_no_side_effects():
             "b = (torch.get_num_threads(), cv2.getNumThreads()); assert a == b, (a, b); print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_normalize_batch_keeps_its_constants_on_the_device_once():
+    # a constant moved to the GPU inside a step is a blocking copy (a hidden sync): cached per device
+    from course_utils.transforms import _normalize_constants
+    params = PipelineParams()
+    first = _normalize_constants(params, torch.device("cpu"))
+    assert all(a is b for a, b in zip(first, _normalize_constants(params, torch.device("cpu"))))
+    u8 = torch.randint(0, 256, (2, 3, 4, 4), dtype=torch.uint8)
+    again = normalize_batch(u8)
+    expected = (u8.float() / 255 - torch.tensor(IMAGENET_MEAN).view(3, 1, 1)) / torch.tensor(IMAGENET_STD).view(3, 1, 1)
+    assert torch.allclose(again, expected, atol=1e-5)
