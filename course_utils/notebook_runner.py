@@ -120,8 +120,8 @@ def run_notebook_cells(path: str | os.PathLike, *, log: Callable[[str], None] = 
     first cell that raises.
 
     The notebook is read with the json module (no nbformat). While it runs: quick mode
-    (quick mode, :data:`course_utils.config.QUICK_ENV`), ``MPLBACKEND=Agg``, the working directory and ``sys.path[0]`` are the
-    notebook's folder; all are put back afterwards. The hosted-install cell is skipped;
+    (:data:`course_utils.config.QUICK_ENV` set to 1), ``MPLBACKEND=Agg``, the working directory
+    and ``sys.path[0]`` are the notebook's folder; all are put back afterwards. The hosted-install cell is skipped;
     ``%%writefile`` is run, ``%matplotlib`` lines are dropped, any other IPython magic or shell
     escape fails its cell (:class:`UnsupportedMagic`). Figures are closed after each cell.
 
