@@ -1,9 +1,11 @@
 """Hosted notebook services (Google Colab, Kaggle): the first code cell that installs the course.
 
 A notebook opened on Colab starts in a machine that has torch but not ``course_utils``. Every
-lesson, solution and exercise notebook therefore starts with one code cell, written by
-:func:`sync_install_cells` from :func:`install_cell_source`, that installs the package from
-:data:`REPOSITORY_URL` when it runs on a hosted service and does nothing anywhere else.
+lesson, solution and exercise notebook therefore starts with one three-line code cell, written by
+:func:`sync_install_cells` from :func:`install_cell_source`, that runs ``%pip install`` from
+:data:`REPOSITORY_URL` when it runs on a hosted service and does nothing anywhere else. (pip's
+own message says why an install failed; on Kaggle it is usually "Internet" switched off in the
+notebook's settings.)
 
 :data:`REPOSITORY_URL` is the one place the repository address is set. After changing it, run
 ``python -m course_utils hosted-cell`` to rewrite the cell in every notebook (and
@@ -29,7 +31,12 @@ CELL_ID = "hosted-install"
 HOSTED_MARKERS = {"COLAB_RELEASE_TAG": "Google Colab", "COLAB_GPU": "Google Colab",
                   "KAGGLE_KERNEL_RUN_TYPE": "Kaggle"}
 
-_FIRST_LINE = "# Hosted notebooks (Google Colab, Kaggle) start without the course package:"
+#: The variables the cell itself tests (one per service keeps the cell short).
+CELL_MARKERS = ("COLAB_RELEASE_TAG", "KAGGLE_KERNEL_RUN_TYPE")
+
+_FIRST_LINE = "import os  # on Colab or Kaggle this cell installs the course; elsewhere it does nothing"
+#: First lines of earlier versions of the cell, so that ``hosted-cell`` replaces them too.
+_OLD_FIRST_LINES = ("# Hosted notebooks (Google Colab, Kaggle) start without the course package:",)
 
 
 def hosted_service(environ: Mapping[str, str] | None = None) -> str | None:
@@ -44,30 +51,18 @@ def hosted_service(environ: Mapping[str, str] | None = None) -> str | None:
 
 
 def install_cell_source(repository_url: str = REPOSITORY_URL) -> str:
-    """The source of the install cell: self-contained, since ``course_utils`` is not there yet."""
+    """The source of the install cell (three lines, an IPython ``%pip`` magic on the third).
+
+    Self-contained, since ``course_utils`` is not there yet; the address is written by
+    ``hosted-cell`` from :data:`REPOSITORY_URL`, its one home.
+    """
     if not isinstance(repository_url, str) or not repository_url.startswith(("https://", "git@")):
         raise ValueError(f"repository_url={repository_url!r} should be the https:// (or git@) "
                          f"address of the course repository.")
-    markers = ", ".join(repr(v) for v in HOSTED_MARKERS)
-    return (
-        f"{_FIRST_LINE}\n"
-        "# this cell installs it there and does nothing anywhere else. It is written by\n"
-        "# `python -m course_utils hosted-cell` from course_utils/hosted.py (the URL is set there).\n"
-        "import importlib, importlib.util, os, subprocess, sys\n"
-        "\n"
-        f'COURSE_REPOSITORY = "{repository_url}"\n'
-        f"HOSTED_MARKERS = ({markers})\n"
-        "HOSTED = any(v in os.environ for v in HOSTED_MARKERS) or \"google.colab\" in sys.modules\n"
-        "if HOSTED and importlib.util.find_spec(\"course_utils\") is None:\n"
-        "    print(f\"Hosted notebook: installing the course from {COURSE_REPOSITORY} (about a minute)\")\n"
-        "    pip = subprocess.run([sys.executable, \"-m\", \"pip\", \"install\", \"--quiet\",\n"
-        "                          f\"git+{COURSE_REPOSITORY}\"])\n"
-        "    if pip.returncode != 0:\n"
-        "        raise RuntimeError(f\"pip could not install the course from {COURSE_REPOSITORY} (its \"\n"
-        "                           \"message is above). On Kaggle, switch Internet on in the notebook's \"\n"
-        "                           \"settings; elsewhere check that the address opens in a browser.\")\n"
-        "    importlib.invalidate_caches()"
-    )
+    markers = ", ".join(f'"{v}"' for v in CELL_MARKERS)
+    return (f"{_FIRST_LINE}\n"
+            f"if {{{markers}}} & set(os.environ):\n"
+            f"    %pip install --quiet git+{repository_url}")
 
 
 def install_cell(repository_url: str = REPOSITORY_URL) -> dict:
@@ -84,7 +79,7 @@ def _source(cell: Mapping) -> str:
 def is_install_cell(cell: Mapping) -> bool:
     """True for a cell this module wrote (any version of it, any URL)."""
     return cell.get("cell_type") == "code" and (
-        cell.get("id") == CELL_ID or _source(cell).startswith(_FIRST_LINE))
+        cell.get("id") == CELL_ID or _source(cell).startswith((_FIRST_LINE, *_OLD_FIRST_LINES)))
 
 
 def with_install_cell(nb: dict, repository_url: str = REPOSITORY_URL) -> dict:

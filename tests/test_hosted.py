@@ -2,12 +2,11 @@
 a no-op off hosted services, and an install from the repository URL on them."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
+from IPython.core.inputtransformer2 import TransformerManager
 
 from course_utils import hosted
 from course_utils.__main__ import main
@@ -32,7 +31,7 @@ def test_every_notebook_starts_with_the_current_install_cell(path):
 def test_cell_source_names_the_url_once_and_compiles():
     source = hosted.install_cell_source("https://example.org/course")
     assert source.count("https://example.org/course") == 1
-    compile(source, "install-cell", "exec")
+    compile(TransformerManager().transform_cell(source), "install-cell", "exec")
 
 
 def test_bad_url_is_named():
@@ -40,35 +39,40 @@ def test_bad_url_is_named():
         hosted.install_cell_source("example.org/course")
 
 
-def _run_cell(monkeypatch, env: dict, has_package: bool, pip_status: int = 0) -> list:
+def _run_cell(monkeypatch, env: dict) -> list:
+    """Run the cell as IPython would (magics transformed) with a stand-in get_ipython."""
     calls = []
     for variable in hosted.HOSTED_MARKERS:
         monkeypatch.delenv(variable, raising=False)
     for variable, value in env.items():
         monkeypatch.setenv(variable, value)
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: (real_find_spec(name, *a) if has_package or
-                                          name != "course_utils" else None))
-    monkeypatch.setattr(subprocess, "run", lambda args, **kw: calls.append(args) or
-                        subprocess.CompletedProcess(args, pip_status))
-    exec(compile(hosted.install_cell_source(), "install-cell", "exec"), {})
+
+    class FakeShell:
+        def run_line_magic(self, name, line):
+            calls.append((name, line))
+
+    code = TransformerManager().transform_cell(hosted.install_cell_source())
+    exec(compile(code, "install-cell", "exec"), {"get_ipython": FakeShell})
     return calls
 
 
+def test_cell_is_three_short_lines():
+    lines = hosted.install_cell_source().splitlines()
+    assert len(lines) == 3 and max(len(line) for line in lines) <= 100, lines
+
+
 def test_cell_does_nothing_off_hosted_services(monkeypatch):
-    assert _run_cell(monkeypatch, {}, has_package=False) == []
+    assert _run_cell(monkeypatch, {}) == []
 
 
-def test_cell_does_nothing_when_the_package_is_there(monkeypatch):
-    assert _run_cell(monkeypatch, {"COLAB_RELEASE_TAG": "x"}, has_package=True) == []
+@pytest.mark.parametrize("variable", hosted.CELL_MARKERS)
+def test_cell_installs_from_the_repository_on_hosted_services(monkeypatch, variable):
+    calls = _run_cell(monkeypatch, {variable: "1"})
+    assert calls == [("pip", f"install --quiet git+{hosted.REPOSITORY_URL}")]
 
 
-@pytest.mark.parametrize("variable", sorted(hosted.HOSTED_MARKERS))
-def test_cell_installs_from_the_repository_on_hosted_services(monkeypatch, capsys, variable):
-    calls = _run_cell(monkeypatch, {variable: "1"}, has_package=False)
-    assert len(calls) == 1 and calls[0][-1] == f"git+{hosted.REPOSITORY_URL}"
-    assert "installing the course" in capsys.readouterr().out
+def test_every_service_the_course_names_is_tested_by_the_cell():
+    assert set(hosted.HOSTED_MARKERS.values()) == {hosted.HOSTED_MARKERS[v] for v in hosted.CELL_MARKERS}
 
 
 def test_hosted_service_names_the_service():
@@ -113,7 +117,9 @@ def test_cli_check_passes_on_the_repository(capsys, monkeypatch):
     assert "up to date" in capsys.readouterr().out
 
 
-def test_a_failed_install_says_what_to_do(monkeypatch):
-    with pytest.raises(RuntimeError, match="Kaggle, switch Internet on"):
-        _run_cell(monkeypatch, {"KAGGLE_KERNEL_RUN_TYPE": "Interactive"}, has_package=False,
-                  pip_status=1)
+def test_an_earlier_version_of_the_cell_is_recognised_and_replaced():
+    old = {"cell_type": "code", "id": "x", "metadata": {}, "outputs": [], "execution_count": None,
+           "source": "# Hosted notebooks (Google Colab, Kaggle) start without the course package:\n..."}
+    assert hosted.is_install_cell(old)
+    nb = hosted.with_install_cell({"cells": [old], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+    assert [c["source"] for c in nb["cells"]] == [hosted.install_cell_source()]

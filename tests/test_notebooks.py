@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+from IPython.core.inputtransformer2 import TransformerManager
 
 import course_utils
 from course_utils.grade_notebook import grade_notebook
@@ -53,7 +54,7 @@ def test_stored_without_outputs(path):
 @pytest.mark.parametrize("path", ALL, ids=_id)
 def test_imports_are_explicit_and_exist(path):
     for source in _cells(path, "code"):
-        code = "\n".join(l for l in source.splitlines() if not l.lstrip().startswith(("%", "!")))
+        code = TransformerManager().transform_cell(source)     # magics become plain calls
         for node in ast.walk(ast.parse(code)):
             if isinstance(node, ast.ImportFrom):
                 names = [a.name for a in node.names]
