@@ -44,6 +44,10 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from .config import pick
+from .machine import machine_summary
+from .start_methods import start_method
+
 __all__ = [
     "NOISY_IQR_FRACTION",
     "Measurement",
@@ -128,7 +132,6 @@ def _jsonable(value: Any) -> Any:
 
 
 def _machine() -> str:
-    from .machine import machine_summary
     return machine_summary()
 
 
@@ -658,12 +661,7 @@ def _loader_settings(loader: Any) -> dict:
     if getattr(loader, "num_workers", 0):
         ctx = getattr(loader, "multiprocessing_context", None)
         if ctx is None:
-            try:
-                from .machine import start_method
-                method = start_method()
-            except ImportError:  # pragma: no cover - machine.py always ships
-                import multiprocessing
-                method = multiprocessing.get_start_method(allow_none=True) or "default"
+            method = start_method()
         elif isinstance(ctx, str):
             method = ctx
         else:
@@ -681,8 +679,6 @@ def _default_label(loader: Any) -> str:
 
 def _plan_batches(loader: Any, batches: int | None, warmup: int, what: str) -> int | None:
     """How many batches to time per repeat (None: until the epoch ends)."""
-    from .config import pick
-
     try:
         n_total = len(loader)
     except TypeError:
@@ -948,13 +944,6 @@ class Comparison:
 
     def to_dict(self) -> dict:
         return {"baseline": self.baseline, "rows": [m.to_dict() for m in self.rows]}
-
-    def plot(self, ax: Any = None, metric: str = "samples_per_s") -> Any:
-        """Horizontal bar chart of ``metric`` for every row, ratios to the baseline written on the
-        bars; machine and shared settings in the title. Returns the matplotlib Axes."""
-        from .plots import plot_measurements
-
-        return plot_measurements(self.rows, metric=metric, ax=ax, baseline=self.baseline)
 
 
 def compare(measurements: Sequence[Measurement], baseline: int | str = 0) -> Comparison:

@@ -13,6 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from .bench import METRICS, Comparison, Measurement
+from .machine import machine_summary
+
 __all__ = ["figure_title", "plot_measurements", "plot_curve"]
 
 _METRIC_LABELS = {
@@ -36,7 +39,6 @@ _METRIC_SCALE = {"cpu_s_per_sample": 1e3, "peak_uss_bytes": 1e-6, "peak_pss_byte
 
 
 def _machine() -> str:
-    from .machine import machine_summary
     return machine_summary()
 
 
@@ -97,9 +99,12 @@ def plot_measurements(measurements: Sequence[Any], *, metric: str = "samples_per
     memory are single totals and have no error bar. Values are written next to the bars, with
     the ratio to row ``baseline`` when one is given. The title holds ``title`` (default: the
     metric), the machine and the settings shared by all bars. Returns the Axes.
+    ``measurements`` may also be a :class:`course_utils.bench.Comparison`: its rows, with its
+    baseline unless ``baseline`` is given.
     """
-    from .bench import METRICS, Measurement
-
+    if isinstance(measurements, Comparison):
+        baseline = measurements.baseline if baseline is None else baseline
+        measurements = measurements.rows
     if isinstance(measurements, Measurement):
         measurements = [measurements]
     rows = list(measurements)

@@ -55,6 +55,8 @@ import threadpoolctl
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
+from .start_methods import start_method
+
 __all__ = [
     "ThreadPools",
     "thread_pools",
@@ -556,8 +558,6 @@ def _resolve_context(multiprocessing_context: Any) -> tuple[Any, str]:
     from multiprocessing.context import BaseContext
 
     if multiprocessing_context is None:
-        from course_utils.machine import start_method
-
         return None, start_method()
     if isinstance(multiprocessing_context, BaseContext):
         return multiprocessing_context, multiprocessing_context.get_start_method()

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from course_utils import bench
 from course_utils.bench import (Comparison, DataWait, Measurement, batch_size_of, compare,
                                 measure, measure_data_wait, measure_loader)
+from course_utils.plots import plot_measurements
 
 from _helpers import TinyDataset
 
@@ -417,16 +418,16 @@ def test_compare_rejects_a_single_measurement():
         compare(_m("a", 1.0))
 
 
-def test_comparison_plot_returns_axes():
+def test_a_comparison_plots_with_its_baseline():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     c = compare([_m("slow", 1.0, cpu=0.002), _m("fast", 0.25, cpu=0.001)], baseline="slow")
-    ax = c.plot()
+    ax = plot_measurements(c)                      # a Comparison plots with its own baseline
     assert len(ax.patches) == 2
     assert "4.00x" in " ".join(t.get_text() for t in ax.texts)
-    ax2 = c.plot(metric="cpu_s_per_sample")
+    ax2 = plot_measurements(c, metric="cpu_s_per_sample")
     assert ax2.get_xlabel().startswith("CPU")
     plt.close("all")
 

@@ -1,0 +1,102 @@
+"""How DataLoader workers start here: the default start method, and what it means.
+
+The default depends on the platform and the Python version (``spawn`` on macOS and Windows;
+on Linux ``fork`` up to Python 3.13 and ``forkserver`` from 3.14), so the course never states
+it: it reads it (:func:`start_method`) and explains the learner's case
+(:func:`explain_start_method`). Lessons 00, 02, 03 and 04 print that explanation; ``doctor``
+uses the same facts. A module of its own so that ``threads`` and ``machine`` both use it.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import platform
+import sys
+
+__all__ = ["start_method", "platform_default_start_method", "explain_start_method"]
+
+
+def start_method() -> str:
+    """The start method new processes (and DataLoader workers) get by default.
+
+    Reads it without fixing it: ``multiprocessing.get_start_method()`` would lock the default
+    in, and a later ``set_start_method`` would then fail.
+    """
+    method = multiprocessing.get_start_method(allow_none=True)
+    if method:
+        return method
+    default = getattr(getattr(multiprocessing.context, "_default_context", None), "_default_context", None)
+    name = getattr(default, "_name", None)
+    if name:
+        return str(name)
+    return platform_default_start_method()  # pragma: no cover - fallback only
+
+
+def platform_default_start_method(platform_name: str | None = None,
+                                  version: tuple[int, int] | None = None) -> str:
+    """What Python picks by default on ``platform_name`` (``sys.platform``) at ``version``.
+
+    ``spawn`` on macOS and Windows; on Linux and other POSIX systems ``fork`` up to Python 3.13
+    and ``forkserver`` from Python 3.14 on.
+    """
+    name = sys.platform if platform_name is None else platform_name
+    major_minor = tuple(sys.version_info[:2]) if version is None else tuple(version)
+    if name in ("darwin", "win32"):
+        return "spawn"
+    return "forkserver" if major_minor >= (3, 14) else "fork"
+
+
+_START_METHOD_CASES = {
+    "fork": (
+        "Each worker is a copy of this process, made when the loader starts its workers. It "
+        "inherits everything defined here (a Dataset class written in a notebook cell works), "
+        "the thread settings made here, and the state of every thread pool. CUDA initialised "
+        "here - by using it, or with a CUDA build of torch by torch.cuda.is_available() alone - "
+        "cannot be used in a worker: keep CUDA out of workers."),
+    "forkserver": (
+        "Each worker is forked from one server process that multiprocessing starts once, the "
+        "first time it is needed. The server imported little (only the modules named by "
+        "multiprocessing.set_forkserver_preload), so workers inherit nothing of this process: a "
+        "Dataset, collate_fn or worker_init_fn defined in a notebook cell cannot be pickled to "
+        "them (\"Can't get attribute ... on <module '__main__'>\") and must live in an importable "
+        "module; settings made here (torch.set_num_threads, cv2.setNumThreads, threadpoolctl "
+        "limits) are not inherited; unless torch is preloaded into the server, every worker "
+        "imports torch itself. CUDA in a worker works (the server never initialised it), but each "
+        "worker then builds its own CUDA context - GPU memory and seconds of start-up per "
+        "worker: wasteful; copy batches to the GPU in the main process."),
+    "spawn": (
+        "Each worker is a fresh Python interpreter that imports everything it runs: a Dataset, "
+        "collate_fn or worker_init_fn defined in a notebook cell cannot be pickled to it and must "
+        "live in an importable module; nothing set in this process is inherited; start-up costs "
+        "a torch import per worker (use persistent_workers=True). CUDA in a worker works, but "
+        "each worker builds its own CUDA context: wasteful; copy in the main process."),
+}
+
+
+def explain_start_method(method: str | None = None) -> str:
+    """A few sentences on how DataLoader workers start with ``method`` and what follows.
+
+    ``method`` defaults to :func:`start_method` (what a DataLoader without
+    ``multiprocessing_context`` uses here). The text says whether that is this platform's and
+    Python version's default, and what the learner's case means for notebook-defined code,
+    inherited settings and CUDA in workers.
+    """
+    here = start_method()
+    method = here if method is None else method
+    if method not in _START_METHOD_CASES:
+        raise ValueError(f"method={method!r} is not a start method; use one of "
+                         f"{sorted(_START_METHOD_CASES)} (or None for this process's default).")
+    py = f"Python {sys.version_info[0]}.{sys.version_info[1]}"
+    default = platform_default_start_method()
+    if method != here:
+        head = f"With '{method}' (not this process's default, which is '{here}'):"
+    elif here == default:
+        head = (f"DataLoader workers here start with '{here}', the default of {py} on "
+                f"{platform.system() or sys.platform} (Linux: fork up to Python 3.13, forkserver "
+                f"from 3.14; macOS and Windows: spawn).")
+    else:
+        head = (f"DataLoader workers here start with '{here}', set for this process (the default "
+                f"of {py} on {platform.system() or sys.platform} would be '{default}').")
+    case = _START_METHOD_CASES[method]
+    if method != here:
+        case = case[0].lower() + case[1:]
+    return head + " " + case
