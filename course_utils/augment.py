@@ -59,6 +59,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
+from .device import synchronize
 from .transforms import IMAGENET_MEAN, IMAGENET_STD, PerProcessRandom
 
 __all__ = [
@@ -80,7 +81,6 @@ __all__ = [
     "levels_difference",
     "draw_statistics",
     "count_torch_calls",
-    "synchronize",
     "SmallCNN",
     "TrainStep",
     "PIPELINES",
@@ -747,20 +747,6 @@ def count_torch_calls(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tupl
     return result, int(_Count.calls)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type in ("cuda", "mps"):
-        synchronize(device)
-
-
-def synchronize(device: Any) -> None:
-    """Wait for the work queued on ``device`` (CUDA or MPS); nothing to wait for on the CPU."""
-    kind = torch.device(device).type
-    if kind == "cuda":
-        torch.cuda.synchronize(device)
-    elif kind == "mps":
-        torch.mps.synchronize()
-
-
 # --------------------------------------------------------------------------------------------
 # a small CNN and its training step
 # --------------------------------------------------------------------------------------------
@@ -1077,10 +1063,10 @@ def _compare_training(out: dict, base: Dataset, dev: torch.device, pipelines: Se
     x = torch.randn(batch_size, 3, image_side, image_side, device=dev)
     y = torch.randint(0, 10, (batch_size,), device=dev)
     step((x, y))
-    _sync(dev)
+    synchronize(dev)
     t0 = time.perf_counter()
     step((x, y))
-    _sync(dev)
+    synchronize(dev)
     one_step = time.perf_counter() - t0
     repeats = max(3, steps)
     if deadline is not None:

@@ -45,6 +45,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from .config import pick
+from .device import move_to_device, synchronizer
 from .machine import machine_summary
 from .start_methods import start_method
 
@@ -58,7 +59,6 @@ __all__ = [
     "compare",
     "DataWait",
     "measure_data_wait",
-    "to_device",
 ]
 
 #: A measurement is called noisy when its IQR is more than this fraction of its median.
@@ -340,56 +340,6 @@ class _TreeMonitor:
 # devices
 # --------------------------------------------------------------------------------------
 
-def _device_type(device: Any) -> str | None:
-    if device is None:
-        return None
-    import torch
-
-    try:
-        return torch.device(device).type
-    except (TypeError, RuntimeError) as exc:
-        raise ValueError(f"device={device!r} is not a device torch understands: use e.g. "
-                         f"'cpu', 'cuda', 'cuda:0' or 'mps'.") from exc
-
-
-def _make_sync(device: Any) -> Callable[[], None]:
-    """A function that waits for queued device work, or does nothing when none can be queued."""
-    import torch
-
-    kind = _device_type(device)
-    if kind == "cuda" or (kind is None and torch.cuda.is_available()
-                          and torch.cuda.is_initialized()):
-        if not torch.cuda.is_available():
-            raise ValueError(f"device={device!r} asks for CUDA but torch.cuda.is_available() is "
-                             f"False on this machine: use device='cpu' or device=None.")
-        dev = torch.device(device) if kind == "cuda" else None
-        return lambda: torch.cuda.synchronize(dev)
-    if kind == "mps":
-        mps = getattr(torch, "mps", None)
-        if mps is not None and torch.backends.mps.is_available():
-            return mps.synchronize
-    return lambda: None
-
-
-def to_device(batch: Any, device: Any) -> Any:
-    """Move every tensor in ``batch`` (tensors, tuples/lists, dicts, nested) to ``device``.
-
-    Copies are ``non_blocking`` only from pinned memory, the only case where that overlaps.
-    Other values are returned unchanged.
-    """
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=batch.is_pinned())
-    if isinstance(batch, Mapping):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
-        return type(batch)(*(to_device(v, device) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(v, device) for v in batch)
-    return batch
-
-
 # --------------------------------------------------------------------------------------
 # Measurement
 # --------------------------------------------------------------------------------------
@@ -578,7 +528,7 @@ def measure(fn: Callable[[], Any], *, items: int = 1, warmup: int = 1, repeats: 
     _check_int("repeats", repeats, 1)
     if settings is not None and not isinstance(settings, Mapping):
         raise TypeError(f"settings must be a dict of names to values, got {type(settings).__name__}.")
-    sync = _make_sync(device)
+    sync = synchronizer(device)
     if label is None:
         label = getattr(fn, "__name__", None) or type(fn).__name__
     all_settings: dict = {}
@@ -1030,14 +980,14 @@ def measure_data_wait(loader: Iterable, step_fn: Callable[[Any], Any], *,
     _check_int("steps", steps, 1, allow_none=True)
     _check_int("warmup_steps", warmup_steps, 0, allow_none=True)
     warmup_steps = _warmup_for(loader, warmup_steps)
-    sync = _make_sync(device)
+    sync = synchronizer(device)
     n_timed = _plan_batches(loader, steps, warmup_steps, "steps")
 
     def fetch(it: Any, pulled: int, strict: bool = True) -> Any:
         batch = _next_or_explain(it, pulled, warmup_steps, steps, "steps", strict=strict)
         if batch is _END or device is None:
             return batch
-        return to_device(batch, device)
+        return move_to_device(batch, device)
 
     wait: list[float] = []
     step: list[float] = []

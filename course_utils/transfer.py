@@ -35,7 +35,6 @@ import os
 import re
 import subprocess
 import sys
-import textwrap
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -48,13 +47,12 @@ from torch.utils.data import DataLoader, Dataset
 
 from .bench import _fmt_time
 from .config import pick
+from .device import (ALLOWED_DEVICES, move_to_device, resolve_device, synchronize, tensors_of,
+                     try_pin)
 
 __all__ = [
     "MODES",
-    "resolve_device",
-    "synchronize",
     "what_is_measured",
-    "try_pin",
     "time_op",
     "sweep_sizes",
     "max_transfer_bytes",
@@ -73,7 +71,6 @@ __all__ = [
     "torch_fork_error_message",
     "CudaTouchingDataset",
     "HostTensorDataset",
-    "move_to_device",
     "DevicePrefetcher",
     "PrefetchTiming",
     "compare_prefetch",
@@ -86,53 +83,11 @@ __all__ = [
 KIB, MIB, GIB = 1024, 1024**2, 1024**3
 #: The three copy sources of the bandwidth sweep.
 MODES = ("pageable", "pinned", "device")
-_ALLOWED_DEVICES = ("cpu", "cuda", "mps")
 
 
 # --------------------------------------------------------------------------------------
 # devices
 # --------------------------------------------------------------------------------------
-
-def _mps_available() -> bool:
-    mps = getattr(torch.backends, "mps", None)
-    return bool(mps is not None and mps.is_available())
-
-
-def resolve_device(device: Any = None, *, allow_meta: bool = False) -> torch.device:
-    """``torch.device`` for ``device`` (None: the machine's accelerator, else the CPU).
-
-    Raises ValueError naming ``device`` when it is not understood or not present here
-    (e.g. 'cuda' on a machine without CUDA). ``allow_meta`` also accepts 'meta' (a device with
-    shapes and dtypes but no data, used by the grader on CPU-only machines).
-    """
-    if device is None:
-        from .machine import default_device
-        return default_device()
-    try:
-        dev = torch.device(device)
-    except (TypeError, RuntimeError) as exc:
-        raise ValueError(f"device={device!r} is not a device torch understands: use None (the "
-                         f"machine's accelerator), 'cpu', 'cuda', 'cuda:0' or 'mps'.") from exc
-    allowed = _ALLOWED_DEVICES + (("meta",) if allow_meta else ())
-    if dev.type not in allowed:
-        raise ValueError(f"device={device!r}: this course measures {', '.join(allowed)} only.")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} asks for CUDA but torch.cuda.is_available() is False "
-                         f"here: use device=None (picks what this machine has) or 'cpu'.")
-    if dev.type == "mps" and not _mps_available():
-        raise ValueError(f"device={device!r} asks for Apple MPS, which is not available here: "
-                         f"use device=None or 'cpu'.")
-    return dev
-
-
-def synchronize(device: Any) -> None:
-    """Wait until every queued operation on ``device`` is done (nothing to wait for on CPU)."""
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-    elif dev.type == "mps":
-        torch.mps.synchronize()
-
 
 def what_is_measured(device: Any = None) -> str:
     """One paragraph saying what a 'host-to-device copy' is on ``device``."""
@@ -149,26 +104,6 @@ def what_is_measured(device: Any = None) -> str:
             "memcpy into a second buffer (tensor.to('cpu') itself would copy nothing), pinned memory "
             "does not exist without an accelerator, and copies cannot overlap compute on streams. "
             "These figures describe this CPU's memory bandwidth, not a GPU link.")
-
-
-def try_pin(tensor: torch.Tensor, device: Any) -> tuple[torch.Tensor | None, str]:
-    """(pinned copy of ``tensor``, "") where ``device`` can use pinned memory, else (None, why).
-
-    Pinned (page-locked) host memory is what lets a copy run asynchronously (DMA) to a CUDA
-    device. On a machine without an accelerator ``pin_memory()`` raises; the exact message is
-    returned as the reason.
-    """
-    dev = torch.device(device)
-    if dev.type not in ("cuda", "mps"):
-        try:
-            torch.empty(1).pin_memory()
-        except RuntimeError as exc:
-            return None, f"pin_memory() on this machine raises: {exc}"
-        return None, "the device is the CPU: a pinned source would be a host-to-host copy"
-    try:
-        return tensor.pin_memory(), ""
-    except RuntimeError as exc:  # e.g. an MPS build without pinned memory
-        return None, f"pin_memory() raised: {exc}"
 
 
 # --------------------------------------------------------------------------------------
@@ -385,7 +320,7 @@ class BandwidthSweep:
         kwargs = {k: data[k] for k in names if k in data}
         kwargs.setdefault("seconds", {m: [None] * len(data["sizes_bytes"]) for m in data["gbps"]})
         kwargs.setdefault("labels", _labels(torch.device(str(data["device"])).type
-                                            if str(data["device"]).split(":")[0] in _ALLOWED_DEVICES
+                                            if str(data["device"]).split(":")[0] in ALLOWED_DEVICES
                                             else "cuda"))
         return cls(**kwargs)
 
@@ -938,34 +873,6 @@ def uint8_vs_float32(batch_size: int | None = None, *, image_shape: Sequence[int
 # moving batches
 # --------------------------------------------------------------------------------------
 
-def move_to_device(batch: Any, device: Any, *, non_blocking: bool = True) -> Any:
-    """Every tensor in ``batch`` (tensor, tuple/list, dict, namedtuple, nested) on ``device``.
-
-    dtypes are kept (a uint8 batch stays uint8: convert after the copy). ``non_blocking`` only
-    makes a difference for a CUDA copy from pinned memory. Other values are returned unchanged.
-    """
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=non_blocking)
-    if isinstance(batch, Mapping):
-        return {k: move_to_device(v, device, non_blocking=non_blocking) for k, v in batch.items()}
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(move_to_device(v, device, non_blocking=non_blocking) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(move_to_device(v, device, non_blocking=non_blocking) for v in batch)
-    return batch
-
-
-def _tensors(batch: Any) -> Iterator[torch.Tensor]:
-    if isinstance(batch, torch.Tensor):
-        yield batch
-    elif isinstance(batch, Mapping):
-        for v in batch.values():
-            yield from _tensors(v)
-    elif isinstance(batch, (list, tuple)):
-        for v in batch:
-            yield from _tensors(v)
-
-
 class _CopyingLoader:
     """Iterates ``loader`` and moves each batch to ``device``, synchronised, so that a loader
     timing includes the copy. Forwards the DataLoader settings measure_loader reports."""
@@ -1421,7 +1328,7 @@ class DevicePrefetcher:
             current = torch.cuda.current_stream(self.device)
             current.wait_stream(stream)                  # the copy of this batch is done first
             batch = nxt
-            for t in _tensors(batch):
+            for t in tensors_of(batch):
                 if t.device.type == "cuda":
                     t.record_stream(current)             # memory in use by the current stream
             nxt = preload()                              # queue the copy of batch k+1 ...

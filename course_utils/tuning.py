@@ -56,7 +56,8 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 
-from .bench import Comparison, Measurement, _jsonable, compare, measure_loader, to_device
+from .bench import Comparison, Measurement, _jsonable, compare, measure_loader
+from .device import move_to_device
 from .config import pick
 from .data import CommonRecipeTransform, ImageFolderDataset, JpegDataset, ToTensorUint8
 from .machine import machine_summary, start_method, usable_cpus
@@ -309,7 +310,7 @@ class _TimedIter:
     def __next__(self) -> Any:
         batch = next(self.inner)
         if self.owner._device is not None:
-            batch = to_device(batch, self.owner._device)
+            batch = move_to_device(batch, self.owner._device)
             torch.cuda.synchronize()
         if self.first:
             self.owner.startups.append(time.perf_counter() - self.t0)

@@ -488,13 +488,6 @@ def test_data_wait_bad_input():
         measure_data_wait(None, DoNothing())
 
 
-def test_to_device_moves_nested_batches():
-    batch = {"x": torch.zeros(2), "pair": (torch.ones(1), [torch.ones(1)]), "name": "a"}
-    moved = bench.to_device(batch, "cpu")
-    assert moved["x"].device.type == "cpu" and moved["name"] == "a"
-    assert isinstance(moved["pair"], tuple) and isinstance(moved["pair"][1], list)
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on machines without CUDA")
 def test_asking_for_cuda_without_cuda_is_a_clear_error():
     with pytest.raises(ValueError, match="CUDA"):

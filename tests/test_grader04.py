@@ -10,7 +10,8 @@ import torch
 
 from course_utils.graders import ex04_prefetcher as G
 from course_utils.grading import CheckResult, ExerciseFailed, check, exercise_ids
-from course_utils.transfer import DevicePrefetcher, move_to_device
+from course_utils.device import move_to_device
+from course_utils.transfer import DevicePrefetcher
 
 pytestmark = pytest.mark.timeout(120)
 CUDA = torch.cuda.is_available()
@@ -20,8 +21,47 @@ def test_registered():
     assert "04.prefetcher" in exercise_ids()
 
 
+class Reference:
+    """The solution notebook's answer."""
+
+    def __init__(self, loader, device):
+        self.loader = loader
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+
+    def __len__(self):
+        return len(self.loader)
+
+    def copy(self, batch, stream):
+        images, labels = batch
+        if stream is None:
+            return images.to(self.device), labels.to(self.device)
+        with torch.cuda.stream(stream):
+            return (images.to(self.device, non_blocking=True),
+                    labels.to(self.device, non_blocking=True))
+
+    def __iter__(self):
+        stream = torch.cuda.Stream(self.device) if self.cuda else None
+        it = iter(self.loader)
+        end = object()
+        nxt = next(it, end)
+        if nxt is not end:
+            nxt = self.copy(nxt, stream)
+        while nxt is not end:
+            if stream is not None:
+                current = torch.cuda.current_stream(self.device)
+                current.wait_stream(stream)
+                for tensor in nxt:
+                    tensor.record_stream(current)
+            batch = nxt
+            nxt = next(it, end)
+            if nxt is not end:
+                nxt = self.copy(nxt, stream)
+            yield batch
+
+
 def test_reference_passes_and_says_what_it_could_not_check():
-    result = check("04.prefetcher", DevicePrefetcher)
+    result = check("04.prefetcher", Reference)
     assert isinstance(result, CheckResult)
     assert "double buffering" in result.summary
     if not CUDA:
@@ -93,7 +133,7 @@ class LabelsOnly(Base):
             yield current
 
 
-class ConvertsToFloat(DevicePrefetcher):
+class ConvertsToFloat(Reference):
     def __iter__(self):
         for images, labels in super().__iter__():
             yield images.float() / 255, labels
@@ -107,13 +147,13 @@ class WholeEpochUpFront(Base):
 class IteratorMadeInInit(Base):
     def __init__(self, loader, device):
         super().__init__(loader, device)
-        self.it = iter(DevicePrefetcher(loader, device))
+        self.it = iter(Reference(loader, device))
 
     def __iter__(self):
         return self.it
 
 
-class ImagesOnly(DevicePrefetcher):
+class ImagesOnly(Reference):
     def __iter__(self):
         for images, _ in super().__iter__():
             yield images
@@ -162,7 +202,7 @@ def test_wrong_answers_fail_with_a_lesson(answer, message):
 
 def test_an_instance_or_a_wrong_signature_is_explained():
     with pytest.raises(ExerciseFailed, match="not the class"):
-        check("04.prefetcher", DevicePrefetcher([], "cpu"))
+        check("04.prefetcher", Reference([], "cpu"))
 
     class OneArg:
         def __init__(self, loader):
@@ -234,7 +274,7 @@ def test_race_fills_differ_for_every_pass_and_batch():
 
 def test_race_check_logic_on_cpu_catches_stale_batches():
     cpu = torch.device("cpu")
-    assert G._cuda_race_check(DevicePrefetcher, cpu, 1)["race_reads"] == 5 * 8
+    assert G._cuda_race_check(Reference, cpu, 1)["race_reads"] == 5 * 8
     ReplaysItsFirstCopies.copies = {}
     with pytest.raises(ExerciseFailed, match="a race") as info:
         G._cuda_race_check(ReplaysItsFirstCopies, cpu, 1)
@@ -267,7 +307,43 @@ class NoRecordStream(Base):
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA streams")
 def test_on_cuda_a_missing_record_stream_is_caught_and_the_reference_passes():
-    assert G._cuda_race_check(DevicePrefetcher, torch.device("cuda"), 32)["race_busy_passes"] == 2
+    assert G._cuda_race_check(Reference, torch.device("cuda"), 32)["race_busy_passes"] == 2
     with pytest.raises(ExerciseFailed, match="race") as info:
         G._cuda_race_check(NoRecordStream, torch.device("cuda"), 32)
     assert "record_stream" in info.value.hint
+
+
+# ---- the course's own prefetcher is refused ---------------------------------------------------
+
+
+class SubclassOfTheCourse(DevicePrefetcher):
+    pass
+
+
+class WrapsTheCourse(Base):
+    def __iter__(self):
+        yield from DevicePrefetcher(self.loader, self.device)
+
+
+def makes_the_course_one(loader, device):
+    return DevicePrefetcher(loader, device)
+
+
+@pytest.mark.parametrize("answer, seen", [
+    (DevicePrefetcher, "`DevicePrefetcher` itself"),
+    (DevicePrefetcher([], "cpu"), "instance of it"),
+    (SubclassOfTheCourse, "`SubclassOfTheCourse` derives from it"),
+    (WrapsTheCourse, "`WrapsTheCourse.__iter__` uses it"),
+    (makes_the_course_one, "`makes_the_course_one` uses it"),
+])
+def test_the_course_prefetcher_is_refused_with_a_teaching_message(answer, seen):
+    with pytest.raises(ExerciseFailed) as info:
+        check("04.prefetcher", answer)
+    err = info.value
+    assert "course's own `DevicePrefetcher` (course_utils.transfer)" in err.problem, str(err)
+    assert seen in err.seen, str(err)
+    assert "write the mechanism yourself" in err.hint and "one batch ahead" in err.hint
+
+
+def test_move_to_device_a_helper_the_exercise_allows_is_not_refused():
+    assert "PASSED" in str(check("04.prefetcher", NoWaitStream)) or CUDA

@@ -14,9 +14,10 @@ matplotlib.use("Agg")
 from course_utils import transfer as T
 from course_utils.transfer import (KIB, MIB, BandwidthSweep, DevicePrefetcher, ForkedCudaDemo,
                                    bandwidth_sweep, compare_prefetch, cuda_in_forked_worker, max_transfer_bytes,
-                                   measure_overlap, mismeasured_copy, move_to_device,
-                                   pin_memory_cost, resolve_device, sweep_sizes, time_op,
-                                   torch_fork_error_message, uint8_vs_float32)
+                                   measure_overlap, mismeasured_copy, pin_memory_cost,
+                                   sweep_sizes, time_op, torch_fork_error_message,
+                                   uint8_vs_float32)
+from course_utils.device import move_to_device, resolve_device, try_pin
 
 pytestmark = pytest.mark.timeout(180)
 CUDA = torch.cuda.is_available()
@@ -46,7 +47,7 @@ def test_what_is_measured_says_memcpy_on_cpu():
 
 
 def test_try_pin_on_cpu_explains():
-    pinned, why = T.try_pin(torch.zeros(4), "cpu")
+    pinned, why = try_pin(torch.zeros(4), "cpu")
     assert pinned is None and why
 
 

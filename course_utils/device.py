@@ -1,0 +1,145 @@
+"""The device, in one place: resolve it, wait for it, pin memory for it, copy batches to it.
+
+One of each, used by every lesson and helper:
+
+* :func:`resolve_device` — ``None`` (this machine's accelerator, else the CPU), ``'cpu'``,
+  ``'cuda'``, ``'cuda:1'`` or ``'mps'`` as a ``torch.device``; a clear error when it is not here;
+* :func:`synchronize` — wait until the work queued on a device is done (a clock read without it
+  on a GPU measures how fast work was queued, lesson 00); :func:`synchronizer` returns that wait
+  as a function, for timing loops;
+* :func:`try_pin` — a pinned (page-locked) copy of a tensor where the device can use one;
+* :func:`move_to_device` — every tensor of a batch (nested tuples, lists, dicts) on the device.
+
+Nothing happens at import time.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .machine import default_device
+
+__all__ = ["resolve_device", "synchronize", "synchronizer", "try_pin", "move_to_device",
+           "tensors_of"]
+
+#: The device types the course measures.
+ALLOWED_DEVICES = ("cpu", "cuda", "mps")
+
+
+def _mps_available() -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps is not None and mps.is_available())
+
+
+def resolve_device(device: Any = None, *, allow_meta: bool = False) -> torch.device:
+    """``torch.device`` for ``device`` (None: the machine's accelerator, else the CPU).
+
+    Raises ValueError naming ``device`` when it is not understood or not present here
+    (e.g. 'cuda' on a machine without CUDA). ``allow_meta`` also accepts 'meta' (a device with
+    shapes and dtypes but no data, used by the grader on CPU-only machines).
+    """
+    if device is None:
+        return default_device()
+    try:
+        dev = torch.device(device)
+    except (TypeError, RuntimeError) as exc:
+        raise ValueError(f"device={device!r} is not a device torch understands: use None (the "
+                         f"machine's accelerator), 'cpu', 'cuda', 'cuda:0' or 'mps'.") from exc
+    allowed = ALLOWED_DEVICES + (("meta",) if allow_meta else ())
+    if dev.type not in allowed:
+        raise ValueError(f"device={device!r}: this course measures {', '.join(allowed)} only.")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} asks for CUDA but torch.cuda.is_available() is False "
+                         f"here: use device=None (picks what this machine has) or 'cpu'.")
+    if dev.type == "mps" and not _mps_available():
+        raise ValueError(f"device={device!r} asks for Apple MPS, which is not available here: "
+                         f"use device=None or 'cpu'.")
+    return dev
+
+
+def synchronize(device: Any) -> None:
+    """Wait until every queued operation on ``device`` is done (nothing to wait for on CPU)."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    elif dev.type == "mps":
+        torch.mps.synchronize()
+
+
+def synchronizer(device: Any) -> Callable[[], None]:
+    """A function that waits for the work queued on ``device``, or does nothing where none can be.
+
+    ``device=None`` means "whatever this process uses": CUDA is waited for when it is already
+    initialised here (so timing never initialises CUDA by itself), nothing otherwise.
+    """
+    if device is None:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            return lambda: torch.cuda.synchronize()
+        return lambda: None
+    try:
+        dev = torch.device(device)
+    except (TypeError, RuntimeError) as exc:
+        raise ValueError(f"device={device!r} is not a device torch understands: use e.g. "
+                         f"'cpu', 'cuda', 'cuda:0' or 'mps'.") from exc
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={device!r} asks for CUDA but torch.cuda.is_available() is "
+                             f"False on this machine: use device='cpu' or device=None.")
+        return lambda: torch.cuda.synchronize(dev)
+    if dev.type == "mps" and _mps_available():
+        return torch.mps.synchronize
+    return lambda: None
+
+
+def try_pin(tensor: torch.Tensor, device: Any) -> tuple[torch.Tensor | None, str]:
+    """(pinned copy of ``tensor``, "") where ``device`` can use pinned memory, else (None, why).
+
+    Pinned (page-locked) host memory is what lets a copy run asynchronously (DMA) to a CUDA
+    device. On a machine without an accelerator ``pin_memory()`` raises; the exact message is
+    returned as the reason.
+    """
+    dev = torch.device(device)
+    if dev.type not in ("cuda", "mps"):
+        try:
+            torch.empty(1).pin_memory()
+        except RuntimeError as exc:
+            return None, f"pin_memory() on this machine raises: {exc}"
+        return None, "the device is the CPU: a pinned source would be a host-to-host copy"
+    try:
+        return tensor.pin_memory(), ""
+    except RuntimeError as exc:  # e.g. an MPS build without pinned memory
+        return None, f"pin_memory() raised: {exc}"
+
+
+def move_to_device(batch: Any, device: Any, *, non_blocking: bool | None = None) -> Any:
+    """Every tensor in ``batch`` (tensor, tuple/list, dict, namedtuple, nested) on ``device``.
+
+    dtypes are kept (a uint8 batch stays uint8: convert after the copy). ``non_blocking=None``
+    (the default) copies asynchronously exactly where that can overlap: from pinned memory;
+    ``True``/``False`` force it (from pageable memory ``True`` is silently synchronous anyway).
+    Other values are returned unchanged.
+    """
+    if isinstance(batch, torch.Tensor):
+        asynchronous = batch.is_pinned() if non_blocking is None else non_blocking
+        return batch.to(device, non_blocking=asynchronous)
+    if isinstance(batch, Mapping):
+        return {k: move_to_device(v, device, non_blocking=non_blocking) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(move_to_device(v, device, non_blocking=non_blocking) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move_to_device(v, device, non_blocking=non_blocking) for v in batch)
+    return batch
+
+
+def tensors_of(batch: Any) -> Iterator[torch.Tensor]:
+    """Every tensor in ``batch`` (nested tuples, lists, dicts), in order."""
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, Mapping):
+        for v in batch.values():
+            yield from tensors_of(v)
+    elif isinstance(batch, (list, tuple)):
+        for v in batch:
+            yield from tensors_of(v)
