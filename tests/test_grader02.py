@@ -3,6 +3,7 @@ answers fail with the message that teaches why. The grader runs every answer in 
 workers (fork where available), after this process has used OpenCV, BLAS and torch."""
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
 import os
 
@@ -11,7 +12,8 @@ import pytest
 import threadpoolctl
 import torch
 
-from course_utils import make_worker_init
+from course_utils import limit_threads, make_worker_init
+from course_utils.threads import WorkerThreadLimiter
 from course_utils.graders import ex02_worker_init as ex02
 from course_utils.grading import CheckResult, ExerciseFailed, check, exercise_ids
 
@@ -88,11 +90,74 @@ def test_reference_passes_and_reports_the_pools():
     assert result.details["start_method"] == "fork"
 
 
-def test_course_helper_passes_under_fork_and_in_a_fresh_forkserver_worker():
-    result = check("02.worker_init", make_worker_init(1))
+def test_an_importable_answer_passes_under_fork_and_in_a_fresh_forkserver_worker():
+    result = check("02.worker_init", reference)
     assert "forkserver" in str(result)
     if "forkserver" in mp.get_all_start_methods():
         assert max(e["num_threads"] for e in result.details["forkserver"]["blas"]) == 1
+
+
+# ---- the course's own limiter is refused ------------------------------------------------------
+COURSE_INIT = make_worker_init(1)
+
+
+def wraps_the_course(worker_id):
+    COURSE_INIT(worker_id)
+
+
+class CourseSubclass(WorkerThreadLimiter):
+    pass
+
+
+@pytest.mark.parametrize("answer, seen", [
+    (make_worker_init(1), "instance of it (what make_worker_init(...) returns)"),
+    (make_worker_init, "`make_worker_init` itself"),
+    (CourseSubclass(1), "instance of it"),
+    (wraps_the_course, "`wraps_the_course` holds an instance of it"),
+    (lambda worker_id: make_worker_init(1)(worker_id), "uses it"),
+    (functools.partial(limit_threads(1).__enter__), "instance of it"),
+])
+def test_the_course_helper_is_refused_with_a_teaching_message(answer, seen):
+    with pytest.raises(ExerciseFailed) as info:
+        check("02.worker_init", answer, **FAST)
+    err = info.value
+    assert "course's own `" in err.problem and "(course_utils." in err.problem, str(err)
+    assert seen in err.seen, str(err)
+    assert "write the mechanism yourself" in err.hint and "threadpool_limits" not in err.hint
+
+
+# ---- pools that start at 1 (one CPU) ---------------------------------------------------------
+def only_opencv(worker_id):
+    cv2.setNumThreads(0)
+
+
+def does_nothing(worker_id):
+    return None
+
+
+@pytest.mark.parametrize("answer", [does_nothing, only_opencv])
+def test_pools_starting_at_one_are_raised_so_a_do_nothing_answer_fails(answer):
+    """BLAS sizes its pool from the CPUs: on a 1-CPU machine it starts at 1, and an answer that
+    leaves it alone would "limit" it. The grader raises it to 2 in the worker first."""
+    with threadpoolctl.threadpool_limits(limits=1, user_api="blas"):  # as on one CPU
+        with pytest.raises(ExerciseFailed, match="(?s)more than 1 thread|OpenCV and BLAS are not") as info:
+            check("02.worker_init", answer, **FAST)
+    assert "openblas" in info.value.seen and "openblas" in str(info.value)
+
+
+def test_pools_starting_at_one_are_raised_and_the_reference_still_passes():
+    with threadpoolctl.threadpool_limits(limits=1, user_api="blas"):
+        result = check("02.worker_init", reference, **FAST)
+    assert result.details["raised"] and all("openblas" in p for p in result.details["raised"])
+    assert "the grader raised them to 2" in result.summary
+    assert result.details["not_checked"] == []
+
+
+def test_a_pool_that_cannot_be_raised_is_named_as_not_checked():
+    before = ex02.ThreadPools(torch_intra=1, torch_interop=1, opencv=1,
+                              blas=[{"user_api": "blas", "internal_api": "openblas",
+                                     "num_threads": 2, "prefix": "libopenblas", "filepath": ""}])
+    assert ex02._started_at_one(before) == ["OpenCV"]
 
 
 def test_only_torch_fails_saying_torch_is_already_one():
@@ -180,7 +245,7 @@ def test_shipped_source_runs_a_notebook_style_function():
 
 
 def test_sendable_only_for_importable_answers():
-    assert ex02._sendable(make_worker_init(1))
+    assert ex02._sendable(make_worker_init(1))  # importable, though the grader refuses it
     assert ex02._sendable(reference)  # a test module is importable
 
     def local(worker_id):
@@ -203,3 +268,14 @@ def test_stuck_frames_pick_the_learner_line():
     top, user = ex02._stuck_frames(stack)
     assert "recording_set_num_threads" in top
     assert user == ['File "/tmp/ipykernel_1/123.py", line 4 in limit_worker_threads']
+
+
+@pytest.mark.parametrize("answer", [only_torch, env_after_import, only_threadpoolctl, with_block])
+def test_the_demo_failures_teach_without_printing_the_fix(answer):
+    """Lesson 02's notebook shows the common advice failing before the learner writes the
+    answer: those messages must not hold the solution's lines."""
+    with pytest.raises(ExerciseFailed) as info:
+        check("02.worker_init", answer, **FAST)
+    text = str(info.value)
+    assert "threadpool_limits(limits=1)" not in text and "threadpool_limits(1)" not in text, text
+    assert "cv2.setNumThreads(0)" not in text, text

@@ -1,6 +1,7 @@
 """Graders of exercise 03 pass the reference answers and fail plausible wrong ones, teaching why."""
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 
@@ -10,7 +11,8 @@ import torch
 from torch.utils.data import Dataset
 
 from course_utils.grading import CheckResult, ExerciseFailed, check, exercise_ids
-from course_utils.graders.ex03_scaling import acceptable, synthetic_curves
+from course_utils.graders.ex03_scaling import acceptable, shuffled, synthetic_curves
+from course_utils.scaling import RecordArrayDataset, describe_curve, find_knee
 
 pytestmark = pytest.mark.timeout(180)
 HAS_FORK = "fork" in multiprocessing.get_all_start_methods()
@@ -121,6 +123,56 @@ def test_choose_workers_oversubscription_is_explained():
 
     with pytest.raises(ExerciseFailed, match="(?s)past the peak.*expected: one of \\[3, 4, 5\\]"):
         check("03.choose_workers", past_the_peak, measure_real_curve=False)
+
+
+def first_good_in_given_order(workers, samples_per_s):
+    """Right only when the workers come sorted: the first within 10 % in the order given."""
+    best = max(samples_per_s)
+    return next(w for w, r in zip(workers, samples_per_s) if r >= 0.9 * best)
+
+
+def assumes_sorted_workers(workers, samples_per_s):
+    """Right only when the workers come sorted: walks the lists by position."""
+    best = max(samples_per_s)
+    for i in range(len(workers)):
+        if samples_per_s[i] >= 0.9 * best:
+            return workers[i]
+
+
+@pytest.mark.parametrize("answer", [first_good_in_given_order, assumes_sorted_workers])
+def test_choose_workers_an_answer_that_needs_sorted_input_fails_on_shuffled(answer):
+    for curve in synthetic_curves():  # right on every curve in order ...
+        assert answer(curve["workers"], curve["measured"]) in acceptable(curve["workers"],
+                                                                          curve["truth"])
+    with pytest.raises(ExerciseFailed) as info:   # ... but not shuffled
+        check("03.choose_workers", answer, measure_real_curve=False)
+    err = info.value
+    assert "depends on the order of the measurements" in err.problem, str(err)
+    assert "whatever the order" in err.expected and "any order" in err.hint
+
+
+def test_shuffled_curves_are_never_sorted_and_keep_each_rate_with_its_count():
+    for i, curve in enumerate(synthetic_curves()):
+        mixed = shuffled(curve, 100 + i)
+        assert mixed["workers"] != sorted(mixed["workers"])
+        assert sorted(zip(mixed["workers"], mixed["measured"])) == \
+            sorted(zip(curve["workers"], curve["measured"]))
+
+
+def wraps_find_knee(workers, samples_per_s):
+    return find_knee(workers, samples_per_s)
+
+
+@pytest.mark.parametrize("answer, name", [
+    (find_knee, "find_knee"),
+    (wraps_find_knee, "find_knee"),
+    (functools.partial(find_knee, tolerance=0.9), "find_knee"),
+    (lambda w, r: describe_curve(w, r).knee, "describe_curve"),
+])
+def test_choose_workers_the_course_helper_is_refused(answer, name):
+    with pytest.raises(ExerciseFailed, match=rf"(?s)course's own `{name}` \(course_utils\."
+                                             rf".*write the mechanism yourself"):
+        check("03.choose_workers", answer, measure_real_curve=False)
 
 
 # ---- 03.copy_on_read ---------------------------------------------------------------------------
@@ -272,3 +324,43 @@ def test_copy_on_read_measurement_catches_what_the_scan_cannot():
     with pytest.raises(ExerciseFailed, match="(?s)still copies memory into every worker.*"
                                              "expected:.*seen:.*hint:"):
         check("03.copy_on_read", HiddenList)
+
+
+class SubclassOfTheCourse(RecordArrayDataset):
+    pass
+
+
+class WrapsTheCourse(Dataset):
+    def __init__(self, records):
+        self.inner = RecordArrayDataset(records)
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        return self.inner[i]
+
+
+@pytest.mark.parametrize("answer, seen", [
+    (RecordArrayDataset, "`RecordArrayDataset` itself"),
+    (SubclassOfTheCourse, "`SubclassOfTheCourse` derives from it"),
+    (WrapsTheCourse, "`WrapsTheCourse.__init__` uses it"),
+    (lambda records: RecordArrayDataset(records), "uses it"),
+])
+def test_copy_on_read_the_course_dataset_is_refused(answer, seen):
+    with pytest.raises(ExerciseFailed) as info:
+        check("03.copy_on_read", answer, n_records=2_000)
+    err = info.value
+    assert "course's own `RecordArrayDataset` (course_utils." in err.problem, str(err)
+    assert seen in err.seen and "write the mechanism yourself" in err.hint, str(err)
+
+
+def test_copy_on_read_a_returned_course_dataset_is_refused_however_it_was_made():
+    import course_utils.scaling
+
+    def by_getattr(records):
+        return getattr(course_utils.scaling, "Record" + "ArrayDataset")(records)
+
+    with pytest.raises(ExerciseFailed, match="(?s)course's own `RecordArrayDataset`.*"
+                                             "instance of it"):
+        check("03.copy_on_read", by_getattr, n_records=2_000)

@@ -11,7 +11,7 @@ import torch
 from course_utils.graders import ex04_prefetcher as G
 from course_utils.grading import CheckResult, ExerciseFailed, check, exercise_ids
 from course_utils.device import move_to_device
-from course_utils.transfer import DevicePrefetcher
+from course_utils.prefetch import DevicePrefetcher
 
 pytestmark = pytest.mark.timeout(120)
 CUDA = torch.cuda.is_available()
@@ -340,10 +340,25 @@ def test_the_course_prefetcher_is_refused_with_a_teaching_message(answer, seen):
     with pytest.raises(ExerciseFailed) as info:
         check("04.prefetcher", answer)
     err = info.value
-    assert "course's own `DevicePrefetcher` (course_utils.transfer)" in err.problem, str(err)
+    assert "course's own `DevicePrefetcher` (course_utils." in err.problem, str(err)
     assert seen in err.seen, str(err)
     assert "write the mechanism yourself" in err.hint and "one batch ahead" in err.hint
 
 
 def test_move_to_device_a_helper_the_exercise_allows_is_not_refused():
     assert "PASSED" in str(check("04.prefetcher", NoWaitStream)) or CUDA
+
+
+def test_hints_name_the_tools_without_printing_the_solution_lines():
+    ReplaysItsFirstCopies.copies = {}
+    with pytest.raises(ExerciseFailed) as info:
+        G._cuda_race_check(ReplaysItsFirstCopies, torch.device("cpu"), 1)
+    hint = info.value.hint
+    assert "wait_stream" in hint and "record_stream" in hint
+    assert "current_stream().wait_stream(stream)" not in hint
+    assert "record_stream(torch.cuda.current_stream())" not in hint
+    for answer in (SkipsFirst, NoSecondBuffer):
+        with pytest.raises(ExerciseFailed) as info:
+            check("04.prefetcher", answer)
+        assert "copy batch 0, then in the loop" not in info.value.hint
+        assert "before the loop, copy batch 0" not in info.value.hint

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from course_utils.augment import AugmentParams, AugmentTransform, augment_batch, draw_batch
 from course_utils.grading import CheckResult, ExerciseFailed, check, exercise_ids
 from course_utils.graders.ex05_augment import EXERCISE, make_test_batch
 
@@ -245,3 +246,51 @@ def test_the_stub_is_not_done_yet():
 def test_not_a_function():
     with pytest.raises(ExerciseFailed, match="not a function"):
         check(EXERCISE, 3)
+
+
+# --- the course's own augmentation is refused ------------------------------------------------
+
+def wraps_augment_batch(batch, flip_p=0.5, brightness=0.4, generator=None):
+    params = AugmentParams(flip_p=flip_p)
+    return augment_batch((batch * 255).to(torch.uint8), params, generator=generator)
+
+
+def uses_the_course_draws(batch, flip_p=0.5, brightness=0.4, generator=None):
+    draws = draw_batch(batch.shape[0], batch.shape[2], batch.shape[3], generator=generator,
+                       device=batch.device)
+    return reference(batch, flip_p, brightness, generator) if draws is not None else batch
+
+
+class CourseTransformAsAFunction(AugmentTransform):
+    """A subclass of the course's transform, called like the exercise's function."""
+
+    def __init__(self):
+        super().__init__()
+
+    def __call__(self, batch, flip_p=0.5, brightness=0.4, generator=None):
+        return reference(batch, flip_p, brightness, generator)
+
+
+@pytest.mark.parametrize("answer, name, seen", [
+    (augment_batch, "augment_batch", "`augment_batch` itself"),
+    (wraps_augment_batch, "augment_batch", "`wraps_augment_batch` uses it"),
+    (uses_the_course_draws, "draw_batch", "`uses_the_course_draws` uses it"),
+    (CourseTransformAsAFunction, "AugmentTransform", "derives from it"),
+])
+def test_the_course_augmentation_is_refused_with_a_teaching_message(answer, name, seen):
+    with pytest.raises(ExerciseFailed) as info:
+        check(EXERCISE, answer)
+    err = info.value
+    assert f"course's own `{name}` (course_utils." in err.problem, str(err)
+    assert seen in err.seen and "write the mechanism yourself" in err.hint, str(err)
+
+
+def test_hints_do_not_print_the_solution_lines():
+    for answer in (one_flip_per_batch, one_brightness_per_batch, python_loop, no_clamp):
+        with pytest.raises(ExerciseFailed) as info:
+            check(EXERCISE, answer)
+        text = str(info.value)
+        for line in ("torch.where(flip.view(-1, 1, 1, 1), batch.flip(3), batch)",
+                     "(out * factor).clamp(0, 1)", "2 * brightness * torch.rand",
+                     "torch.rand(n, generator=generator, device=batch.device) < flip_p"):
+            assert line not in text, text

@@ -1,6 +1,7 @@
 """Grader of exercise 06 passes the reference answer and fails plausible wrong ones, teaching why."""
 from __future__ import annotations
 
+import functools
 import time
 
 import cv2
@@ -10,8 +11,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from course_utils import (ExerciseFailed, check, common_recipe_loader, keep_batch,
-                          make_worker_init, tuned_loader)
-from course_utils.grading import CheckResult, exercise_ids
+                          make_worker_init, tune_loader, tuned_loader)
+from course_utils.graders.ex06_tune import COURSE_LOADERS, FAST as EXERCISE
+from course_utils.grading import CheckResult, exercise_ids, refuse_course_helper
 from course_utils.pipelines import BatchedJpegDataset
 
 pytestmark = pytest.mark.timeout(240)
@@ -30,7 +32,9 @@ def the_common_recipe(dataset, *, batch_size, size, cpu_budget):
 
 
 def over_budget(dataset, *, batch_size, size, cpu_budget):
-    return tuned_loader(dataset, batch_size=batch_size, size=size, num_workers=cpu_budget + 2)
+    return DataLoader(BatchedJpegDataset(dataset, size), batch_size=batch_size, shuffle=True,
+                      collate_fn=keep_batch, num_workers=cpu_budget + 2,
+                      worker_init_fn=make_worker_init(1))
 
 
 class BgrBatches(BatchedJpegDataset):
@@ -100,3 +104,33 @@ def test_wrong_answers_fail_with_a_teaching_message(answer, words):
 def test_not_done_says_so():
     with pytest.raises(ExerciseFailed, match="not done yet"):
         check("06.fast_pipeline", not_done, **FAST)
+
+
+# ---- the reference loader itself is refused ----------------------------------------------------
+
+def wraps_the_reference(dataset, *, batch_size, size, cpu_budget):
+    return tuned_loader(dataset, batch_size=batch_size, size=size, num_workers=cpu_budget)
+
+
+@pytest.mark.parametrize("answer, seen", [
+    (tuned_loader, "`tuned_loader` itself"),
+    (wraps_the_reference, "`wraps_the_reference` uses it"),
+    (functools.partial(tuned_loader, num_workers=1), "uses it"),
+    (lambda dataset, **kw: tuned_loader(dataset, batch_size=kw["batch_size"], size=kw["size"]),
+     "uses it"),
+])
+def test_the_reference_loader_is_refused_with_a_teaching_message(answer, seen):
+    with pytest.raises(ExerciseFailed) as info:
+        check(EXERCISE, answer, **FAST)
+    err = info.value
+    assert "course's own `tuned_loader` (course_utils." in err.problem, str(err)
+    assert seen in err.seen and "write the mechanism yourself" in err.hint, str(err)
+
+
+def test_the_helpers_the_lesson_gives_are_not_refused():
+    def with_the_tuner(dataset, *, batch_size, size, cpu_budget):
+        best = tune_loader(dataset, worker_counts=range(cpu_budget + 1), batch_sizes=[batch_size])
+        return best
+
+    for answer in (reference, with_the_tuner, the_common_recipe):
+        assert refuse_course_helper(EXERCISE, answer, COURSE_LOADERS, write="x") is None

@@ -4,7 +4,9 @@ The learner writes ``time_loader(loader, batches, warmup_batches=2) -> float`` r
 samples per second. The grader runs it on a real DataLoader whose worker pays a start-up delay
 (like opening files or connections in a fresh worker) and whose samples each cost a known
 storage latency, then compares the answer with an honest measurement of the same loader made
-in the same run by :func:`course_utils.bench.measure_loader`.
+in the same run by :func:`course_utils.bench.measure_loader`. The course's own timers
+(``measure_loader`` and its relatives), or an answer built on them, are refused: the exercise is
+to write the timing loop.
 """
 from __future__ import annotations
 
@@ -12,9 +14,15 @@ import math
 import numbers
 from typing import Any, Callable, Iterator
 
-from ..grading import CheckResult, ExerciseFailed, grader
+from ..bench import Measurement, measure, measure_data_wait, measure_loader
+from ..grading import CheckResult, ExerciseFailed, grader, refuse_course_helper
+from ..scaling import sweep_workers, time_epochs
+from ..transfer import time_op
 
 EXERCISE = "00.time_loader"
+#: the course's timers, refused as (or inside) an answer: the exercise is to write one
+COURSE_TIMERS = (measure_loader, measure, measure_data_wait, Measurement, sweep_workers,
+                 time_epochs, time_op)
 
 
 class RecordingLoader:
@@ -51,13 +59,15 @@ def grade_time_loader(time_loader: Callable[..., Any], *, latency_s: float = 0.0
     """Check ``time_loader`` returns the loader's steady-state samples per second."""
     import torch.utils.data as tud
 
-    from ..bench import measure_loader
     from ..data import LatencyDataset
 
     if not callable(time_loader):
         raise ExerciseFailed(EXERCISE, "the answer is not a function.",
                              expected="a function time_loader(loader, batches, warmup_batches=2)",
                              seen=f"{type(time_loader).__name__}: {time_loader!r}")
+    refuse_course_helper(EXERCISE, time_loader, COURSE_TIMERS,
+                         write="pull the batches from the loader yourself and time them with a "
+                               "clock such as time.perf_counter()")
     n = batch_size * (warmup_batches + batches + 4)
     dataset = LatencyDataset(n=n, latency_s=latency_s, startup_s=startup_s, item_shape=(3, 8, 8))
     loader = tud.DataLoader(dataset, batch_size=batch_size, num_workers=1)
@@ -67,7 +77,7 @@ def grade_time_loader(time_loader: Callable[..., Any], *, latency_s: float = 0.0
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ExerciseFailed(EXERCISE, "time_loader must return one number: samples per second.",
                              expected="a float such as 231.5", seen=f"{type(value).__name__}: {value!r}",
-                             hint="return n_samples / elapsed_seconds as a plain float "
+                             hint="return the rate as one plain float "
                                   "(float(...) if you computed a tensor).")
     value = float(value)
     if not math.isfinite(value) or value <= 0:
@@ -109,14 +119,15 @@ def grade_time_loader(time_loader: Callable[..., Any], *, latency_s: float = 0.0
     if _near(value, honest / batch_size):
         raise ExerciseFailed(EXERCISE, "wrong unit: this looks like batches per second.",
                              expected="samples per second", seen=seen,
-                             hint="count samples: add len(batch[0]) for each timed batch "
-                                  "(the last batch of an epoch may be smaller).")
+                             hint="count samples, not batches: add up the size of every timed "
+                                  "batch (the last batch of an epoch may be smaller).")
     for unit, target in (("seconds per sample", 1 / honest), ("seconds per batch", batch_size / honest),
                          ("milliseconds per sample", 1000 / honest)):
         if _near(value, target):
             raise ExerciseFailed(EXERCISE, f"wrong unit: this looks like {unit}.",
                                  expected="samples per second (a rate: bigger is faster)", seen=seen,
-                                 hint="return samples / elapsed_seconds, not elapsed / samples.")
+                                 hint="a rate puts the samples on top and the seconds below, "
+                                      "not the other way round.")
     if value < honest:
         raise ExerciseFailed(EXERCISE, "too slow: the timing includes work that is not steady-state "
                                        "loading.", expected=f"about {honest:.4g} samples/s", seen=seen,

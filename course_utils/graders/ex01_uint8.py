@@ -13,7 +13,9 @@ main process (on the GPU in real training). The grader runs the stages on real c
 (:class:`course_utils.data.JpegDataset`), checks the type, dtype, shape and values after every
 stage boundary, compares the final values with :func:`course_utils.transforms.exact_pipeline`
 within the course tolerance, then runs the four worker stages in real DataLoader workers and
-reports the bytes each batch moved from the workers to the main process.
+reports the bytes each batch moved from the workers to the main process. The course's own
+pipelines and stages (:mod:`course_utils.transforms`, ``ToTensorUint8``), or an answer built on
+them, are refused: the exercise is to write the stages (``PipelineParams`` is given).
 """
 from __future__ import annotations
 
@@ -24,9 +26,24 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..grading import CheckResult, ExerciseFailed, grader
+from .. import data, transforms
+from ..grading import CheckResult, ExerciseFailed, grader, refuse_course_helper
 
 EXERCISE = "01.uint8_pipeline"
+#: the course's pipelines and stages, refused in an answer (PipelineParams is given)
+COURSE_STAGES = (
+    transforms.ReferenceTransform, transforms.Uint8Transform, transforms.ToFloat32,
+    transforms.Stage, transforms.pipeline_stages, transforms.run_pipeline,
+    transforms.numpy_pipeline, transforms.opencv_pipeline, transforms.torch_pipeline,
+    transforms.exact_pipeline, transforms.normalize_batch,
+    transforms.numpy_resize, transforms.opencv_resize, transforms.torch_resize,
+    transforms.center_crop, transforms.torch_center_crop,
+    transforms.numpy_hflip, transforms.opencv_hflip, transforms.torch_hflip,
+    transforms.numpy_normalize, transforms.opencv_normalize, transforms.torch_normalize,
+    transforms.numpy_to_chw, transforms.opencv_to_chw, transforms.torch_to_chw,
+    transforms.torch_from_image, data.ToTensorUint8, data.CommonRecipeTransform)
+_WRITE = ("write each stage yourself, with NumPy, OpenCV or torch calls on the image (or "
+          "batch) it receives")
 STAGES = ("resize", "crop", "flip", "to_tensor", "normalize")
 WORKER_STAGES = ("resize", "crop", "flip", "to_tensor")
 
@@ -50,9 +67,9 @@ def _flip_of(index: int) -> bool:
 
 def _hint_for(stage: str, text: str) -> str:
     if "negative stride" in text:
-        return ("torch.from_numpy cannot wrap a view with negative strides, such as "
-                "image[:, ::-1]: make it contiguous first (np.ascontiguousarray(image)) "
-                "or flip with cv2.flip(image, 1), which returns a new array.")
+        return ("torch.from_numpy cannot wrap a view with negative strides, such as a "
+                "reversed slice: give it a contiguous copy of the array (NumPy has a function "
+                "for exactly that), or flip with OpenCV, which returns a new array.")
     if "size" in text.lower() and stage == "normalize":
         return ("the batch is (N, 3, H, W): shape mean and std as (1, 3, 1, 1) so they "
                 "broadcast over the channel axis.")
@@ -132,14 +149,12 @@ def _check_resize_values(out: np.ndarray, image: np.ndarray, params: Any) -> Non
     seen = f"max |error| {worst:.2f} grey levels, mean error {bias:+.2f} levels"
     if worst <= 1.5 and bias < -0.3:
         hint = ("the pixels are biased about half a grey level low: converting a float result "
-                "with .astype(np.uint8) truncates (254.9 -> 254). Round first "
-                "(np.rint(x).astype(np.uint8)), or resize the uint8 image with cv2.resize, which "
-                "rounds for you.")
+                "with .astype(np.uint8) truncates (254.9 -> 254). Round to the nearest level "
+                "first, or resize the uint8 image with OpenCV, which rounds for you.")
     elif worst > 100:
         hint = ("some pixels are far off: values outside 0..255 wrapped around when converted "
-                "to uint8 (e.g. 256 -> 0). Clip to 0..255 before .astype(np.uint8), or resize "
-                "the uint8 image directly with cv2.resize(image, (w, h), "
-                "interpolation=cv2.INTER_LINEAR).")
+                "to uint8 (e.g. 256 -> 0). Clip to 0..255 before converting, or resize the "
+                "uint8 image directly with OpenCV's bilinear resize, which saturates for you.")
     else:
         hint = ("use bilinear interpolation (cv2.INTER_LINEAR, or F.interpolate(mode='bilinear', "
                 "align_corners=False, antialias=False)) on the image as it comes in: RGB, uint8.")
@@ -156,11 +171,11 @@ def _check_crop(out: np.ndarray, resized: np.ndarray, params: Any) -> None:
     if np.array_equal(out, center_crop(resized, c)):
         return
     if np.array_equal(out, resized[:c, :c]):
-        hint = ("that is the top-left corner. The centre crop starts at "
-                "top, left = params.crop_box(height, width).")
+        hint = ("that is the top-left corner. The centre crop starts at the row and column "
+                "params.crop_box(height, width) gives for the resized image.")
     else:
-        hint = ("take image[top:top + crop, left:left + crop] with "
-                "top, left = params.crop_box(height, width) of the resized image.")
+        hint = ("slice `crop` rows and `crop` columns, starting at the top row and left column "
+                "params.crop_box(height, width) gives for the resized image.")
     raise ExerciseFailed(EXERCISE, "`crop` did not return the centre square of the resized image.",
                          expected=f"the centre {c}x{c} pixels", seen=_describe(out), hint=hint)
 
@@ -178,20 +193,21 @@ def _check_flip(pipeline: Any, cropped: np.ndarray, shape: tuple[int, ...]) -> N
             continue
         if do_flip and np.array_equal(out, cropped[::-1]):
             problem = "`flip` mirrored the image upside down (axis 0, the height)."
-            hint = ("a horizontal flip reverses the width: axis 1 of an (H, W, 3) array, "
-                    "image[:, ::-1] or cv2.flip(image, 1) (flipCode 0 flips vertically).")
+            hint = ("a horizontal flip reverses the width: axis 1 of an (H, W, 3) array "
+                    "(with cv2.flip, read which flipCode is horizontal: 0 flips vertically).")
         elif do_flip and np.array_equal(out, cropped[:, :, ::-1]):
             problem = "`flip` reversed the colour channels (RGB -> BGR), not the image."
-            hint = "reverse axis 1 (the width) of the (H, W, 3) array: image[:, ::-1]."
+            hint = "reverse axis 1 (the width) of the (H, W, 3) array, not axis 2 (the channels)."
         elif do_flip and np.array_equal(out, cropped):
             problem = "`flip(image, True)` did not flip."
-            hint = "mirror left-right when do_flip is True: image[:, ::-1] or cv2.flip(image, 1)."
+            hint = "mirror left-right (reverse the width, axis 1) when do_flip is True."
         elif not do_flip and np.array_equal(out, cropped[:, ::-1]):
             problem = "`flip(image, False)` flipped anyway."
             hint = "return the image unchanged when do_flip is False."
         else:
             problem = f"`flip(image, {do_flip})` changed the pixels in an unexpected way."
-            hint = "a flip only reorders pixels: image[:, ::-1] when do_flip, else image."
+            hint = ("a flip only reorders pixels: the width reversed when do_flip, the image "
+                    "as it is otherwise.")
         raise ExerciseFailed(EXERCISE, problem,
                              expected="the same image mirrored left-right" if do_flip
                              else "the image unchanged",
@@ -204,14 +220,17 @@ def _check_to_tensor(out: Any, flipped: np.ndarray, params: Any) -> torch.Tensor
     if not isinstance(out, torch.Tensor):
         raise ExerciseFailed(EXERCISE, "`to_tensor` must return a torch tensor.", expected=expected,
                              seen=_describe(out),
-                             hint="torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)")
+                             hint="make a tensor of the NumPy pixels without converting them "
+                                  "(torch can wrap a contiguous array as it is), then put the "
+                                  "channel axis first.")
     if out.dtype != torch.uint8:
         raise _not_uint8("to_tensor", out, expected)
     if tuple(out.shape) == (c, c, 3):
         raise ExerciseFailed(EXERCISE, "`to_tensor` kept the channels last.", expected=expected,
                              seen=_describe(out),
-                             hint="models take channels first: .permute(2, 0, 1) the (H, W, 3) "
-                                  "tensor to (3, H, W).")
+                             hint="models take channels first: reorder the axes of the "
+                                  "(H, W, 3) tensor to (3, H, W) (a reshape or view would "
+                                  "scramble the pixels).")
     if tuple(out.shape) != (3, c, c):
         raise ExerciseFailed(EXERCISE, "`to_tensor` returned the wrong shape.", expected=expected,
                              seen=_describe(out))
@@ -219,8 +238,7 @@ def _check_to_tensor(out: Any, flipped: np.ndarray, params: Any) -> torch.Tensor
         raise ExerciseFailed(EXERCISE, "`to_tensor` changed the pixel values.",
                              expected="the same uint8 pixels, laid out (3, H, W)",
                              seen=_describe(out),
-                             hint="only move the axes (permute(2, 0, 1)); don't reorder channels "
-                                  "or scale.")
+                             hint="only move the axes; don't reorder channels or scale.")
     return out
 
 
@@ -246,13 +264,13 @@ def _check_normalized(out: Any, reference: torch.Tensor, params: Any,
     if out.dtype == torch.float64:
         raise ExerciseFailed(EXERCISE, "`normalize` returned float64.", expected=expected,
                              seen=_describe(out),
-                             hint="float64 doubles the bytes again: use batch.float() (float32), "
-                                  "and float32 mean/std tensors.")
+                             hint="float64 doubles the bytes again: convert to float32, and "
+                                  "keep mean/std float32 too.")
     if out.dtype != torch.float32:
         raise ExerciseFailed(EXERCISE, f"`normalize` returned {out.dtype}.", expected=expected,
                              seen=_describe(out),
-                             hint="normalize is where the conversion happens: batch.float(), then "
-                                  "(x / 255 - mean) / std.")
+                             hint="normalize is where the conversion happens: to float32 "
+                                  "first, then (x / 255 - mean) / std.")
     if out.shape != reference.shape:
         raise ExerciseFailed(EXERCISE, "`normalize` returned the wrong shape.", expected=expected,
                              seen=_describe(out), hint="keep the batch's (N, 3, H, W) shape.")
@@ -265,8 +283,7 @@ def _check_normalized(out: Any, reference: torch.Tensor, params: Any,
     seen = f"{diff.max_abs_levels:.1f} grey levels off at worst, mean error {diff.mean_levels:+.2f} levels"
     if wrapped > 1e-3:
         hint = ("some values are about 256 grey levels off: uint8 arithmetic wrapped around "
-                "(in uint8, 10 - 124 = 142). Convert to float first (batch.float()), then "
-                "subtract the mean and divide by the std.")
+                "(in uint8, 10 - 124 = 142). Convert to float before any arithmetic.")
     elif _same_pixels(out, reference, params, 1):
         hint = ("the channels are in reverse order (BGR). The images are RGB already "
                 "(the dataset decodes to RGB): don't swap channels.")
@@ -361,6 +378,7 @@ def grade_uint8_pipeline(pipeline: Any, *, n_images: int = 8, num_workers: int =
     from ..data import JpegDataset
     from ..transforms import PipelineParams, exact_pipeline
 
+    refuse_course_helper(EXERCISE, pipeline, COURSE_STAGES, write=_WRITE)
     if isinstance(pipeline, type):
         try:
             pipeline = pipeline()
@@ -369,6 +387,7 @@ def grade_uint8_pipeline(pipeline: Any, *, n_images: int = 8, num_workers: int =
         except Exception as exc:
             raise ExerciseFailed(EXERCISE, f"could not create {pipeline.__name__}(): {exc}",
                                  hint="pass an instance, e.g. check(..., Uint8Pipeline()).") from exc
+        refuse_course_helper(EXERCISE, pipeline, COURSE_STAGES, write=_WRITE)
     missing = [s for s in STAGES if not callable(getattr(pipeline, s, None))]
     if missing:
         raise ExerciseFailed(EXERCISE, f"the answer has no {', '.join(missing)} method(s).",

@@ -14,10 +14,17 @@ message that says where it was stuck instead of hanging the notebook.
 Why ``fork`` for a function written in a notebook: workers started with ``spawn`` or
 ``forkserver`` receive the ``worker_init_fn`` by pickling, which stores only its module and
 name; a notebook function lives in ``__main__``, which those workers cannot import. ``fork``
-copies the notebook process, function included. When the answer *is* importable (for example
-``course_utils.make_worker_init(1)``) the grader also runs it in fresh ``forkserver`` workers,
-where OpenCV really starts its pool. Where ``fork`` does not exist (Windows) the grader sends
-the function's source code to ``spawn`` workers and runs it there.
+copies the notebook process, function included. When the answer *is* importable (a function
+in a module) the grader also runs it in fresh ``forkserver`` workers, where OpenCV really starts
+its pool. Where ``fork`` does not exist (Windows) the grader sends the function's source code to
+``spawn`` workers and runs it there.
+
+Every pool must start above 1 thread in the worker, or an answer that does nothing would
+"limit" it: on a machine with one CPU (BLAS sizes its pool from the CPUs) the grader raises each
+BLAS pool below 2 threads to 2 in the worker before it calls the answer (OpenCV too, outside a
+forked worker; in a forked one OpenCV reads the size this process set, 2), and the result names
+any pool it could not raise as not checked. The course's own ``make_worker_init`` (or an answer
+built on it) is refused: the exercise is to write it.
 """
 from __future__ import annotations
 
@@ -38,8 +45,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from ..grading import CheckResult, ExerciseFailed, grader
-from ..threads import THREAD_ENV_VARS, ThreadPools, thread_pools
+from ..grading import CheckResult, ExerciseFailed, grader, refuse_course_helper
+from ..threads import (THREAD_ENV_VARS, ThreadPools, WorkerThreadLimiter, is_torch_openmp,
+                       limit_threads, make_worker_init, thread_pools)
 
 EXERCISE = "02.worker_init"
 
@@ -51,9 +59,12 @@ _WHY_FORK = ("A notebook function can only reach workers started with 'fork' (th
              "workers import what they run, so there the function must live in a module: "
              "course_utils.make_worker_init(1) is the course's version of it.")
 
-_FIX = ("threadpoolctl.threadpool_limits(limits=1) (every BLAS/OpenMP pool, called without "
-        "`with` so the limit lasts for the worker's life) and cv2.setNumThreads(0) (OpenCV: "
-        "0 means run sequentially)")
+#: the course's versions of the answer, refused (see refuse_course_helper)
+_COURSE_LIMITERS = (make_worker_init, WorkerThreadLimiter, limit_threads)
+
+_FIX = ("each library's own control over its running pool: threadpoolctl reaches the "
+        "BLAS/OpenMP pools (for the worker's whole life, so not in a with-block), and OpenCV "
+        "has a setting of its own, whose value for 'run sequentially' is not 1")
 
 
 # --------------------------------------------------------------------------------------
@@ -73,16 +84,29 @@ class _ShippedSource:
         import cv2
         import threadpoolctl
 
-        import course_utils
-
         namespace: dict[str, Any] = {"os": os, "np": np, "numpy": np, "torch": torch, "cv2": cv2,
                                      "threadpoolctl": threadpoolctl,
-                                     "threadpool_limits": threadpoolctl.threadpool_limits,
-                                     "course_utils": course_utils,
-                                     "make_worker_init": course_utils.make_worker_init,
-                                     "limit_threads": course_utils.limit_threads}
+                                     "threadpool_limits": threadpoolctl.threadpool_limits}
         exec(compile(self.source, f"<your {self.name}>", "exec"), namespace)
         return namespace[self.name](worker_id)
+
+
+def _raise_small_pools(forked: bool) -> list[str]:
+    """Raise every BLAS pool of this worker that runs fewer than 2 threads to 2, and OpenCV
+    too outside a forked worker (in a forked one, resizing OpenCV's pool can hang; it reads the
+    parent's size, which :func:`_use_parent_pools` set to 2). Without this, on a machine with
+    one CPU the pools start at 1 and an answer that does nothing passes. Returns the pools
+    raised, by name. Raising a BLAS pool is safe under fork (it starts fresh threads)."""
+    import cv2
+    import threadpoolctl
+
+    start = thread_pools().pools
+    for lib in threadpoolctl.ThreadpoolController().lib_controllers:
+        if lib.user_api == "blas" and (lib.num_threads or 0) < 2:
+            lib.set_num_threads(2)
+    if not forked and cv2.getNumThreads() < 2:
+        cv2.setNumThreads(2)
+    return [name for name, n in thread_pools().pools.items() if n > start.get(name, n)]
 
 
 class _GradedInit:
@@ -104,6 +128,7 @@ class _GradedInit:
             # Unrelated to the pools this exercise is about; it only removes a rare false hang.
             gc.freeze()
         _STATE.clear()
+        _STATE["raised"] = _raise_small_pools(self.forked)
         _STATE["before"] = thread_pools().to_dict()
         _STATE["env_before"] = _env()
         calls: list = []
@@ -399,9 +424,8 @@ def _hung_failure(hung: _Hung, timeout_s: float) -> ExerciseFailed:
                   "fork copies only the calling thread, so the worker inherits the pool's "
                   f"bookkeeping but not its threads; cv2.setNumThreads({value}) stops and joins "
                   "those threads, which do not exist in the worker, and waits forever. "
-                  "cv2.setNumThreads(0) means 'run sequentially' without touching the pool: use "
-                  "it (and threadpoolctl.threadpool_limits(1) for BLAS). It is safe under fork, "
-                  "forkserver and spawn."))
+                  "cv2.setNumThreads(0) means 'run sequentially' without touching the pool, and "
+                  "is safe under fork, forkserver and spawn."))
     if hung.where == "fetch" and hung.after is not None and hung.after.torch_intra > 1:
         return ExerciseFailed(
             EXERCISE, f"the worker hung: torch at {hung.after.torch_intra} threads in a forked "
@@ -412,14 +436,24 @@ def _hung_failure(hung: _Hung, timeout_s: float) -> ExerciseFailed:
                   "That runtime (GNU libgomp) is not fork-safe: in a forked worker whose parent "
                   "had used it, the first parallel torch operation with more than one thread "
                   "waits forever for threads fork did not copy. The DataLoader sets 1 in every "
-                  "worker: keep it, and limit the other pools to 1 too."))
+                  "worker: keep it, and bring the other pools down to 1, never up."))
     return ExerciseFailed(
         EXERCISE, f"the worker hung ({hung.method} start method).",
         expected="every worker to finish its set-up and deliver a sample", seen=seen,
         hint=("in a forked worker, resizing a thread pool the parent had used can wait for "
-              "threads that fork did not copy: limit pools to 1 thread (torch.set_num_threads(1), "
-              "threadpoolctl.threadpool_limits(1), cv2.setNumThreads(0)); never ask for more "
-              "than 1 thread in a forked worker."))
+              "threads that fork did not copy: only ever bring pools down to 1 thread (for "
+              "OpenCV, with the value that means 'sequential'); never ask for more than 1 "
+              "thread in a forked worker."))
+
+
+def _started_at_one(before: ThreadPools) -> list[str]:
+    """Pools already at 1 thread before the answer ran (so the check cannot show that the
+    answer limits them), except torch's, which the DataLoader sets to 1 in every worker."""
+    names = list(before.pools)
+    blas_names = names[len(names) - len(before.blas):]   # pools lists the BLAS/OpenMP ones last
+    torch_omp = {name for name, entry in zip(blas_names, before.blas) if is_torch_openmp(entry)}
+    return [name for name, n in before.pools.items()
+            if n <= 1 and name != "torch intra-op" and name not in torch_omp]
 
 
 def _judge(answers: list[dict], method: str) -> tuple[ThreadPools, dict]:
@@ -458,7 +492,9 @@ def _judge(answers: list[dict], method: str) -> tuple[ThreadPools, dict]:
     before = ThreadPools.from_dict(worst["state"]["before"])
     after = ThreadPools.from_dict(worst["state"]["after"])
     if pools.limited_to(1):
-        return pools, {"before": before.to_dict(), "after": after.to_dict()}
+        return pools, {"before": before.to_dict(), "after": after.to_dict(),
+                       "raised": list(worst["state"].get("raised", [])),
+                       "not_checked": _started_at_one(before)}
 
     over = _over(pools)
     unchanged = {k: v for k, v in over.items() if before.pools.get(k) == v}
@@ -478,7 +514,7 @@ def _judge(answers: list[dict], method: str) -> tuple[ThreadPools, dict]:
                   "the dataset), so the pools stayed as they were: "
                   f"{', '.join(f'{k} {v}' for k, v in unchanged.items())}. Variables only help "
                   f"before the libraries load (in the shell, or at the very top of a script). "
-                  f"Limit the running pools instead: {_FIX}."))
+                  f"Limit the running pools instead, with {_FIX}."))
     if before.torch_intra == 1 and set(changed) <= {"torch intra-op"} and "torch intra-op" not in over:
         raise ExerciseFailed(
             EXERCISE, "torch was already at 1 thread in the worker; OpenCV and BLAS are not.",
@@ -489,18 +525,20 @@ def _judge(answers: list[dict], method: str) -> tuple[ThreadPools, dict]:
                   f"({', '.join(over)}). (In a forked worker OpenCV may only *read* its old "
                   "size, its threads were not copied; spawn and forkserver workers, or fork "
                   "workers of a process that had not used OpenCV yet, start a real pool of "
-                  f"that size.) Add {_FIX}."))
+                  f"that size.) Limit those too, with {_FIX}."))
     hints = []
     if any(name == "OpenCV" for name in over):
-        hints.append("OpenCV is not a pool threadpoolctl can see: call cv2.setNumThreads(0) "
-                     "(0 = sequential; 1 can deadlock in a forked worker)")
+        hints.append("OpenCV is not a pool threadpoolctl can see: OpenCV has its own thread "
+                     "setting (look up which value means 'sequential': 1 can deadlock in a "
+                     "forked worker)")
     blas = [name for name in over if name not in ("OpenCV", "torch intra-op")]
     if blas:
-        hints.append(f"{', '.join(blas)}: call threadpoolctl.threadpool_limits(limits=1) "
-                     f"without `with` (a with-block gives the limit back when it ends, before "
-                     f"the worker loads anything)")
+        hints.append(f"{', '.join(blas)}: threadpoolctl limits these, but the limit must "
+                     f"outlast your function, so call it without `with` (a with-block gives the "
+                     f"limit back when it ends, before the worker loads anything), and limit to "
+                     f"1 thread")
     if "torch intra-op" in over:
-        hints.append("torch: torch.set_num_threads(1) (the DataLoader sets 1; do not raise it)")
+        hints.append("torch: the DataLoader sets 1 thread in every worker; do not raise it")
     raise ExerciseFailed(
         EXERCISE, f"{len(over)} pool(s) still run more than 1 thread in the worker: "
                   f"{', '.join(f'{k} {v}' for k, v in over.items())}.",
@@ -523,6 +561,9 @@ def grade_worker_init(answer: Callable[[int], Any], *, num_workers: int = 2,
         raise ExerciseFailed(EXERCISE, "the answer is not a function.",
                              expected="a function limit_worker_threads(worker_id)",
                              seen=f"{type(answer).__name__}: {answer!r}")
+    refuse_course_helper(EXERCISE, answer, _COURSE_LIMITERS,
+                         write="in limit_worker_threads, bring each library's pool in the worker "
+                               "down to 1 thread with that library's own call")
     try:
         inspect.signature(answer).bind(0)
     except TypeError:
@@ -570,4 +611,12 @@ def grade_worker_init(answer: Callable[[int], Any], *, num_workers: int = 2,
     summary = (f"in {num_workers} real DataLoader workers ({method}, after this process had used "
                f"OpenCV, BLAS and torch) every pool ran 1 thread: {_pools_text(pools)}."
                + fresh_note + where)
+    if details["raised"]:
+        summary += (f" On this machine {', '.join(details['raised'])} started at 1 thread (as "
+                    f"on a machine with one CPU): the grader raised them to 2 in each worker before your function "
+                    f"ran, so that limiting them shows.")
+    if details["not_checked"]:
+        summary += (f" NOT checked: {', '.join(details['not_checked'])} already ran 1 thread "
+                    f"before your function, and the grader could not raise them, so this machine "
+                    f"cannot show whether your function limits them.")
     return CheckResult(EXERCISE, summary, details)

@@ -7,7 +7,9 @@ largest count measured, a curve where workers do not help, a noisy plateau — w
 seeded measurement noise, then one curve measured for real on this machine. An answer passes a
 curve when it is one of the measured counts, its true rate is at least 85 % of the best, and it
 is not beyond the first count that reaches 97 % of the best by more than one step of the grid
-(more workers than that cost CPU, memory and start-up for nothing).
+(more workers than that cost CPU, memory and start-up for nothing). Every synthetic curve is
+also given with its measurements in a shuffled (seeded) order, as a sweep run in random order or
+results merged from several runs would give them: the choice must not depend on the order.
 
 ``03.copy_on_read``: the learner writes a class (or function) that takes the list of record
 dicts from :func:`course_utils.scaling.make_records` and returns a dataset giving the same items
@@ -15,6 +17,9 @@ as :class:`~course_utils.scaling.RecordListDataset`, without a Python object per
 grader checks the items are equal, that no attribute still holds one Python object per record,
 and then runs one real epoch of both datasets in forked DataLoader workers and compares each
 worker's private-memory (USS) growth.
+
+Both refuse the course's own version (``find_knee`` and its relatives; ``RecordArrayDataset``),
+handed in or built on: the exercise is to write it.
 """
 from __future__ import annotations
 
@@ -24,7 +29,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..grading import CheckResult, ExerciseFailed, grader
+from ..grading import CheckResult, ExerciseFailed, grader, refuse_course_helper
+from ..scaling import CurveShape, RecordArrayDataset, describe_curve, find_knee
 
 CHOOSE = "03.choose_workers"
 COPY = "03.copy_on_read"
@@ -33,6 +39,9 @@ COPY = "03.copy_on_read"
 ENOUGH_FRACTION = 0.85
 #: ... and it must not go past the first count reaching this fraction by more than one step
 SATURATED_FRACTION = 0.97
+#: the course's own knee finders and packed dataset, refused in an answer
+COURSE_CHOOSERS = (find_knee, describe_curve, CurveShape)
+COURSE_PACKED = (RecordArrayDataset,)
 
 
 # --------------------------------------------------------------------------------------------
@@ -70,6 +79,17 @@ def synthetic_curves() -> list[dict]:
         _curve("noisy plateau", "a plateau measured on a busy machine (5 % noise)",
                range(17), noisy, 0.05, 16),
     ]
+
+
+def shuffled(curve: dict, seed: int) -> dict:
+    """``curve`` with its measurements (workers, true and measured rates) in a seeded order
+    that is never the sorted one."""
+    rng = np.random.default_rng(seed)
+    n = len(curve["workers"])
+    order = list(range(n))
+    while n > 1 and order == sorted(order):
+        order = rng.permutation(n).tolist()
+    return {**curve, **{k: [curve[k][i] for i in order] for k in ("workers", "truth", "measured")}}
 
 
 def acceptable(workers: Sequence[int], truth: Sequence[float],
@@ -144,6 +164,26 @@ def _judge(curve: dict, answer: Any, label: str,
                          seen=f"{answer}; {seen_curve}", hint=hint)
 
 
+def _judge_shuffled(choose: Callable, curve: dict, in_order: int, seed: int) -> None:
+    """Call ``choose`` with ``curve``'s measurements shuffled; the answer must still be a good
+    choice (judged on the curve in order)."""
+    mixed = shuffled(curve, seed)
+    answer = _call_choice(choose, mixed)
+    try:
+        _judge(curve, answer, f"{curve['name']!r} (measurements shuffled)")
+    except ExerciseFailed as exc:
+        raise ExerciseFailed(
+            CHOOSE, f"the answer depends on the order of the measurements: the {curve['name']!r} "
+                    f"curve gave {in_order} with the worker counts in increasing order, but "
+                    f"{answer!r} with the same measurements shuffled.",
+            expected=f"{exc.expected}, whatever the order of the measurements",
+            seen=f"{answer!r} for workers {mixed['workers']} with samples/s "
+                 f"{[round(r) for r in mixed['measured']]}",
+            hint="measurements can come in any order (a sweep run in random order, results "
+                 "merged from several runs): keep each worker count with its own rate, and "
+                 "choose by the counts themselves, not by their position in the lists.") from None
+
+
 def _measured_curve(max_workers: int | None = None) -> dict:
     """A real samples/s-vs-workers curve of JPEG decoding measured now on this machine."""
     from ..config import pick
@@ -173,6 +213,9 @@ def grade_choose_workers(choose_num_workers: Callable[..., Any], *,
         raise ExerciseFailed(CHOOSE, "the answer is not a function.",
                              expected="a function choose_num_workers(workers, samples_per_s)",
                              seen=f"{type(choose_num_workers).__name__}: {choose_num_workers!r}")
+    refuse_course_helper(CHOOSE, choose_num_workers, COURSE_CHOOSERS,
+                         write="read the best rate off the measurements and pick the worker "
+                               "count yourself, in plain Python")
     curves = synthetic_curves()
     answers = [_call_choice(choose_num_workers, c) for c in curves]
     # the same answer whatever the curve: say so before judging any single curve
@@ -192,6 +235,8 @@ def grade_choose_workers(choose_num_workers: Callable[..., Any], *,
                  "waiting-bound work keeps rising, and light work may be fastest with 0 workers.")
     for curve, answer in zip(curves, answers):
         _judge(curve, answer, repr(curve["name"]))
+    for i, (curve, answer) in enumerate(zip(curves, answers)):
+        _judge_shuffled(choose_num_workers, curve, int(answer), seed=100 + i)
     details: dict[str, Any] = {c["name"]: int(a) for c, a in zip(curves, answers)}
     summary = "; ".join(f"{c['name']}: {int(a)}" for c, a in zip(curves, answers))
     if measure_real_curve:
@@ -210,6 +255,8 @@ def grade_choose_workers(choose_num_workers: Callable[..., Any], *,
 # 03.copy_on_read
 # --------------------------------------------------------------------------------------------
 
+_WRITE_PACKED = ("pack the records' fields into NumPy arrays in your class's __init__ and "
+                 "read them back in __getitem__")
 _LIST_BASELINE: dict[tuple, Any] = {}  # (n, seed, workers) -> WorkerMemory of the list version
 
 
@@ -262,8 +309,9 @@ def _same_item(i: int, want: Any, got: Any) -> None:
     if not isinstance(box, torch.Tensor):
         raise ExerciseFailed(COPY, f"item {i}: the box is not a torch tensor.", expected=shape,
                              seen=f"{type(box).__name__}: {box!r}"[:300],
-                             hint="wrap the row with torch.from_numpy(self.boxes[i].copy()) "
-                                  "(the copy keeps the dataset's array out of the batch).")
+                             hint="return the box as a torch tensor made from a copy of the "
+                                  "row (a copy, so the batch does not hold a view of the "
+                                  "dataset's array).")
     if box.dtype != want[0].dtype or tuple(box.shape) != tuple(want[0].shape) \
             or not torch.equal(box, want[0]):
         raise ExerciseFailed(COPY, f"item {i}: the box differs from the original.",
@@ -274,13 +322,13 @@ def _same_item(i: int, want: Any, got: Any) -> None:
         raise ExerciseFailed(COPY, f"item {i}: the label differs from the original.",
                              expected=f"{want[1]!r} (an int)",
                              seen=f"{type(label).__name__}: {label!r}",
-                             hint="store labels in an int64 array and return int(self.labels[i]).")
+                             hint="store labels in an int64 array and return each as a plain "
+                                  "Python int.")
     if not isinstance(path, str) or path != want[2]:
         raise ExerciseFailed(COPY, f"item {i}: the path differs from the original.",
                              expected=f"{want[2]!r} (a str)",
                              seen=f"{type(path).__name__}: {path!r}",
-                             hint="decode the bytes back to text: "
-                                  "self.path_bytes[a:b].tobytes().decode('utf-8').")
+                             hint="a path is text: decode its UTF-8 bytes back to a str.")
 
 
 @grader(COPY)
@@ -295,6 +343,7 @@ def grade_copy_on_read(make_safe: Callable[[list], Any], *, n_records: int = 60_
                              expected="a class (or function) called with the list of records, "
                                       "returning a dataset",
                              seen=f"{type(make_safe).__name__}: {make_safe!r}")
+    refuse_course_helper(COPY, make_safe, COURSE_PACKED, write=_WRITE_PACKED)
     records = make_records(n_records, seed=seed)
     reference = RecordListDataset(records)
     safe = make_safe(records)
@@ -304,6 +353,7 @@ def grade_copy_on_read(make_safe: Callable[[list], Any], *, n_records: int = 60_
                              seen=type(safe).__name__,
                              hint="pack the fields into arrays in __init__ and read them in "
                                   "__getitem__.")
+    refuse_course_helper(COPY, safe, COURSE_PACKED, write=_WRITE_PACKED)
     if not hasattr(safe, "__getitem__") or not hasattr(safe, "__len__"):
         raise ExerciseFailed(COPY, "the answer is not a dataset.",
                              expected="an object with __len__ and __getitem__ (a "

@@ -28,7 +28,9 @@ Only on CUDA (it cannot be observed elsewhere):
   ``wait_stream`` reads a half-copied batch) and behind a busy current stream (a missing
   ``record_stream`` lets a later copy overwrite a batch before it is read).
 
-On other devices the result says plainly which of these it could not check.
+On other devices the result says plainly which of these it could not check. The course's own
+:class:`~course_utils.prefetch.DevicePrefetcher` (or a subclass, an instance or a wrapper of it)
+is refused: the exercise is to write it.
 """
 from __future__ import annotations
 
@@ -37,9 +39,13 @@ from typing import Any, Callable
 
 import torch
 
-from ..grading import CheckResult, ExerciseFailed, grader
+from ..grading import CheckResult, ExerciseFailed, grader, refuse_course_helper
+from ..prefetch import DevicePrefetcher
 
 EXERCISE = "04.prefetcher"
+
+#: the course's prefetcher, refused in an answer
+COURSE_PREFETCHERS = (DevicePrefetcher,)
 
 _SIGNATURE_HINT = ("pass the class itself: check(\"04.prefetcher\", Prefetcher); the grader "
                    "calls Prefetcher(loader, device) and iterates over the result.")
@@ -174,8 +180,8 @@ def _split(batch: Any, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         raise _fail(f"batch {k} came out as a single tensor; the loader gives (images, labels).",
                     expected="a tuple (images, labels), both on the device",
                     seen=_describe(batch),
-                    hint="move every tensor of the batch and keep its structure: "
-                         "return (images.to(...), labels.to(...)).")
+                    hint="move every tensor of the batch and keep its structure: an (images, "
+                         "labels) pair, both on the device.")
     if not isinstance(batch, (tuple, list)) or len(batch) != 2 or not all(
             isinstance(t, torch.Tensor) for t in batch):
         raise _fail(f"batch {k} is not an (images, labels) pair of tensors.",
@@ -204,8 +210,8 @@ def _check_order(batches: list, loader: _RecordingLoader, device: torch.device) 
         return
     if order == want[1:]:
         problem = "the first batch is missing."
-        hint = ("the batch copied before the loop must be yielded too: copy batch 0, then in "
-                "the loop start the copy of k+1 and yield k.")
+        hint = ("the batch copied before the loop must be handed out too: every batch you "
+                "start copying is yielded once, batch 0 included.")
     elif order == want[:-1]:
         problem = "the last batch is missing."
         hint = ("when the loader runs out, the batch already copied must still be yielded: "
@@ -237,7 +243,7 @@ def _check_batches(batches: list, loader: _RecordingLoader, device: torch.device
         if not img_ok or not lab_ok:
             raise _fail(f"batch {k} is not on {device}.", expected=f"images and labels on {device}",
                         seen=f"images on {images.device}, labels on {labels.device}",
-                        hint="tensor.to(device, non_blocking=True) for images and labels.")
+                        hint="move both the images and the labels to the device.")
         if images.dtype != want_images.dtype or labels.dtype != want_labels.dtype:
             raise _fail(f"batch {k} changed dtype on the way.",
                         expected=f"images {want_images.dtype}, labels {want_labels.dtype} "
@@ -273,8 +279,8 @@ def _check_lookahead(pulled: list[int], n: int) -> None:
                 expected=f"the loader asked for batch {k + 1} before batch {k} is yielded "
                          f"(at least {k + 2} batches read)",
                 seen=f"{p} batches read when batch {k} was yielded",
-                hint="keep one batch ahead: before the loop, copy batch 0; in the loop, start the "
-                     "copy of the next batch, then yield the current one.")
+                hint="keep one batch ahead: the copy of the next batch must already be under way "
+                     "when the current one is handed out.")
     if pulled[0] >= n and n >= 4:
         raise _fail("the prefetcher read the whole epoch before handing out the first batch.",
                     expected="batch k+1 read (and copied) while batch k is used: two batches on "
@@ -353,15 +359,17 @@ def _cuda_race_check(answer: Any, device: torch.device, mib: int,
         bad += [(p, k) for k, ok in enumerate(flags) if not bool(ok.item())]
     if bad:
         early = any(not passes[p] for p, _ in bad)
-        hint = ("before handing out a batch copied on the side stream, make the current stream "
-                "wait for it: torch.cuda.current_stream().wait_stream(stream); and call "
-                "tensor.record_stream(torch.cuda.current_stream()) on its tensors so their memory "
-                "is not reused too early.")
+        hint = ("a copy queued on a side stream is not finished when Python moves on: before "
+                "handing out a batch, the current stream must wait for the side stream "
+                "(Stream.wait_stream), and its tensors must be marked as used by the current "
+                "stream (Tensor.record_stream) so the caching allocator does not reuse their "
+                "memory too early.")
         if not early:
             hint = ("every batch was complete when read at once, but not when the current stream "
                     "was busy: its memory was reused for a later copy before the current stream "
-                    "read it. Call tensor.record_stream(torch.cuda.current_stream()) on every "
-                    "tensor of a batch before handing it out.")
+                    "read it. The caching allocator only knows the stream a tensor was made on: "
+                    "tell it the current stream uses every tensor of the batch (record_stream) "
+                    "before handing it out.")
         raise _fail("batches were read before their copy had finished, or after their memory "
                     "was reused for another batch (a race).",
                     expected="every batch complete, with this pass's values, when the consumer "
@@ -421,10 +429,10 @@ def _cuda_overlap_check(answer: Any, device: torch.device, mib: int, threshold: 
                              f"({n} batches: copy {copy_s * 1e3:.2f} ms, step {step_s * 1e3:.2f} ms each)",
                     seen=f"plain loop {t_plain * 1e3:.1f} ms, your prefetcher {t_learner * 1e3:.1f} ms: "
                          f"{saved:.0%} hidden",
-                    hint="issue the copy of batch k+1 on a side stream (with torch.cuda.stream(s): "
-                         "...to(device, non_blocking=True)) before yielding batch k; a copy on the "
-                         "default stream waits for the previous step's kernels, and a synchronous "
-                         "copy (non_blocking=False) blocks Python until it is done.")
+                    hint="the copy of batch k+1 must be queued on a stream of its own, and be "
+                         "asynchronous, before batch k is handed out: a copy on the default "
+                         "stream waits for the previous step's kernels, and a synchronous copy "
+                         "(non_blocking=False) blocks Python until it is done.")
     return details
 
 
@@ -440,6 +448,9 @@ def grade_prefetcher(answer: Any, *, device: Any = None, n_batches: int = 6, bat
     device; on CUDA also that copies overlap compute and that no batch is read mid-copy."""
     from ..transfer import resolve_device
 
+    refuse_course_helper(EXERCISE, answer, COURSE_PREFETCHERS,
+                         write="in your Prefetcher class, keep one batch ahead: start its copy "
+                               "before you hand out the current one")
     dev = resolve_device(device)
     checked: list[str] = []
     not_checked: list[str] = []

@@ -28,6 +28,9 @@ What the grader checks, and how, without timing anything:
   shape, a dtype and a device but no data): creating random numbers on the CPU, or copying to
   the host, fails there just as it would on a GPU. On CUDA (and MPS) the value checks run on
   the GPU itself too.
+
+The course's own batched augmentation (``augment_batch`` and the pieces it is made of), handed in
+or built on, is refused: the exercise is to write it.
 """
 from __future__ import annotations
 
@@ -36,9 +39,15 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ..grading import CheckResult, ExerciseFailed, grader
+from ..augment import (AugmentDraws, AugmentTransform, augment_batch, augment_sample, crop_grid,
+                       draw_batch, draw_sample)
+from ..grading import CheckResult, ExerciseFailed, grader, refuse_course_helper
 
 EXERCISE = "05.batched_flip_brightness"
+
+#: the course's augmentation, refused in an answer
+COURSE_AUGMENT = (augment_batch, draw_batch, draw_sample, crop_grid, augment_sample, AugmentDraws,
+                  AugmentTransform)
 
 _DARK_MAX = 0.6       # test pixels <= this stay below 1 even at factor 1.6
 _BRIGHT = 0.95        # the bright stripe: needs clamping at factors > 1.05
@@ -83,8 +92,8 @@ def _call(fn: Callable, batch: torch.Tensor, **kwargs: Any) -> Any:
         text = str(exc)
         hint = "run it on a small batch in a cell of its own and read the traceback."
         if "generator" in text.lower() and "device" in text.lower():
-            hint = ("the generator lives on the batch's device: draw with "
-                    "torch.rand(n, generator=generator, device=batch.device).")
+            hint = ("the generator lives on the batch's device: draw the random numbers on "
+                    "batch.device, with the generator.")
         raise ExerciseFailed(EXERCISE, f"your function raised {type(exc).__name__}: {text}",
                              seen=f"input {_describe(batch)}", hint=hint) from exc
 
@@ -107,8 +116,8 @@ def _basic(out: Any, batch: torch.Tensor, before: torch.Tensor, where: str) -> t
             EXERCISE, f"{where}: your function changed the input batch in place.",
             expected="the input batch unchanged, a new tensor returned",
             hint="in-place ops (mul_, clamp_, batch[...] = ...) on `batch` overwrite the caller's "
-                 "data (in training: the loader's batch, perhaps reused). Compute into a new "
-                 "tensor: out = torch.where(...); out = (out * factor).clamp(0, 1).")
+                 "data (in training: the loader's batch, perhaps reused). Compute into new "
+                 "tensors with out-of-place operations instead.")
     if out.device != batch.device:
         raise ExerciseFailed(
             EXERCISE, f"{where}: the output is on {out.device}, the input was on {batch.device}.",
@@ -118,15 +127,14 @@ def _basic(out: Any, batch: torch.Tensor, before: torch.Tensor, where: str) -> t
     if out.dtype != batch.dtype:
         if out.dtype == torch.float64:
             hint = ("float64 usually comes from NumPy (np.random.* gives float64) or a float64 "
-                    "tensor: draw with torch.rand(n, generator=generator, device=batch.device) "
-                    "and keep the batch's dtype: factor.to(batch.dtype).")
+                    "tensor: draw the random numbers with torch, on batch.device, and give the "
+                    "factors the batch's dtype.")
         elif batch.dtype in (torch.float16, torch.bfloat16):
             hint = (f"the input was {batch.dtype}, as in mixed-precision training. torch.rand makes "
                     f"float32, and float32 factors times a {batch.dtype} batch promote the result "
-                    f"to float32 (twice the bytes). Create or convert the factors with "
-                    f"dtype=batch.dtype: factor.to(batch.dtype).")
+                    f"to float32 (twice the bytes). Give the factors the batch's dtype.")
         else:
-            hint = "return the batch's dtype: convert the random factors with .to(batch.dtype)."
+            hint = "return the batch's dtype: convert the random factors to it."
         raise ExerciseFailed(EXERCISE, f"{where}: the output dtype is {out.dtype}, the input was {batch.dtype}.",
                              expected=f"dtype {batch.dtype}", seen=_describe(out), hint=hint)
     if out.shape != batch.shape:
@@ -143,7 +151,7 @@ def _basic(out: Any, batch: torch.Tensor, before: torch.Tensor, where: str) -> t
             EXERCISE, f"{where}: values go up to {hi:.3f}, above 1.",
             expected="values in [0, 1] (the input's range)", seen=f"min {lo:.3f}, max {hi:.3f}",
             hint="a brightness factor above 1 pushes bright pixels past white (the test images "
-                 "have a stripe at 0.95). Clamp after multiplying: (out * factor).clamp(0, 1).")
+                 "have a stripe at 0.95). Clamp to [0, 1] after multiplying.")
     if lo < -1e-3:
         raise ExerciseFailed(EXERCISE, f"{where}: values go down to {lo:.3f}, below 0.",
                              expected="values in [0, 1]", seen=f"min {lo:.3f}, max {hi:.3f}",
@@ -175,10 +183,10 @@ def _analyse(out: torch.Tensor, x: torch.Tensor, tol: float, where: str) -> tupl
     seen = f"sample {i}: not its input (mirrored or not) times one factor (off by up to {float(err[i]):.3g})"
     for hyp, problem, hint in (
             (s.flip(2), "some samples were flipped upside down (along the height, dim 2).",
-             "a horizontal (left-right) flip reverses the width: batch.flip(3) (or flip(-1)) for an "
-             "(N, C, H, W) batch; dim 2 is the height."),
+             "a horizontal (left-right) flip reverses the width: dim 3 of an (N, C, H, W) batch; "
+             "dim 2 is the height."),
             (s.flip(2).flip(3), "some samples were flipped along both height and width.",
-             "flip only the width: batch.flip(3)."),
+             "flip only the width (dim 3)."),
             (s.flip(1), "some samples had their colour channels reversed (dim 1).",
              "flip the width, dim 3, not the channels.")):
         if float(_fit(o, hyp)[1][0]) <= tol:
@@ -190,7 +198,8 @@ def _analyse(out: torch.Tensor, x: torch.Tensor, tol: float, where: str) -> tupl
             EXERCISE, f"{where}: sample {i}'s output was made from another sample's image.",
             expected="every output sample made from its own input sample",
             seen=seen, hint="did you flip the batch dimension (dim 0) instead of the width (dim 3)? "
-                            "torch.where(flip.view(-1, 1, 1, 1), batch.flip(3), batch) keeps samples in place.")
+                            "Choosing per sample between the image and its mirror (an "
+                            "element-wise selection with a per-sample mask) keeps samples in place.")
     for hyp in (s, s.flip(3)):
         dark = hyp <= _DARK_MAX
         d = (o - hyp)[dark]
@@ -199,8 +208,8 @@ def _analyse(out: torch.Tensor, x: torch.Tensor, tol: float, where: str) -> tupl
                 EXERCISE, f"{where}: brightness was added, not multiplied.",
                 expected="out = clamp(factor * image): a factor in [1 - brightness, 1 + brightness]",
                 seen=f"sample {i}: every pixel shifted by {float(d.mean()):+.3f}",
-                hint="multiply by the factor: batch * factor.view(-1, 1, 1, 1). Scaling keeps black "
-                     "black; adding lifts it.")
+                hint="multiply by the factor (one per sample, broadcast over its pixels). Scaling "
+                     "keeps black black; adding lifts it.")
         per_channel = [(o[:, c:c + 1], hyp[:, c:c + 1]) for c in range(o.shape[1])]
         fits = [_fit(a, b) for a, b in per_channel]
         if all(float(e[0]) <= tol for _, e in fits):
@@ -209,7 +218,8 @@ def _analyse(out: torch.Tensor, x: torch.Tensor, tol: float, where: str) -> tupl
                 EXERCISE, f"{where}: each colour channel got its own brightness factor.",
                 expected="one factor per sample, the same for its three channels",
                 seen=f"sample {i}: factors {factors} for its channels",
-                hint="draw N factors, not N x C: torch.rand(n, ...) viewed as (N, 1, 1, 1).")
+                hint="draw N factors, not N x C, and broadcast each over its sample's channels "
+                     "and pixels.")
     raise ExerciseFailed(
         EXERCISE, f"{where}: the output is not the input flipped (or not) and scaled by one factor per sample.",
         expected="out[i] = clamp(factor[i] * (batch[i] mirrored left-right, or not), 0, 1)",
@@ -236,9 +246,8 @@ def _check_values(fn: Callable, device: torch.device, *, n: int, side: int, seed
             expected=f"each sample flipped with probability {p} on its own (about {n // 2} of {n})",
             seen=f"{k} of {n} mirrored",
             hint="torch.rand(1) < p (or random.random() < p) decides once per batch, so a whole "
-                 "batch is flipped together. Draw one number per sample: "
-                 "flip = torch.rand(n, generator=generator, device=batch.device) < flip_p, then "
-                 "torch.where(flip.view(-1, 1, 1, 1), batch.flip(3), batch).")
+                 "batch is flipped together. Draw one number per sample, compare each with "
+                 "flip_p, and choose per sample between the image and its mirror.")
     spread = float(factor.max() - factor.min())
     if spread < 1e-4:
         raise ExerciseFailed(
@@ -246,29 +255,29 @@ def _check_values(fn: Callable, device: torch.device, *, n: int, side: int, seed
                       f"one draw for the whole batch.",
             expected=f"{n} different factors in [{1 - b:.1f}, {1 + b:.1f}]",
             seen=f"all {n} factors within {spread:.1e} of each other",
-            hint="draw N factors and broadcast them: factor = (1 - brightness + 2 * brightness * "
-                 "torch.rand(n, ...)).view(-1, 1, 1, 1).")
+            hint="draw N factors, one per sample, and broadcast them over (N, 1, 1, 1).")
     lo, hi = float(factor.min()), float(factor.max())
     if lo < 1 - b - 2e-3 or hi > 1 + b + 2e-3:
         raise ExerciseFailed(
             EXERCISE, f"{where}: brightness factors outside [1 - brightness, 1 + brightness].",
             expected=f"factors in [{1 - b:.2f}, {1 + b:.2f}] for brightness={b}",
             seen=f"factors from {lo:.3f} to {hi:.3f}",
-            hint="1 - brightness + 2 * brightness * u with u = torch.rand(...) in [0, 1).")
+            hint="map a uniform number in [0, 1) onto the range: it is 2 * brightness wide and "
+                 "starts at 1 - brightness.")
     mean = float(factor.mean())
     if lo > 1 - b / 2 or hi < 1 + b / 2 or abs(mean - 1) > 0.12:
         raise ExerciseFailed(
             EXERCISE, f"{where}: the brightness factors do not cover [1 - brightness, 1 + brightness] evenly.",
             expected=f"{n} factors spread over [{1 - b:.2f}, {1 + b:.2f}], mean near 1",
             seen=f"from {lo:.3f} to {hi:.3f}, mean {mean:.3f}",
-            hint="draw uniformly over the whole range: 1 - brightness + 2 * brightness * torch.rand(...).")
+            hint="draw uniformly over the whole range [1 - brightness, 1 + brightness].")
     rate = k / n
     if not 0.2 <= rate <= 0.8:
         raise ExerciseFailed(
             EXERCISE, f"{where}: {k} of {n} samples were mirrored with flip_p={p}.",
             expected=f"about {p:.0%} mirrored (a sample is flipped when its number is < flip_p)",
             seen=f"{rate:.0%} mirrored",
-            hint="flip = torch.rand(n, ...) < flip_p.")
+            hint="flip a sample when its uniform number is below flip_p.")
     # the arguments are honoured
     for p2, want in ((0.0, 0), (1.0, n)):
         o2 = _basic(_call(fn, x, flip_p=p2, brightness=b, generator=_generator(device, seed)), x, before, where)
@@ -276,7 +285,8 @@ def _check_values(fn: Callable, device: torch.device, *, n: int, side: int, seed
         if k2 != want:
             raise ExerciseFailed(EXERCISE, f"{where}: with flip_p={p2}, {k2} of {n} samples were mirrored.",
                                  expected=f"{want} of {n} mirrored", seen=f"{k2}",
-                                 hint="use the flip_p argument: flip = torch.rand(n, ...) < flip_p.")
+                                 hint="use the flip_p argument (not a constant) in the flip "
+                                      "decision.")
     for b2 in (0.0, 0.8):
         o2 = _basic(_call(fn, x, flip_p=p, brightness=b2, generator=_generator(device, seed)), x, before, where)
         f2 = _analyse(o2.cpu(), x.cpu(), tol, where)[1]
@@ -286,7 +296,7 @@ def _check_values(fn: Callable, device: torch.device, *, n: int, side: int, seed
                 EXERCISE, f"{where}: with brightness={b2} the factors ran from {l2:.3f} to {h2:.3f}.",
                 expected=f"factors in [{1 - b2:.2f}, {1 + b2:.2f}]" + (" (exactly 1: no change)" if b2 == 0 else ""),
                 seen=f"{l2:.3f} .. {h2:.3f}",
-                hint="use the brightness argument: 1 - brightness + 2 * brightness * torch.rand(...).")
+                hint="use the brightness argument (not a constant) for the range of the factors.")
     # reproducible with the generator
     g_dev = _generator(device, seed)
     if g_dev is not None:
@@ -295,8 +305,8 @@ def _check_values(fn: Callable, device: torch.device, *, n: int, side: int, seed
             raise ExerciseFailed(
                 EXERCISE, f"{where}: two calls with generators seeded alike gave different results.",
                 expected="the same output for the same seed (reproducible runs)",
-                hint="draw every random number with the generator: torch.rand(n, generator=generator, "
-                     "device=batch.device). Without generator=..., torch uses its global one.")
+                hint="draw every random number with the generator (torch's random functions take "
+                     "generator=...); without it, torch uses its global one.")
         other = _call(fn, x, flip_p=p, brightness=b, generator=_generator(device, seed + 1))
         if torch.equal(other, out):
             raise ExerciseFailed(
@@ -338,8 +348,8 @@ def _check_batched(fn: Callable, *, side: int, seed: int) -> dict:
             hint="on a GPU every torch call is at least one kernel launch (a few microseconds each, "
                  "plus Python overhead), so a loop costs N x (launches) per batch while the GPU "
                  "idles between tiny kernels. Draw all N random numbers at once and let "
-                 "broadcasting apply them: torch.where(flip.view(-1, 1, 1, 1), batch.flip(3), batch) "
-                 "and batch * factor.view(-1, 1, 1, 1).")
+                 "broadcasting apply them to the whole batch: a per-sample mask for the flip, a "
+                 "per-sample factor shaped (N, 1, 1, 1) for the brightness.")
     return {"calls": c_big}
 
 
@@ -387,8 +397,7 @@ def _check_meta(fn: Callable, *, n: int, side: int) -> str:
         raise ExerciseFailed(
             EXERCISE, f"on the 'meta' device (a stand-in for a GPU) your function raised "
                       f"{type(out).__name__}: {text[:200]}",
-            hint="keep to torch ops on batch.device (torch.rand(..., device=batch.device), "
-                 "torch.where, flip, multiplication, clamp).") from out
+            hint="keep to torch operations on batch.device.") from out
     if not isinstance(out, torch.Tensor):
         raise ExerciseFailed(EXERCISE, "on the 'meta' device your function did not return a tensor.",
                              seen=_describe(out))
@@ -411,6 +420,9 @@ def grade_flip_brightness(fn: Callable[..., Any], *, n: int = 64, side: int = 12
         raise ExerciseFailed(EXERCISE, "the answer is not a function.",
                              expected="random_flip_brightness(batch, flip_p=0.5, brightness=0.4, generator=None)",
                              seen=_describe(fn))
+    refuse_course_helper(EXERCISE, fn, COURSE_AUGMENT,
+                         write="draw one random number per sample with torch and apply the flip "
+                               "and the brightness to the whole batch at once")
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):

@@ -23,6 +23,10 @@ the per-round ratios (answer / reference samples/s) is at least :data:`PASS_RATI
 was chosen on a busy 2-core machine (another job running) where the reference against itself
 ranged 0.59-1.16 (hence 5 rounds, paired ratios and 0.6); a loader that sleeps 20 ms per
 sample reaches about 0.1.
+
+The reference itself (``tuned_loader``), handed in or wrapped, is refused: the exercise is to
+build the loader. The pieces the lesson gives (``BatchedJpegDataset``, ``keep_batch``,
+``make_worker_init``, ``tune_loader``) may be used.
 """
 from __future__ import annotations
 
@@ -31,7 +35,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..grading import CheckResult, ExerciseFailed, grader
+from ..grading import CheckResult, ExerciseFailed, grader, refuse_course_helper
+from ..pipelines import tuned_loader
 
 FAST = "06.fast_pipeline"
 
@@ -41,6 +46,8 @@ PASS_RATIO = 0.6
 CPU_ALLOWANCE = 0.4
 #: interleaved rounds (answer, reference, answer, reference, ...)
 ROUNDS = 5
+#: the reference loader, refused in an answer
+COURSE_LOADERS = (tuned_loader,)
 
 
 def default_cpu_budget() -> int:
@@ -123,7 +130,6 @@ def grade_fast_pipeline(build_loader: Callable[..., Any], *, cpu_budget: int | N
     from ..bench import compare, measure_loader, Measurement
     from ..config import pick
     from ..data import JpegDataset
-    from ..pipelines import tuned_loader
     from ..tuning import _resampled
 
     if not callable(build_loader):
@@ -131,6 +137,9 @@ def grade_fast_pipeline(build_loader: Callable[..., Any], *, cpu_budget: int | N
                     expected="a function build_loader(dataset, *, batch_size, size, cpu_budget) "
                              "returning a DataLoader",
                     seen=f"{type(build_loader).__name__}: {build_loader!r}"[:200])
+    refuse_course_helper(FAST, build_loader, COURSE_LOADERS,
+                         write="build the DataLoader yourself, choosing its dataset, workers and "
+                               "settings from what lessons 01-06 measured")
     k = default_cpu_budget() if cpu_budget is None else int(cpu_budget)
     dataset = JpegDataset(n=pick(full=600, quick=240) if n_images is None else n_images,
                           min_side=200, max_side=480, seed=6)

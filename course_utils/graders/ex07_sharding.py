@@ -208,12 +208,12 @@ def judge(report: ShardingReport, where: str) -> str:
                         f"DistributedSampler then repeats {pad} sample(s) instead.")
             elif all(c == n // world for c in counts) or sum(counts) < n:
                 hint = (f"{n} samples over {world} ranks is {n / world:g} each: a rank that takes "
-                        f"len(dataset) // world_size loses the rest. DistributedSampler("
-                        f"dataset, num_replicas=world_size, rank=rank) rounds up and pads.")
+                        f"len(dataset) // world_size loses the rest. Round up instead, and pad "
+                        f"with repeated samples, as DistributedSampler does.")
             else:
                 hint = ("every rank must shuffle with the same seed and take its own slice of "
-                        "the same permutation; DistributedSampler(dataset, num_replicas="
-                        "world_size, rank=rank, seed=...) does exactly that.")
+                        "the same permutation; DistributedSampler does exactly that when every "
+                        "rank gives it the same seed.")
             raise ExerciseFailed(
                 SHARDING, f"{where}: in epoch {e.epoch}, {len(e.missing)} of {n} samples were "
                 f"never drawn by any rank.",
@@ -222,8 +222,8 @@ def judge(report: ShardingReport, where: str) -> str:
         if e.extra > pad:
             if all(len(set(x)) >= n for x in e.per_rank):
                 hint = ("every rank iterates the whole dataset: a DataLoader(shuffle=True) per "
-                        "rank is not sharded. Give each rank its shard with DistributedSampler("
-                        "dataset, num_replicas=world_size, rank=rank).")
+                        "rank is not sharded. Each rank needs its own shard: a sampler that "
+                        "knows how many ranks there are and which one this is.")
             else:
                 hint = ("the shards overlap: check the slice bounds (one past the end takes "
                         "the next rank's first sample), and that all ranks use the same "
@@ -256,8 +256,9 @@ def judge(report: ShardingReport, where: str) -> str:
             # in index order (DistributedSampler's padding, if any, comes last)
             sorted_ = all(x[:-1] == sorted(x[:-1]) for x in a.per_rank)
             if sorted_:
-                hint = ("the samples come in index order: shuffle=False. Pass shuffle=True to "
-                        "DistributedSampler (its default) and call set_epoch(epoch).")
+                hint = ("the samples come in index order: shuffle=False. DistributedSampler "
+                        "shuffles by default, with its seed and the epoch you give it "
+                        "(set_epoch).")
             else:
                 hint = ("DistributedSampler shuffles with seed + epoch, and the epoch is 0 until "
                         "you call sampler.set_epoch(epoch); without it every epoch repeats the "
@@ -281,8 +282,8 @@ def judge(report: ShardingReport, where: str) -> str:
                 expected="the same order whenever the same epoch is asked for (a run resumed "
                          "from a checkpoint replays it)",
                 seen=f"first time {_short(first.per_rank[r])}; second time {_short(e.per_rank[r])}",
-                hint="derive the shuffle from a fixed seed and the epoch (DistributedSampler(seed="
-                     "...) + set_epoch(epoch)), not from the global RNG or a call counter.")
+                hint="derive the shuffle from a fixed seed and the epoch, not from the global RNG "
+                     "or a call counter.")
     e0 = report.epochs[0]
     return (f"{n} samples over {world} ranks: every sample once per epoch ({pad} repeated as "
             f"padding), disjoint shards of {e0.counts[0]}, a new order every epoch, a replayed "
