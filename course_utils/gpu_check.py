@@ -2,7 +2,7 @@
 
 On a machine with CUDA this runs, within a time budget (default 540 s):
 
-1. lesson 04's GPU benchmarks (:func:`course_utils.transfer.run_gpu_benchmarks`, full mode):
+1. lesson 04's GPU benchmarks (:func:`course_utils.lessons.l04_gpu_run.run_gpu_benchmarks`, full mode):
    copy bandwidth pageable / pinned / device-to-device, naive vs honest timing, copy/compute
    overlap, uint8 vs float32, the prefetcher, pin_memory in a DataLoader, the forked-worker
    error;
@@ -176,7 +176,7 @@ def plan(budget_s: float = DEFAULT_BUDGET_S, *, notebooks: bool = True) -> list[
     steps = []
     has_augment = _has_augment()
     books = _notebooks()
-    for name, what in (("lesson04", "course_utils.transfer.run_gpu_benchmarks -> "
+    for name, what in (("lesson04", "course_utils.lessons.l04_gpu_run.run_gpu_benchmarks -> "
                                     f"{LESSON04}.json"),
                        ("lesson05", "course_utils.augment.run_gpu_benchmarks -> "
                                     f"{LESSON05}.json"),
@@ -200,7 +200,7 @@ def plan(budget_s: float = DEFAULT_BUDGET_S, *, notebooks: bool = True) -> list[
 
 
 def _lesson04(budget_s: float) -> dict:
-    from .transfer import run_gpu_benchmarks
+    from .lessons.l04_gpu_run import run_gpu_benchmarks
     return run_gpu_benchmarks(budget_s)
 
 

@@ -240,8 +240,8 @@ def _pipeline(data: Any, size: int, n_images: int | None, progress: bool = True)
         return _Pipeline(data.with_transform(ToTensorUint8(size)), None, data, data.describe(),
                          f"ImageFolderDataset({str(data.root)!r}, "
                          f"transform=ToTensorUint8({size}){skip})",
-                         imports + ["from course_utils import ImageFolderDataset, ToTensorUint8, "
-                                    "make_worker_init"], size, notes)
+                         imports + ["from course_utils import ToTensorUint8, make_worker_init",
+                                    "from course_utils.data import ImageFolderDataset"], size, notes)
     if isinstance(data, Dataset) or (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
         describe = getattr(data, "describe", None)
         text = describe() if callable(describe) else f"{type(data).__name__} of {len(data)} items"

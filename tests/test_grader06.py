@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from course_utils import (ExerciseFailed, check, common_recipe_loader, keep_batch,
-                          make_worker_init, tune_loader, tuned_loader)
+from course_utils import ExerciseFailed, check, keep_batch, make_worker_init, tune_loader
 from course_utils.graders.ex06_tune import COURSE_LOADERS, FAST as EXERCISE
 from course_utils.grading import CheckResult, exercise_ids, refuse_course_helper
+from course_utils.pipelines import common_recipe_loader, tuned_loader
 from course_utils.pipelines import BatchedJpegDataset
 
 pytestmark = pytest.mark.timeout(240)

@@ -1,4 +1,4 @@
-"""Lesson 04's helpers: structure and behaviour on any device (no timing claims asserted)."""
+"""Lesson 04's harness (course_utils.lessons.l04_*) and the prefetcher: structure and behaviour on any device (no timing claims asserted)."""
 from __future__ import annotations
 
 import json
@@ -11,12 +11,15 @@ import torch
 
 matplotlib.use("Agg")
 
-from course_utils import transfer as T
-from course_utils.transfer import (KIB, MIB, BandwidthSweep, DevicePrefetcher, ForkedCudaDemo,
-                                   bandwidth_sweep, compare_prefetch, cuda_in_forked_worker, max_transfer_bytes,
-                                   measure_overlap, mismeasured_copy, pin_memory_cost,
-                                   sweep_sizes, time_op, torch_fork_error_message,
-                                   uint8_vs_float32)
+from course_utils.lessons import l04_copies as C
+from course_utils.lessons import l04_gpu_run as G
+from course_utils.lessons.l04_copies import (KIB, MIB, BandwidthSweep, bandwidth_sweep,
+                                             max_transfer_bytes, mismeasured_copy, sweep_sizes,
+                                             time_op)
+from course_utils.lessons.l04_overlap import measure_overlap, uint8_vs_float32
+from course_utils.lessons.l04_workers import (ForkedCudaDemo, cuda_in_forked_worker,
+                                              pin_memory_cost, torch_fork_error_message)
+from course_utils.prefetch import DevicePrefetcher, compare_prefetch
 from course_utils.device import move_to_device, resolve_device, try_pin
 
 pytestmark = pytest.mark.timeout(180)
@@ -43,7 +46,7 @@ def test_resolve_device_refuses_cuda_without_cuda():
 
 
 def test_what_is_measured_says_memcpy_on_cpu():
-    assert "memcpy" in T.what_is_measured("cpu")
+    assert "memcpy" in C.what_is_measured("cpu")
 
 
 def test_try_pin_on_cpu_explains():
@@ -320,7 +323,7 @@ def test_cuda_in_forked_worker_never_hangs():
 @pytest.mark.skipif(CUDA, reason="this machine has CUDA")
 def test_gpu_benchmarks_refuse_without_cuda():
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
-        T.run_gpu_benchmarks(10)
+        G.run_gpu_benchmarks(10)
 
 
 # ---- the reference beside this machine (structure only; the stand-in is CPU data, labelled) ----
@@ -345,14 +348,14 @@ def _stand_in_reference():
 
 def test_plot_sweeps_and_reference_summary():
     sweep = bandwidth_sweep([KIB, 16 * KIB], device="cpu", repeats=1, progress=False)
-    assert len(T.plot_sweeps(sweep, None).axes) == 1
+    assert len(C.plot_sweeps(sweep, None).axes) == 1
     doc = _stand_in_reference()
-    assert len(T.plot_sweeps(sweep, doc).axes) == 2
-    text = T.reference_summary(doc)
+    assert len(C.plot_sweeps(sweep, doc).axes) == 2
+    text = G.reference_summary(doc)
     for part in ("stand-in (CPU data, test only)", "best host memcpy", "naive", "overlap",
                  "float32 copy", "DevicePrefetcher", "stand-in text", "not measured: pin_cost"):
         assert part in text, part
-    assert "gpu-check" in T.reference_summary(None)
+    assert "gpu-check" in G.reference_summary(None)
 
 
 def test_time_op_records_cuda_events_on_the_devices_own_stream(monkeypatch):
@@ -379,9 +382,9 @@ def test_time_op_records_cuda_events_on_the_devices_own_stream(monkeypatch):
         return streams.setdefault(str(device), object())
 
     synced = []
-    monkeypatch.setattr(T.torch.cuda, "current_stream", current_stream)
-    monkeypatch.setattr(T.torch.cuda, "Event", FakeEvent)
-    monkeypatch.setattr(T, "synchronize", lambda device: synced.append(torch.device(device)))
+    monkeypatch.setattr(C.torch.cuda, "current_stream", current_stream)
+    monkeypatch.setattr(C.torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(C, "synchronize", lambda device: synced.append(torch.device(device)))
     times = time_op(lambda: None, device="cuda:1", repeats=3, warmup=1, inner=2)
     assert times == [pytest.approx(1e-3)] * 3                 # 2 ms per repeat, 2 calls each
     assert len(recorded) == 6 and all(s is streams["cuda:1"] for s in recorded)

@@ -12,9 +12,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from course_utils import JpegDataset, LoaderSettings, TuningResult, tune_loader
+from course_utils import JpegDataset, tune_loader
 from course_utils.__main__ import main
-from course_utils.tuning import PROBE_THRESHOLD
+from course_utils.tuning import PROBE_THRESHOLD, LoaderSettings, TuningResult
 
 matplotlib.use("Agg")
 pytestmark = pytest.mark.timeout(240)

@@ -39,7 +39,10 @@ from typing import Any, Callable
 
 import torch
 
+from ..device import move_to_device, resolve_device, synchronize
 from ..grading import CheckResult, ExerciseFailed, grader, refuse_course_helper
+from ..lessons.l04_copies import _median, time_op
+from ..lessons.l04_overlap import _calibrated_compute
 from ..prefetch import DevicePrefetcher
 
 EXERCISE = "04.prefetcher"
@@ -318,7 +321,6 @@ def _cuda_race_check(answer: Any, device: torch.device, mib: int,
     The real check needs CUDA streams; on another device the same code runs without pinning,
     streams or a busy current stream (the tests use that to check the logic).
     """
-    from ..transfer import _calibrated_compute, _median, synchronize, time_op
 
     cuda = device.type == "cuda"
     n = _RACE_BATCHES
@@ -381,7 +383,6 @@ def _cuda_race_check(answer: Any, device: torch.device, mib: int,
 
 
 def _cuda_overlap_check(answer: Any, device: torch.device, mib: int, threshold: float) -> dict:
-    from ..transfer import _calibrated_compute, _median, move_to_device, time_op
 
     per = max(1, mib * 1024 * 1024 // (3 * 64 * 64))
     loader = _RecordingLoader(12, per, shape=(3, 64, 64), pin=True, fill="constant")
@@ -446,7 +447,6 @@ def grade_prefetcher(answer: Any, *, device: Any = None, n_batches: int = 6, bat
                      overlap_threshold: float = 0.3) -> CheckResult:
     """Check a Prefetcher class: order, values, placement, dtypes and double buffering on any
     device; on CUDA also that copies overlap compute and that no batch is read mid-copy."""
-    from ..transfer import resolve_device
 
     refuse_course_helper(EXERCISE, answer, COURSE_PREFETCHERS,
                          write="in your Prefetcher class, keep one batch ahead: start its copy "
