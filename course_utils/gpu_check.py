@@ -6,7 +6,7 @@ On a machine with CUDA this runs, within a time budget (default 540 s):
    copy bandwidth pageable / pinned / device-to-device, naive vs honest timing, copy/compute
    overlap, uint8 vs float32, the prefetcher, pin_memory in a DataLoader, the forked-worker
    error;
-2. lesson 05's (``course_utils.augment.run_gpu_benchmarks``, full mode): on-device vs
+2. lesson 05's (``course_utils.lessons.l05_gpu_run.run_gpu_benchmarks``, full mode): on-device vs
    per-sample CPU augmentation and the training loop's data-wait fraction;
 3. the code cells of the lesson notebooks 04 and 05, in quick mode, each notebook in a fresh
    Python process of its own that runs the cells in one namespace (:func:`run_notebook_cells`:
@@ -178,7 +178,7 @@ def plan(budget_s: float = DEFAULT_BUDGET_S, *, notebooks: bool = True) -> list[
     books = _notebooks()
     for name, what in (("lesson04", "course_utils.lessons.l04_gpu_run.run_gpu_benchmarks -> "
                                     f"{LESSON04}.json"),
-                       ("lesson05", "course_utils.augment.run_gpu_benchmarks -> "
+                       ("lesson05", "course_utils.lessons.l05_gpu_run.run_gpu_benchmarks -> "
                                     f"{LESSON05}.json"),
                        ("notebooks", "run the code cells of " + (", ".join(p.name for p in books) or
                                                               "no lesson 04/05 notebooks found")
@@ -205,7 +205,7 @@ def _lesson04(budget_s: float) -> dict:
 
 
 def _lesson05(budget_s: float) -> dict:
-    from .augment import run_gpu_benchmarks  # written by the lesson-05 module
+    from .lessons.l05_gpu_run import run_gpu_benchmarks
     return run_gpu_benchmarks(budget_s)
 
 

@@ -13,13 +13,15 @@ from torch.utils.data import DataLoader
 
 matplotlib.use("Agg")
 
-from course_utils.augment import (AGREE_MAX_LEVELS, AGREE_MEAN_LEVELS, EXACT_MAX_LEVELS, PIPELINES,
-                                  AugmentDraws, AugmentParams, AugmentTransform, DecodedImages,
-                                  RepeatDataset, SampleDraw, SmallCNN, TrainStep, augment_batch,
-                                  augment_sample, count_torch_calls, crop_grid, draw_batch,
-                                  draw_sample, draw_statistics, levels_difference,
-                                  plot_augment_throughput, plot_training, run_gpu_benchmarks)
+from course_utils.augment import (AGREE_MAX_LEVELS, AGREE_MEAN_LEVELS, AugmentDraws, AugmentParams,
+                                  AugmentTransform, EXACT_MAX_LEVELS, SampleDraw, augment_batch,
+                                  augment_sample, crop_grid, draw_batch, draw_sample)
 from course_utils.data import sample_photo
+from course_utils.lessons.l05_gpu_run import run_gpu_benchmarks
+from course_utils.lessons.l05_measure import (DecodedImages, RepeatDataset, count_torch_calls,
+                                              draw_statistics, levels_difference,
+                                              plot_augment_throughput)
+from course_utils.lessons.l05_training import PIPELINES, SmallCNN, TrainStep, plot_training
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -11,6 +11,7 @@ import torch
 
 matplotlib.use("Agg")
 
+from course_utils.device import move_to_device, resolve_device, try_pin
 from course_utils.lessons import l04_copies as C
 from course_utils.lessons import l04_gpu_run as G
 from course_utils.lessons.l04_copies import (KIB, MIB, BandwidthSweep, bandwidth_sweep,
@@ -20,7 +21,6 @@ from course_utils.lessons.l04_overlap import measure_overlap, uint8_vs_float32
 from course_utils.lessons.l04_workers import (ForkedCudaDemo, cuda_in_forked_worker,
                                               pin_memory_cost, torch_fork_error_message)
 from course_utils.prefetch import DevicePrefetcher, compare_prefetch
-from course_utils.device import move_to_device, resolve_device, try_pin
 
 pytestmark = pytest.mark.timeout(180)
 CUDA = torch.cuda.is_available()

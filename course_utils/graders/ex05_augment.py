@@ -327,7 +327,7 @@ def _check_half(fn: Callable, device: torch.device, *, n: int, side: int, seed: 
 
 
 def _count_calls(fn: Callable, n: int, side: int, seed: int) -> int:
-    from ..augment import count_torch_calls
+    from ..lessons.l05_measure import count_torch_calls
 
     x = make_test_batch(n, side)
     return count_torch_calls(_call, fn, x, flip_p=0.5, brightness=0.4,
