@@ -44,6 +44,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from .checks import check_int
 from .config import pick
 from .device import move_to_device, synchronizer
 from .machine import machine_summary
@@ -81,17 +82,6 @@ _now: Callable[[], float] = time.perf_counter
 # --------------------------------------------------------------------------------------
 # small helpers
 # --------------------------------------------------------------------------------------
-
-def _check_int(name: str, value: Any, minimum: int, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        what = "an int or None" if allow_none else "an int"
-        raise TypeError(f"{name} must be {what} >= {minimum}, got {value!r} "
-                        f"({type(value).__name__}).")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}.")
-
 
 def _fmt_time(seconds: float) -> str:
     if seconds is None or not math.isfinite(seconds):
@@ -381,7 +371,7 @@ class Measurement:
             raise ValueError("times_s is empty: a Measurement needs at least one timed repeat.")
         if any(not math.isfinite(t) or t < 0 for t in times):
             raise ValueError(f"times_s must be finite, non-negative seconds, got {times}.")
-        _check_int("items_per_repeat", items_per_repeat, 1)
+        check_int("items_per_repeat", items_per_repeat, 1)
         median = float(np.median(times))
         q25, q75 = (float(q) for q in np.percentile(times, [25, 75]))
         rate = items_per_repeat / median if median > 0 else math.inf
@@ -523,9 +513,9 @@ def measure(fn: Callable[[], Any], *, items: int = 1, warmup: int = 1, repeats: 
     if not callable(fn):
         raise TypeError(f"fn must be a callable taking no arguments (e.g. a function or "
                         f"functools.partial), got {type(fn).__name__}.")
-    _check_int("items", items, 1)
-    _check_int("warmup", warmup, 0)
-    _check_int("repeats", repeats, 1)
+    check_int("items", items, 1)
+    check_int("warmup", warmup, 0)
+    check_int("repeats", repeats, 1)
     if settings is not None and not isinstance(settings, Mapping):
         raise TypeError(f"settings must be a dict of names to values, got {type(settings).__name__}.")
     sync = synchronizer(device)
@@ -716,9 +706,9 @@ def measure_loader(loader: Iterable, *, batches: int | None = None,
     if not hasattr(loader, "__iter__"):
         raise TypeError(f"loader must be iterable (e.g. a torch.utils.data.DataLoader), got "
                         f"{type(loader).__name__}.")
-    _check_int("batches", batches, 1, allow_none=True)
-    _check_int("warmup_batches", warmup_batches, 0, allow_none=True)
-    _check_int("repeats", repeats, 1)
+    check_int("batches", batches, 1, allow_none=True)
+    check_int("warmup_batches", warmup_batches, 0, allow_none=True)
+    check_int("repeats", repeats, 1)
     if settings is not None and not isinstance(settings, Mapping):
         raise TypeError(f"settings must be a dict of names to values, got {type(settings).__name__}.")
     warmup_batches = _warmup_for(loader, warmup_batches)
@@ -977,8 +967,8 @@ def measure_data_wait(loader: Iterable, step_fn: Callable[[Any], Any], *,
                         f"{type(loader).__name__}.")
     if not callable(step_fn):
         raise TypeError(f"step_fn must be a callable taking one batch, got {type(step_fn).__name__}.")
-    _check_int("steps", steps, 1, allow_none=True)
-    _check_int("warmup_steps", warmup_steps, 0, allow_none=True)
+    check_int("steps", steps, 1, allow_none=True)
+    check_int("warmup_steps", warmup_steps, 0, allow_none=True)
     warmup_steps = _warmup_for(loader, warmup_steps)
     sync = synchronizer(device)
     n_timed = _plan_batches(loader, steps, warmup_steps, "steps")

@@ -1,23 +1,63 @@
 """Argument checks, one family: each names the argument, what it must be, and what it got.
 
-Helpers call these instead of writing their own ``isinstance``/range checks, so that every bad
-argument in the course fails the same clear way (a TypeError for the wrong kind of value, a
-ValueError for the wrong range). Nothing happens at import time.
+Helpers call these instead of writing their own ``isinstance``/range checks, so every bad
+argument in the course fails the same clear way. ``where`` (the function's name) starts the
+message when given; ``hint`` ends it. The wrong *kind* of value raises :class:`WrongType`, which
+is both a TypeError and a ValueError (callers and learners may catch either); a value out of
+range raises ValueError. Each check returns the value, converted (``int``, ``float``).
+Nothing happens at import time.
 """
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any
 
-__all__ = ["check_int"]
+__all__ = ["WrongType", "check_int", "check_seconds", "check_fraction"]
 
 
-def check_int(name: str, value: Any, minimum: int, *, allow_none: bool = False) -> None:
-    """Raise unless ``value`` is an int (not a bool) >= ``minimum`` (or None when allowed)."""
+class WrongType(TypeError, ValueError):
+    """An argument of the wrong kind (a str where an int belongs, a bool for a count, ...)."""
+
+
+def _prefix(where: str) -> str:
+    return f"{where}: " if where else ""
+
+
+def check_int(name: str, value: Any, minimum: int, where: str = "", hint: str = "", *,
+              allow_none: bool = False) -> int | None:
+    """``value`` as an int >= ``minimum`` (None passes through when ``allow_none``)."""
     if value is None and allow_none:
-        return
+        return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int >= {minimum}{' or None' if allow_none else ''}, "
-                        f"got {value!r}.")
+        raise WrongType(f"{_prefix(where)}{name} must be an int >= {minimum}"
+                        f"{' or None' if allow_none else ''}, got {value!r} "
+                        f"({type(value).__name__}).{hint}")
     if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}.")
+        raise ValueError(f"{_prefix(where)}{name}={value!r} is too small: {name} must be "
+                         f">= {minimum}.{hint}")
+    return int(value)
+
+
+def check_seconds(name: str, value: Any, where: str = "", *, positive: bool = False) -> float:
+    """``value`` as a finite number of seconds, >= 0 (``> 0`` with ``positive``)."""
+    need = "> 0" if positive else ">= 0"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise WrongType(f"{_prefix(where)}{name} must be a number of seconds {need}, got "
+                        f"{value!r}.")
+    value = float(value)
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise ValueError(f"{_prefix(where)}{name} must be a number of seconds {need} (finite), "
+                         f"got {value!r}.")
+    return value
+
+
+def check_fraction(name: str, value: Any, where: str = "") -> float:
+    """``value`` as a number in (0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise WrongType(f"{_prefix(where)}{name} must be a number in (0, 1], got {value!r}.")
+    value = float(value)
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"{_prefix(where)}{name}={value!r} must be in (0, 1], e.g. 0.9 for "
+                         f"'within 90 % of the best'.")
+    return value

@@ -38,6 +38,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from .checks import check_int, check_seconds
+
 __all__ = [
     "DistributedError",
     "DistributedRun",
@@ -65,19 +67,6 @@ _TAIL_CHARS = 3000
 # arguments
 # --------------------------------------------------------------------------------------------
 
-def _int_arg(name: str, value: Any, lo: int, where: str, hint: str = "") -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < lo:
-        raise ValueError(f"{where}: {name} must be an int >= {lo}, got {value!r}.{hint}")
-    return int(value)
-
-
-def _seconds_arg(name: str, value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0 \
-            or not math.isfinite(value):
-        raise ValueError(f"{where}: {name} must be a number of seconds > 0, got {value!r}.")
-    return float(value)
-
-
 # --------------------------------------------------------------------------------------------
 # the dataset every sharding experiment uses
 # --------------------------------------------------------------------------------------------
@@ -90,7 +79,7 @@ class IndexDataset:
     """
 
     def __init__(self, n: int) -> None:
-        self.n = _int_arg("n", n, 1, "IndexDataset")
+        self.n = check_int("n", n, 1, "IndexDataset")
 
     def __len__(self) -> int:
         return self.n
@@ -305,7 +294,7 @@ def sharding_report(records: Sequence[Mapping], n: int, *, key: str = "epochs") 
     Every rank must list the same epochs in the same order (the i-th entry of each rank is
     one loader call). ``key`` names the list (a rank may record several variants).
     """
-    n = _int_arg("n", n, 1, "sharding_report", " Pass the length of the dataset the ranks drew from.")
+    n = check_int("n", n, 1, "sharding_report", " Pass the length of the dataset the ranks drew from.")
     if isinstance(records, Mapping) or not isinstance(records, Sequence) or not records:
         raise ValueError("sharding_report: records must be a non-empty list with one dict per "
                          "rank (e.g. DistributedRun.ranks).")
@@ -365,7 +354,7 @@ def simulate_ranks(make_loader: Callable, n: int, world_size: int = 2,
     if not callable(make_loader):
         raise TypeError(f"simulate_ranks: make_loader must be a function (dataset, epoch, rank, "
                         f"world_size) -> loader, got {type(make_loader).__name__}.")
-    world_size = _int_arg("world_size", world_size, 1, "simulate_ranks")
+    world_size = check_int("world_size", world_size, 1, "simulate_ranks")
     dataset = IndexDataset(n)
     saved = (random.getstate(), np.random.get_state(), torch.random.get_rng_state())
     records = []
@@ -416,7 +405,7 @@ class Budget:
 
     def load(self, workers_per_rank: int | None = None) -> float:
         """Busy processes per core for ``workers_per_rank`` (default: the budget's own)."""
-        w = self.workers_per_rank if workers_per_rank is None else _int_arg(
+        w = self.workers_per_rank if workers_per_rank is None else check_int(
             "workers_per_rank", workers_per_rank, 0, "Budget.load")
         return self.ranks * (1 + w) / self.cores
 
@@ -443,12 +432,12 @@ def budget(ranks: int, cores: int | None = None) -> Budget:
 
     ``budget(2)`` on this machine; ``budget(8, cores=96)`` for an 8-GPU node with 96 cores.
     """
-    ranks = _int_arg("ranks", ranks, 1, "budget", " One rank per GPU (or per process on CPU).")
+    ranks = check_int("ranks", ranks, 1, "budget", " One rank per GPU (or per process on CPU).")
     if cores is None:
         from .machine import usable_cpus
 
         cores = usable_cpus()
-    cores = _int_arg("cores", cores, 1, "budget", " Pass the usable CPUs of the node.")
+    cores = check_int("cores", cores, 1, "budget", " Pass the usable CPUs of the node.")
     notes = []
     per_rank = cores // ranks
     if per_rank == 0:
@@ -521,7 +510,7 @@ class DistributedRun:
 
 def pick_backend(nproc: int) -> str:
     """'nccl' when there is a CUDA GPU for every rank and NCCL is built in, else 'gloo'."""
-    nproc = _int_arg("nproc", nproc, 1, "pick_backend")
+    nproc = check_int("nproc", nproc, 1, "pick_backend")
     import torch
 
     try:
@@ -594,8 +583,8 @@ def launch(task: str, config: Mapping | None = None, *, nproc: int = 2, timeout_
     where = "launch"
     if task not in TASKS:
         raise ValueError(f"{where}: task={task!r} is not known; use one of {', '.join(TASKS)}.")
-    nproc = _int_arg("nproc", nproc, 1, where, " It is the number of ranks (processes) to start.")
-    timeout_s = _seconds_arg("timeout_s", timeout_s, where)
+    nproc = check_int("nproc", nproc, 1, where, " It is the number of ranks (processes) to start.")
+    timeout_s = check_seconds("timeout_s", timeout_s, where, positive=True)
     if config is not None and not isinstance(config, Mapping):
         raise TypeError(f"{where}: config must be a dict (sent to every rank as JSON), got "
                         f"{type(config).__name__}.")
@@ -614,7 +603,7 @@ def launch(task: str, config: Mapping | None = None, *, nproc: int = 2, timeout_
         raise ValueError(f"{where}: backend='nccl' needs NCCL and {nproc} CUDA GPUs; this machine "
                          f"has not got them. Use backend='gloo' (or None).")
     if port is not None:
-        port = _int_arg("port", port, 1, where)
+        port = check_int("port", port, 1, where)
         if port > 65535:
             raise ValueError(f"{where}: port must be 1..65535, got {port}.")
         if not _port_is_free(port):
@@ -772,20 +761,20 @@ def measure_ddp(nproc: int, num_workers: int | None = None, *, rank_threads: int
     from .config import pick
 
     where = "measure_ddp"
-    nproc = _int_arg("nproc", nproc, 1, where)
+    nproc = check_int("nproc", nproc, 1, where)
     plan = budget(nproc)
     if num_workers is None:
         num_workers = plan.workers_per_rank
-    num_workers = _int_arg("num_workers", num_workers, 0, where)
+    num_workers = check_int("num_workers", num_workers, 0, where)
     if rank_threads == "budget":
         rank_threads = plan.threads_per_rank
     elif rank_threads is not None:
-        rank_threads = _int_arg("rank_threads", rank_threads, 1, where,
+        rank_threads = check_int("rank_threads", rank_threads, 1, where,
                                 " Or pass 'budget', or None to keep what torchrun set.")
-    n_images = pick(full=3072, quick=768) if n_images is None else _int_arg("n_images", n_images, 1, where)
-    repeats = _int_arg("repeats", repeats, 1, where)
-    batch_size = _int_arg("batch_size", batch_size, 1, where)
-    image_size = _int_arg("image_size", image_size, 8, where)
+    n_images = pick(full=3072, quick=768) if n_images is None else check_int("n_images", n_images, 1, where)
+    repeats = check_int("repeats", repeats, 1, where)
+    batch_size = check_int("batch_size", batch_size, 1, where)
+    image_size = check_int("image_size", image_size, 8, where)
     per_rank_batches = math.ceil(n_images / nproc) // batch_size
     warm = max(2, 2 * num_workers)
     if per_rank_batches - min(warm, per_rank_batches // 2) - 2 * num_workers < 2 * repeats:

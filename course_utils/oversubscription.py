@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from .bench import thread_involuntary_switches
+from .checks import check_int, check_seconds
 from .config import QUICK_ENV
 from .threads import THREAD_ENV_VARS, ThreadPools
 
@@ -82,26 +83,11 @@ FORKSERVER_PRELOAD = ("numpy", "cv2", "torch", "course_utils.threads", "course_u
 # --------------------------------------------------------------------------------------
 # small validation helpers
 # --------------------------------------------------------------------------------------
-def _positive_int(name: str, value: Any, where: str, *, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{where}: {name} must be an int >= {minimum}, got {value!r} "
-                        f"({type(value).__name__}).")
-    if value < minimum:
-        raise ValueError(f"{where}: {name} must be >= {minimum}, got {value}.")
-    return int(value)
-
-
-def _positive_seconds(name: str, value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
-        raise ValueError(f"{where}: {name} must be a number of seconds > 0, got {value!r}.")
-    return float(value)
-
-
 def _int_list(name: str, values: Any, where: str) -> list[int]:
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
         raise TypeError(f"{where}: {name} must be a list of ints such as [1, 2, 4], got "
                         f"{values!r}.")
-    out = [_positive_int(f"{name}[{i}]", v, where) for i, v in enumerate(values)]
+    out = [check_int(f"{name}[{i}]", v, 1, where) for i, v in enumerate(values)]
     if not out:
         raise ValueError(f"{where}: {name} is empty; give at least one value, e.g. [1, 2].")
     if len(set(out)) != len(out):
@@ -132,10 +118,10 @@ class OpenCVHeavyTransform:
 
     def __post_init__(self) -> None:
         where = "OpenCVHeavyTransform"
-        object.__setattr__(self, "size", _positive_int("size", self.size, where, minimum=8))
+        object.__setattr__(self, "size", check_int("size", self.size, 8, where))
         object.__setattr__(self, "work_side",
-                           _positive_int("work_side", self.work_side, where, minimum=16))
-        k = _positive_int("blur_ksize", self.blur_ksize, where)
+                           check_int("work_side", self.work_side, 16, where))
+        k = check_int("blur_ksize", self.blur_ksize, 1, where)
         if k % 2 == 0:
             raise ValueError(f"{where}: blur_ksize must be odd (a Gaussian kernel has a centre "
                              f"pixel), got {k}; use e.g. 9.")
@@ -329,7 +315,7 @@ def default_grid(usable: int | None = None) -> tuple[list[int], list[int]]:
     from .config import quick_mode
     from .machine import usable_cpus
 
-    u = usable_cpus() if usable is None else _positive_int("usable", usable, "default_grid")
+    u = usable_cpus() if usable is None else check_int("usable", usable, 1, "default_grid")
     workers = [w for w in (1, 2, 4, 8, 16, 32, 64, 128, 256) if w <= max(2, 2 * u)]
     threads = [k for k in (1, 2, 4, 8, 16, 32, 64, 128) if k <= u]
     if u not in threads:
@@ -491,11 +477,11 @@ def run_grid(worker_counts: Sequence[int] | None = None,
     workers = dw if worker_counts is None else _int_list("worker_counts", worker_counts, where)
     threads = dk if thread_counts is None else _int_list("thread_counts", thread_counts, where)
     batch_size = pick(full=8, quick=4) if batch_size is None else \
-        _positive_int("batch_size", batch_size, where)
-    batches = pick(full=12, quick=4) if batches is None else _positive_int("batches", batches, where)
-    repeats = pick(full=3, quick=2) if repeats is None else _positive_int("repeats", repeats, where)
-    timeout_s = _positive_seconds("timeout_s", timeout_s, where)
-    prefetch_factor = _positive_int("prefetch_factor", prefetch_factor, where)
+        check_int("batch_size", batch_size, 1, where)
+    batches = pick(full=12, quick=4) if batches is None else check_int("batches", batches, 1, where)
+    repeats = pick(full=3, quick=2) if repeats is None else check_int("repeats", repeats, 1, where)
+    timeout_s = check_seconds("timeout_s", timeout_s, where, positive=True)
+    prefetch_factor = check_int("prefetch_factor", prefetch_factor, 1, where)
     context = grid_context() if multiprocessing_context is None else multiprocessing_context
     method = _method_of(context)
     if method == "fork" and max(threads) > 1:
@@ -657,7 +643,7 @@ def _env_lines(names: Sequence[str], value: int) -> str:
 
 def env_cases(n_threads: int = 1) -> list[EnvCase]:
     """The cases :func:`env_after_vs_before_import` runs, for a limit of ``n_threads``."""
-    n = _positive_int("n_threads", n_threads, "env_cases")
+    n = check_int("n_threads", n_threads, 1, "env_cases")
     return [
         EnvCase("nothing set", "no variable, no limit: the libraries' defaults"),
         EnvCase("OMP_NUM_THREADS before import",
@@ -754,8 +740,8 @@ def env_after_vs_before_import(n_threads: int = 1, *, cases: Sequence[str] | Non
     picks some of :data:`ENV_CASES` by name (each case costs a torch import); None runs all.
     """
     where = "env_after_vs_before_import"
-    n = _positive_int("n_threads", n_threads, where)
-    timeout_s = _positive_seconds("timeout_s", timeout_s, where)
+    n = check_int("n_threads", n_threads, 1, where)
+    timeout_s = check_seconds("timeout_s", timeout_s, where, positive=True)
     all_cases = env_cases(n)
     if cases is None:
         chosen = all_cases
@@ -903,13 +889,13 @@ def fork_cv2_demo(args: Sequence[int | None] = (None, 0, 1), *, tries: int = 3,
     the report says so (``available=False``).
     """
     where = "fork_cv2_demo"
-    tries = _positive_int("tries", tries, where)
-    per_try_s = _positive_seconds("per_try_s", per_try_s, where)
-    timeout_s = _positive_seconds("timeout_s", timeout_s, where)
+    tries = check_int("tries", tries, 1, where)
+    per_try_s = check_seconds("per_try_s", per_try_s, where, positive=True)
+    timeout_s = check_seconds("timeout_s", timeout_s, where, positive=True)
     args = list(args)
     for a in args:
         if a is not None:
-            _positive_int("args item", a, where, minimum=0)
+            check_int("args item", a, 0, where)
     if not hasattr(os, "fork"):
         return ForkCv2Report({}, tries, per_try_s, None, None, None, None, available=False,
                              error="this platform has no fork (Windows): workers always start "

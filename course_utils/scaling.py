@@ -43,6 +43,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .bench import Measurement, measure_loader
+from .checks import check_fraction, check_int, check_seconds
 from .config import pick
 from .data import ArrayDataset, _index, ram_budget_bytes
 from .plots import figure_title
@@ -98,35 +99,6 @@ def _new_axes(ax: Any, figsize: tuple[float, float]) -> Any:
 # validation helpers
 # --------------------------------------------------------------------------------------------
 
-def _int_arg(name: str, value: Any, lo: int, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{where}: {name} must be an int >= {lo}, got {value!r} "
-                        f"({type(value).__name__}).")
-    if int(value) < lo:
-        raise ValueError(f"{where}: {name}={value} is too small; pass an int >= {lo}.")
-    return int(value)
-
-
-def _seconds_arg(name: str, value: Any, where: str, *, positive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{where}: {name} must be a number of seconds, got {value!r}.")
-    value = float(value)
-    if not math.isfinite(value) or value < 0 or (positive and value == 0):
-        need = "> 0" if positive else ">= 0"
-        raise ValueError(f"{where}: {name}={value!r} must be a finite number of seconds {need}.")
-    return value
-
-
-def _fraction_arg(name: str, value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{where}: {name} must be a number in (0, 1], got {value!r}.")
-    value = float(value)
-    if not 0.0 < value <= 1.0:
-        raise ValueError(f"{where}: {name}={value!r} must be in (0, 1], e.g. 0.9 for "
-                         f"'within 90 % of the best'.")
-    return value
-
-
 def _context(multiprocessing_context: Any, where: str) -> tuple[Any, str]:
     """(context object or None, start method name) for a DataLoader."""
     from multiprocessing.context import BaseContext
@@ -161,9 +133,9 @@ def default_worker_counts(max_workers: Optional[int] = None, *,
     from .machine import usable_cpus
 
     where = "default_worker_counts"
-    cap = _int_arg("cap", cap, 1, where)
+    cap = check_int("cap", cap, 1, where)
     usable = usable_cpus()
-    top = min(2 * usable, cap) if max_workers is None else _int_arg("max_workers", max_workers,
+    top = min(2 * usable, cap) if max_workers is None else check_int("max_workers", max_workers,
                                                                     0, where)
     if top <= 8:
         return list(range(top + 1))
@@ -226,7 +198,7 @@ def find_knee(workers: Sequence[int], rates: Sequence[float],
     Raises ValueError for an empty curve, mismatched lengths, repeated counts, negative or
     non-finite rates, or a curve whose rates are all 0.
     """
-    tolerance = _fraction_arg("tolerance", tolerance, "find_knee")
+    tolerance = check_fraction("tolerance", tolerance, "find_knee")
     ws, rs = _curve(workers, rates, "find_knee")
     best = max(rs)
     for w, r in zip(ws, rs):
@@ -293,7 +265,7 @@ def describe_curve(workers: Sequence[int], rates: Sequence[float],
     The knee is :func:`find_knee` with the same ``tolerance``; ``kind`` follows the rules in
     :class:`CurveShape`, checked in the order flat, rising, peaked, plateau.
     """
-    tolerance = _fraction_arg("tolerance", tolerance, "describe_curve")
+    tolerance = check_fraction("tolerance", tolerance, "describe_curve")
     ws, rs = _curve(workers, rates, "describe_curve")
     knee = find_knee(ws, rs, tolerance)
     i_best = int(np.argmax(rs))
@@ -435,16 +407,16 @@ def sweep_workers(dataset: Dataset, worker_counts: Optional[Sequence[int]] = Non
     if not counts:
         raise ValueError(f"{where}: worker_counts is empty; pass e.g. [0, 1, 2, 4] or None for "
                          f"the default.")
-    counts = [_int_arg("worker_counts[i]", w, 0, where) for w in counts]
+    counts = [check_int("worker_counts[i]", w, 0, where) for w in counts]
     if len(set(counts)) != len(counts):
         raise ValueError(f"{where}: worker_counts {counts} has repeats; list each count once.")
     counts.sort()
-    batch_size = _int_arg("batch_size", batch_size, 1, where)
-    timeout_s = _seconds_arg("timeout_s", timeout_s, where, positive=True)
-    target = pick(full=48, quick=16) if batches is None else _int_arg("batches", batches, 1,
+    batch_size = check_int("batch_size", batch_size, 1, where)
+    timeout_s = check_seconds("timeout_s", timeout_s, where, positive=True)
+    target = pick(full=48, quick=16) if batches is None else check_int("batches", batches, 1,
                                                                      where)
     if warmup_batches is not None:
-        warmup_batches = _int_arg("warmup_batches", warmup_batches, 0, where)
+        warmup_batches = check_int("warmup_batches", warmup_batches, 0, where)
     per_epoch = len(dataset) // batch_size + (1 if len(dataset) % batch_size else 0)
     if loader_kwargs.get("drop_last"):
         per_epoch = len(dataset) // batch_size
@@ -575,10 +547,10 @@ def worker_startup_time(start_method: str, num_workers: int = 1, *, repeats: int
     if start_method not in methods:
         raise ValueError(f"{where}: start_method={start_method!r} is not available here; use "
                          f"one of {methods}.")
-    num_workers = _int_arg("num_workers", num_workers, 1, where)
-    repeats = _int_arg("repeats", repeats, 1, where)
-    warmup = _int_arg("warmup", warmup, 0, where)
-    timeout_s = _seconds_arg("timeout_s", timeout_s, where, positive=True)
+    num_workers = check_int("num_workers", num_workers, 1, where)
+    repeats = check_int("repeats", repeats, 1, where)
+    warmup = check_int("warmup", warmup, 0, where)
+    timeout_s = check_seconds("timeout_s", timeout_s, where, positive=True)
     context = multiprocessing.get_context(start_method)
     times: list[float] = []
     for r in range(warmup + repeats):
@@ -615,7 +587,7 @@ def time_epochs(loader: Iterable, epochs: int = 3, *, progress: bool = True) -> 
     if not hasattr(loader, "__iter__"):
         raise TypeError(f"time_epochs: loader must be iterable (a DataLoader), got "
                         f"{type(loader).__name__}.")
-    epochs = _int_arg("epochs", epochs, 1, "time_epochs")
+    epochs = check_int("epochs", epochs, 1, "time_epochs")
     from tqdm.auto import tqdm
 
     out: list[float] = []
@@ -665,7 +637,7 @@ class EpochTaggedDataset(Dataset):
     """
 
     def __init__(self, n: int = 8) -> None:
-        self.n = _int_arg("n", n, 1, "EpochTaggedDataset")
+        self.n = check_int("n", n, 1, "EpochTaggedDataset")
         self.epoch = 0
 
     def __len__(self) -> int:
@@ -689,16 +661,16 @@ class BurstyLatencyDataset(Dataset):
                  slow_fraction: float = 0.04, slow_s: float = 0.05, seed: int = 0,
                  item_shape: Sequence[int] = (3, 32, 32)) -> None:
         where = "BurstyLatencyDataset"
-        self.n = _int_arg("n", pick(full=4000, quick=800) if n is None else n, 1, where)
-        self.latency_s = _seconds_arg("latency_s", latency_s, where)
-        self.slow_s = _seconds_arg("slow_s", slow_s, where)
+        self.n = check_int("n", pick(full=4000, quick=800) if n is None else n, 1, where)
+        self.latency_s = check_seconds("latency_s", latency_s, where)
+        self.slow_s = check_seconds("slow_s", slow_s, where)
         if isinstance(slow_fraction, bool) or not isinstance(slow_fraction, numbers.Real) \
                 or not 0.0 <= float(slow_fraction) <= 1.0:
             raise ValueError(f"{where}: slow_fraction={slow_fraction!r} must be in [0, 1] "
                              f"(share of slow samples).")
         self.slow_fraction = float(slow_fraction)
         self.item_shape = tuple(int(d) for d in item_shape)
-        rng = np.random.default_rng(_int_arg("seed", seed, 0, where))
+        rng = np.random.default_rng(check_int("seed", seed, 0, where))
         self.slow = rng.random(self.n) < self.slow_fraction
 
     @property
@@ -727,7 +699,7 @@ class SimulatedStep:
     ``measure_data_wait(loader, step_fn=SimulatedStep(0.02))``."""
 
     def __init__(self, step_s: float) -> None:
-        self.step_s = _seconds_arg("step_s", step_s, "SimulatedStep")
+        self.step_s = check_seconds("step_s", step_s, "SimulatedStep")
 
     def __call__(self, batch: Any) -> None:
         time.sleep(self.step_s)
@@ -755,14 +727,14 @@ def make_records(n: Optional[int] = None, seed: int = 0) -> list[dict]:
     the records would take more than a quarter of the available RAM.
     """
     where = "make_records"
-    n = _int_arg("n", pick(full=200_000, quick=60_000) if n is None else n, 1, where)
+    n = check_int("n", pick(full=200_000, quick=60_000) if n is None else n, 1, where)
     budget = ram_budget_bytes(0.25)
     if n * _RECORD_BYTES_ESTIMATE > budget:
         raise ValueError(f"{where}: n={n:,} records would take about "
                          f"{n * _RECORD_BYTES_ESTIMATE / _MB:,.0f} MB as Python objects, more than "
                          f"the budget of {budget / _MB:,.0f} MB (a quarter of the available RAM); "
                          f"pass a smaller n.")
-    rng = np.random.default_rng(_int_arg("seed", seed, 0, where))
+    rng = np.random.default_rng(check_int("seed", seed, 0, where))
     labels = rng.integers(0, len(RECORD_CLASSES), size=n).tolist()
     corners = np.sort(rng.random((n, 2, 2)), axis=1)  # x0 <= x1, y0 <= y1
     boxes = corners.transpose(0, 2, 1).reshape(n, 4)[:, [0, 2, 1, 3]].tolist()
@@ -1017,10 +989,10 @@ def worker_memory(dataset: Dataset, num_workers: int = 2, *, batch_size: int = 2
     if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
         raise TypeError(f"{where}: dataset must be a map-style Dataset (with __getitem__ and "
                         f"__len__), got {type(dataset).__name__}.")
-    num_workers = _int_arg("num_workers", num_workers, 1, where)
-    batch_size = _int_arg("batch_size", batch_size, 1, where)
-    readings = _int_arg("readings", readings, 1, where)
-    timeout_s = _seconds_arg("timeout_s", timeout_s, where, positive=True)
+    num_workers = check_int("num_workers", num_workers, 1, where)
+    batch_size = check_int("batch_size", batch_size, 1, where)
+    readings = check_int("readings", readings, 1, where)
+    timeout_s = check_seconds("timeout_s", timeout_s, where, positive=True)
     n = len(dataset)
     if n < num_workers * batch_size:
         raise ValueError(f"{where}: the dataset has {n} samples, fewer than num_workers x "
