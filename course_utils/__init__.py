@@ -18,8 +18,8 @@ from .config import mode_banner, pick
 from .data import ArrayDataset, CommonRecipeTransform, JpegDataset, LatencyDataset, ToTensorUint8
 from .grading import ExerciseFailed, check
 from .machine import accelerator, default_device, doctor, machine_summary, usable_cpus
+from .pipelines import keep_batch
 from .plots import figure_title, plot_measurements
-from .scaling import keep_batch
 from .start_methods import start_method
 from .threads import limit_threads, make_worker_init, pools_in_workers, thread_pools
 from .tuning import tune_loader

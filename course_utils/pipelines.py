@@ -32,7 +32,6 @@ from .bench import Comparison, Measurement, compare, measure_loader
 from .config import pick
 from .data import CommonRecipeTransform, JpegDataset, ToTensorUint8
 from .machine import machine_summary, usable_cpus
-from .scaling import keep_batch
 from .threads import make_worker_init
 
 RECIPE_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -54,6 +53,14 @@ class TransformedDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[Any, int]:
         image, label = self.base[index]
         return self.transform(image), label
+
+
+def keep_batch(batch: Any) -> Any:
+    """A ``collate_fn`` that returns what the dataset's ``__getitems__`` made, unchanged.
+
+    Use it with a dataset whose ``__getitems__`` already returns a batch (lesson 03's
+    ``BatchedArrayDataset``, :class:`BatchedJpegDataset`)."""
+    return batch
 
 
 class BatchedJpegDataset(Dataset):

@@ -11,8 +11,11 @@ from __future__ import annotations
 import multiprocessing
 import platform
 import sys
+from multiprocessing.context import BaseContext
+from typing import Any
 
-__all__ = ["start_method", "platform_default_start_method", "explain_start_method"]
+__all__ = ["start_method", "platform_default_start_method", "explain_start_method",
+           "resolve_context"]
 
 
 def start_method() -> str:
@@ -100,3 +103,21 @@ def explain_start_method(method: str | None = None) -> str:
     if method != here:
         case = case[0].lower() + case[1:]
     return head + " " + case
+
+
+def resolve_context(multiprocessing_context: Any, where: str = "") -> tuple[Any, str]:
+    """(context for a DataLoader or None, start method name) for ``multiprocessing_context``.
+
+    None means this process's default (returned as None, so the DataLoader picks it); a start
+    method name or a multiprocessing context is checked against what this platform offers.
+    """
+    if multiprocessing_context is None:
+        return None, start_method()
+    if isinstance(multiprocessing_context, BaseContext):
+        return multiprocessing_context, multiprocessing_context.get_start_method()
+    methods = multiprocessing.get_all_start_methods()
+    if isinstance(multiprocessing_context, str) and multiprocessing_context in methods:
+        return multiprocessing.get_context(multiprocessing_context), multiprocessing_context
+    raise ValueError(f"{where + ': ' if where else ''}multiprocessing_context="
+                     f"{multiprocessing_context!r} is not a start method on this platform; use "
+                     f"one of {methods}, a multiprocessing context, or None for the default.")

@@ -55,7 +55,7 @@ import threadpoolctl
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from .start_methods import start_method
+from .start_methods import resolve_context
 
 __all__ = [
     "ThreadPools",
@@ -553,23 +553,6 @@ class _PoolProbe(Dataset):
         return thread_pools().to_dict()
 
 
-def _resolve_context(multiprocessing_context: Any) -> tuple[Any, str]:
-    import multiprocessing
-    from multiprocessing.context import BaseContext
-
-    if multiprocessing_context is None:
-        return None, start_method()
-    if isinstance(multiprocessing_context, BaseContext):
-        return multiprocessing_context, multiprocessing_context.get_start_method()
-    methods = multiprocessing.get_all_start_methods()
-    if isinstance(multiprocessing_context, str) and multiprocessing_context in methods:
-        return multiprocessing.get_context(multiprocessing_context), multiprocessing_context
-    raise ValueError(
-        f"multiprocessing_context={multiprocessing_context!r} is not a start method on this "
-        f"platform; use one of {methods}, a multiprocessing context, or None for the default."
-    )
-
-
 def _check_sendable(worker_init_fn: Callable, method: str) -> None:
     """Under spawn/forkserver the worker_init_fn is pickled: fail early and clearly."""
     if method == "fork":
@@ -617,7 +600,7 @@ def pools_in_workers(
         raise TypeError(
             f"worker_init_fn must be None or a callable taking worker_id, got {worker_init_fn!r}."
         )
-    context, method = _resolve_context(multiprocessing_context)
+    context, method = resolve_context(multiprocessing_context)
     if worker_init_fn is not None:
         _check_sendable(worker_init_fn, method)
     _watch_forks()

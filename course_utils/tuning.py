@@ -61,9 +61,9 @@ from .device import move_to_device
 from .config import pick
 from .data import CommonRecipeTransform, ImageFolderDataset, JpegDataset, ToTensorUint8
 from .machine import machine_summary, start_method, usable_cpus
-from .pipelines import (BatchedJpegDataset, TransformedDataset, common_recipe_loader,
+from .pipelines import (BatchedJpegDataset, TransformedDataset, common_recipe_loader, keep_batch,
                         common_recipe_process_settings)
-from .scaling import default_worker_counts, keep_batch
+from .scaling import default_worker_counts
 from .threads import make_worker_init
 
 __all__ = [

@@ -10,9 +10,10 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
-from course_utils.grading import CheckResult, ExerciseFailed, check, exercise_ids
 from course_utils.graders.ex03_scaling import acceptable, shuffled, synthetic_curves
-from course_utils.scaling import RecordArrayDataset, describe_curve, find_knee
+from course_utils.grading import CheckResult, ExerciseFailed, check, exercise_ids
+from course_utils.lessons.l03_memory import RecordArrayDataset
+from course_utils.scaling import describe_curve, find_knee
 
 pytestmark = pytest.mark.timeout(180)
 HAS_FORK = "fork" in multiprocessing.get_all_start_methods()
@@ -356,10 +357,10 @@ def test_copy_on_read_the_course_dataset_is_refused(answer, seen):
 
 
 def test_copy_on_read_a_returned_course_dataset_is_refused_however_it_was_made():
-    import course_utils.scaling
+    import course_utils.lessons.l03_memory
 
     def by_getattr(records):
-        return getattr(course_utils.scaling, "Record" + "ArrayDataset")(records)
+        return getattr(course_utils.lessons.l03_memory, "Record" + "ArrayDataset")(records)
 
     with pytest.raises(ExerciseFailed, match="(?s)course's own `RecordArrayDataset`.*"
                                              "instance of it"):

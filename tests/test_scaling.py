@@ -1,4 +1,4 @@
-"""Tests for course_utils.scaling: behaviour, structure and bad input — never speed claims.
+"""Tests for course_utils.scaling and lesson 03's harness (course_utils.lessons.l03_*): behaviour, structure and bad input — never speed claims.
 
 Memory assertions are loose (the list-of-dicts dataset must grow a worker's private memory
 several times more than the same records in arrays); timings are only checked to be positive.
@@ -21,13 +21,15 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSample
 
 from course_utils import compare
 from course_utils.bench import Measurement
-from course_utils.scaling import (BatchedArrayDataset, BurstyLatencyDataset, CurveShape,
-                                  EpochTaggedDataset, PerSampleView, RecordArrayDataset,
-                                  RecordListDataset, SimulatedStep, WorkerMemory, WorkerSweep,
-                                  children_uss_bytes, default_worker_counts, describe_curve,
-                                  find_knee, gather_batch, keep_batch, make_records,
-                                  plot_sweeps, plot_worker_memory, sweep_workers, time_epochs,
-                                  uss_bytes, worker_memory, worker_startup_time)
+from course_utils.lessons.l03_costs import (BurstyLatencyDataset, EpochTaggedDataset, SimulatedStep,
+                                            children_uss_bytes, time_epochs, uss_bytes,
+                                            worker_startup_time)
+from course_utils.lessons.l03_fetch import BatchedArrayDataset, PerSampleView, gather_batch
+from course_utils.lessons.l03_memory import (RecordArrayDataset, RecordListDataset, WorkerMemory,
+                                             make_records, plot_worker_memory, worker_memory)
+from course_utils.pipelines import keep_batch
+from course_utils.scaling import (CurveShape, WorkerSweep, default_worker_counts, describe_curve,
+                                  find_knee, plot_sweeps, sweep_workers)
 
 from _helpers import TinyDataset
 
@@ -43,15 +45,15 @@ def test_default_worker_counts_small_machines_list_every_count():
 
 
 def test_default_worker_counts_default_is_twice_usable_capped(monkeypatch):
-    import course_utils.machine as machine
+    import course_utils.scaling as scaling
 
-    monkeypatch.setattr(machine, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(scaling, "usable_cpus", lambda: 2)
     assert default_worker_counts() == [0, 1, 2, 3, 4]
-    monkeypatch.setattr(machine, "usable_cpus", lambda: 64)
+    monkeypatch.setattr(scaling, "usable_cpus", lambda: 64)
     counts = default_worker_counts()
     assert counts[0] == 0 and counts[-1] == 32 and counts == sorted(set(counts))
     assert len(counts) <= 12
-    monkeypatch.setattr(machine, "usable_cpus", lambda: 10)
+    monkeypatch.setattr(scaling, "usable_cpus", lambda: 10)
     counts = default_worker_counts()
     assert counts[-1] == 20 and 10 in counts
 
@@ -297,9 +299,9 @@ def test_make_records_structure_and_seed():
 
 
 def test_make_records_refuses_more_than_the_ram_budget(monkeypatch):
-    import course_utils.scaling as scaling
+    import course_utils.lessons.l03_memory as l03_memory
 
-    monkeypatch.setattr(scaling, "ram_budget_bytes", lambda fraction=0.25: 1000)
+    monkeypatch.setattr(l03_memory, "ram_budget_bytes", lambda fraction=0.25: 1000)
     with pytest.raises(ValueError, match="smaller n"):
         make_records(100)
     with pytest.raises(ValueError, match="n="):

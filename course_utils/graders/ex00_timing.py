@@ -16,8 +16,9 @@ from typing import Any, Callable, Iterator
 
 from ..bench import Measurement, measure, measure_data_wait, measure_loader
 from ..grading import CheckResult, ExerciseFailed, grader, refuse_course_helper
+from ..lessons.l03_costs import time_epochs
 from ..lessons.l04_copies import time_op
-from ..scaling import sweep_workers, time_epochs
+from ..scaling import sweep_workers
 
 EXERCISE = "00.time_loader"
 #: the course's timers, refused as (or inside) an answer: the exercise is to write one

@@ -12,9 +12,9 @@ also given with its measurements in a shuffled (seeded) order, as a sweep run in
 results merged from several runs would give them: the choice must not depend on the order.
 
 ``03.copy_on_read``: the learner writes a class (or function) that takes the list of record
-dicts from :func:`course_utils.scaling.make_records` and returns a dataset giving the same items
-as :class:`~course_utils.scaling.RecordListDataset`, without a Python object per record. The
-grader checks the items are equal, that no attribute still holds one Python object per record,
+dicts from :func:`course_utils.lessons.l03_memory.make_records` and returns a dataset giving the
+same items as :class:`~course_utils.lessons.l03_memory.RecordListDataset`, without a Python
+object per record. The grader checks the items are equal, that no attribute still holds one Python object per record,
 and then runs one real epoch of both datasets in forked DataLoader workers and compares each
 worker's private-memory (USS) growth.
 
@@ -30,7 +30,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..grading import CheckResult, ExerciseFailed, grader, refuse_course_helper
-from ..scaling import CurveShape, RecordArrayDataset, describe_curve, find_knee
+from ..lessons.l03_memory import RecordArrayDataset, RecordListDataset, make_records, worker_memory
+from ..scaling import CurveShape, describe_curve, find_knee, sweep_workers
 
 CHOOSE = "03.choose_workers"
 COPY = "03.copy_on_read"
@@ -189,7 +190,6 @@ def _measured_curve(max_workers: int | None = None) -> dict:
     from ..config import pick
     from ..data import JpegDataset, ToTensorUint8
     from ..machine import usable_cpus
-    from ..scaling import sweep_workers
     from ..threads import limit_threads, make_worker_init
 
     top = min(2 * usable_cpus(), 6) if max_workers is None else max_workers
@@ -336,7 +336,6 @@ def grade_copy_on_read(make_safe: Callable[[list], Any], *, n_records: int = 60_
                        num_workers: int = 2, seed: int = 1) -> CheckResult:
     """Check ``make_safe(records)`` gives the same items as RecordListDataset(records) and does
     not grow every forked worker's private memory while it reads them."""
-    from ..scaling import RecordListDataset, make_records, worker_memory
 
     if not callable(make_safe):
         raise ExerciseFailed(COPY, "the answer is not a class or function.",

@@ -1,0 +1,408 @@
+"""Lesson 03's copy-on-read measurement: the same annotation records as a Python list of dicts
+(:class:`RecordListDataset`, the trap) and packed into NumPy arrays (:class:`RecordArrayDataset`,
+the fix the exercise asks for), and each worker's private memory (USS, bytes, read with psutil
+inside the worker) over one epoch (:func:`worker_memory`). Nothing happens at import time.
+"""
+from __future__ import annotations
+
+import gc
+import math
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from ..checks import check_int, check_seconds
+from ..config import pick
+from ..data import _index, ram_budget_bytes
+from ..plots import figure_title
+from ..scaling import _MB, _new_axes
+from ..start_methods import resolve_context
+from .l03_costs import uss_bytes
+
+
+__all__ = [
+    "RECORD_CLASSES",
+    "make_records",
+    "RecordListDataset",
+    "RecordArrayDataset",
+    "WorkerUss",
+    "WorkerMemory",
+    "worker_memory",
+    "plot_worker_memory",
+]
+
+
+
+# --------------------------------------------------------------------------------------------
+# copy-on-read: records as Python objects vs NumPy arrays
+# --------------------------------------------------------------------------------------------
+
+#: Class names used by :func:`make_records` (label k is RECORD_CLASSES[k]).
+RECORD_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse",
+                  "ship", "truck")
+_RECORD_BYTES_ESTIMATE = 600  # generous bytes per record as Python objects (for the RAM guard)
+
+
+def make_records(n: Optional[int] = None, seed: int = 0) -> list[dict]:
+    """A typical annotation list: ``n`` dicts ``{"path": str, "label": int, "box": [4 floats]}``.
+
+    ``path`` is ``"train/<class>/<7 digits>.jpg"`` (variable length), ``label`` in 0..9,
+    ``box`` four floats in [0, 1) (x0, y0, x1, y1). About 450 bytes of Python objects per
+    record. ``n`` defaults to ``pick(full=200_000, quick=60_000)``; refused (ValueError) when
+    the records would take more than a quarter of the available RAM.
+    """
+    where = "make_records"
+    n = check_int("n", pick(full=200_000, quick=60_000) if n is None else n, 1, where)
+    budget = ram_budget_bytes(0.25)
+    if n * _RECORD_BYTES_ESTIMATE > budget:
+        raise ValueError(f"{where}: n={n:,} records would take about "
+                         f"{n * _RECORD_BYTES_ESTIMATE / _MB:,.0f} MB as Python objects, more than "
+                         f"the budget of {budget / _MB:,.0f} MB (a quarter of the available RAM); "
+                         f"pass a smaller n.")
+    rng = np.random.default_rng(check_int("seed", seed, 0, where))
+    labels = rng.integers(0, len(RECORD_CLASSES), size=n).tolist()
+    corners = np.sort(rng.random((n, 2, 2)), axis=1)  # x0 <= x1, y0 <= y1
+    boxes = corners.transpose(0, 2, 1).reshape(n, 4)[:, [0, 2, 1, 3]].tolist()
+    return [{"path": f"train/{RECORD_CLASSES[c]}/{i:07d}.jpg", "label": c, "box": b}
+            for i, (c, b) in enumerate(zip(labels, boxes))]
+
+
+def _record_item(path: str, label: int, box: Any) -> tuple[torch.Tensor, int, str]:
+    return torch.tensor(box, dtype=torch.float32), int(label), path
+
+
+def _object_bytes(records: Sequence[dict]) -> int:
+    """Bytes of the Python objects that make up ``records`` (list, dicts, strs, lists, floats;
+    keys and small ints are shared and not counted)."""
+
+    total = sys.getsizeof(records)
+    for r in records:
+        total += sys.getsizeof(r) + sys.getsizeof(r["path"]) + sys.getsizeof(r["box"])
+        total += sum(sys.getsizeof(x) for x in r["box"])
+    return total
+
+
+class RecordListDataset(Dataset):
+    """The copy-on-read trap: annotation records kept as a Python list of dicts.
+
+    ``ds[i]`` returns ``(box, label, path)``: ``box`` a float32 tensor of shape (4,), ``label``
+    an int, ``path`` a str. Reading record ``i`` in a forked worker increments the reference
+    counts of the dict, its str and its list of floats: writes to the pages holding them, which
+    the OS then copies into the worker (copy-on-write triggered by a read). Over a shuffled
+    epoch every worker ends up with a private copy of most of the list.
+
+    Build from ``records`` (as made by :func:`make_records`) or let it make ``n`` of them.
+    """
+
+    def __init__(self, records: Optional[Sequence[dict]] = None, *, n: Optional[int] = None,
+                 seed: int = 0) -> None:
+        if records is not None and n is not None:
+            raise ValueError("RecordListDataset: pass records or n, not both.")
+        self.records: list[dict] = make_records(n, seed) if records is None else records
+        if not isinstance(self.records, list):
+            raise TypeError(f"RecordListDataset: records must be a list of dicts (from "
+                            f"make_records), got {type(self.records).__name__}.")
+
+    @property
+    def object_nbytes(self) -> int:
+        """Bytes of Python objects the records occupy in this process (see make_records)."""
+        return _object_bytes(self.records)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int, str]:
+        r = self.records[i]
+        return _record_item(r["path"], r["label"], r["box"])
+
+    def describe(self) -> str:
+        return (f"RecordListDataset: {len(self):,} records as a Python list of dicts, "
+                f"{self.object_nbytes / _MB:,.1f} MB of Python objects")
+
+
+class RecordArrayDataset(Dataset):
+    """The fix: the same records packed into a few NumPy arrays (no Python object per record).
+
+    ``labels`` int64 (n,), ``boxes`` float32 (n, 4), and all paths UTF-8 encoded into one
+    uint8 buffer ``path_bytes`` with ``path_offsets`` int64 (n + 1,): path i is
+    ``path_bytes[path_offsets[i]:path_offsets[i+1]]``. A worker reading these touches no
+    reference counts in the shared arrays, so nothing is copied. ``ds[i]`` returns exactly what
+    :class:`RecordListDataset` returns for the same records.
+    """
+
+    def __init__(self, records: Sequence[dict]) -> None:
+        if isinstance(records, RecordListDataset):
+            records = records.records
+        n = len(records)
+        if n == 0:
+            raise ValueError("RecordArrayDataset: records is empty; pass the list from "
+                             "make_records().")
+        self.labels = np.fromiter((r["label"] for r in records), dtype=np.int64, count=n)
+        self.boxes = np.array([r["box"] for r in records], dtype=np.float32).reshape(n, 4)
+        encoded = [r["path"].encode("utf-8") for r in records]
+        self.path_offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=n),
+                  out=self.path_offsets[1:])
+        self.path_bytes = np.frombuffer(b"".join(encoded), dtype=np.uint8).copy()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the arrays."""
+        return int(self.labels.nbytes + self.boxes.nbytes + self.path_offsets.nbytes
+                   + self.path_bytes.nbytes)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int, str]:
+        i = _index(i, len(self.labels), "RecordArrayDataset")
+        start, end = self.path_offsets[i], self.path_offsets[i + 1]
+        path = self.path_bytes[start:end].tobytes().decode("utf-8")
+        return torch.from_numpy(self.boxes[i].copy()), int(self.labels[i]), path
+
+    def describe(self) -> str:
+        return (f"RecordArrayDataset: {len(self):,} records in 4 NumPy arrays, "
+                f"{self.nbytes / _MB:,.1f} MB")
+
+
+# --------------------------------------------------------------------------------------------
+# memory per worker over an epoch
+# --------------------------------------------------------------------------------------------
+
+class _MemoryProbe(Dataset):
+    """Wraps a dataset; ``probe[(indices, read)]`` fetches ``dataset[i]`` for every index (the
+    real per-sample work) and reports this process's USS: always before its first fetch, and
+    after the fetch when ``read`` is True. Results are small dicts, never the samples."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+        self._state: dict[int, dict] = {}
+
+    def __len__(self) -> int:  # pragma: no cover - used through a batch sampler only
+        return len(self.dataset)
+
+    def __getitem__(self, request: tuple) -> dict:
+        from torch.utils.data import get_worker_info
+
+        indices, read = request
+        pid = os.getpid()
+        state = self._state.get(pid)
+        report: dict = {"pid": pid}
+        if state is None:
+            info = get_worker_info()
+            state = self._state[pid] = {"fetched": 0,
+                                        "worker_id": None if info is None else info.id}
+            report["start_uss"] = uss_bytes()
+        for i in indices:
+            self.dataset[i]
+        state["fetched"] += len(indices)
+        report["worker_id"] = state["worker_id"]
+        report["fetched"] = state["fetched"]
+        if read:
+            report["uss"] = uss_bytes()
+        return report
+
+
+class _ProbeRequests(torch.utils.data.Sampler):
+    """Batches of indices (shuffled with a fixed seed, or in order), each with a flag saying
+    whether the worker should read its USS after fetching it."""
+
+    def __init__(self, n: int, batch_size: int, shuffle: bool, seed: int, num_workers: int,
+                 readings: int) -> None:
+        self.n, self.batch_size, self.shuffle, self.seed = n, batch_size, shuffle, seed
+        self.num_workers, self.readings = num_workers, readings
+
+    def __len__(self) -> int:
+        return math.ceil(self.n / self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[list[int], bool]]:
+        order = (np.random.default_rng(self.seed).permutation(self.n) if self.shuffle
+                 else np.arange(self.n))
+        total = len(self)
+        every = max(1, total // max(1, self.readings * self.num_workers))
+        for b in range(total):
+            chunk = order[b * self.batch_size:(b + 1) * self.batch_size].tolist()
+            # the last 2 requests per worker always read, so every worker reports its end state
+            read = b % every == 0 or b >= total - 2 * self.num_workers
+            yield chunk, read
+
+
+@dataclass
+class WorkerUss:
+    """One worker's private memory over an epoch: USS in bytes at the start (before its first
+    fetch) and after ``fetched`` samples (``timeline``: (samples fetched, USS bytes) pairs)."""
+
+    worker_id: Optional[int]
+    pid: int
+    start_uss_bytes: int
+    timeline: list[tuple[int, int]]
+
+    @property
+    def end_uss_bytes(self) -> int:
+        return self.timeline[-1][1] if self.timeline else self.start_uss_bytes
+
+    @property
+    def growth_bytes(self) -> int:
+        """USS at the end of the epoch minus USS at the start, in bytes."""
+        return self.end_uss_bytes - self.start_uss_bytes
+
+
+@dataclass
+class WorkerMemory:
+    """Per-worker private memory (USS) over one epoch of a dataset (see :func:`worker_memory`)."""
+
+    label: str
+    start_method: str
+    num_workers: int
+    samples: int
+    workers: list[WorkerUss]
+    gc_frozen: bool = False
+
+    @property
+    def growth_bytes(self) -> list[int]:
+        """USS growth of each worker over the epoch, bytes."""
+        return [w.growth_bytes for w in self.workers]
+
+    @property
+    def max_growth_bytes(self) -> int:
+        return max(self.growth_bytes)
+
+    @property
+    def mean_growth_bytes(self) -> float:
+        return float(np.mean(self.growth_bytes))
+
+    @property
+    def total_growth_bytes(self) -> int:
+        """Sum over workers: extra RAM the epoch cost the whole machine."""
+        return int(sum(self.growth_bytes))
+
+    def to_dict(self) -> dict:
+        return {"label": self.label, "start_method": self.start_method,
+                "num_workers": self.num_workers, "samples": self.samples,
+                "gc_frozen": self.gc_frozen,
+                "workers": [{"worker_id": w.worker_id, "pid": w.pid,
+                             "start_uss_bytes": w.start_uss_bytes, "timeline": w.timeline}
+                            for w in self.workers]}
+
+    def __str__(self) -> str:
+        growth = " / ".join(f"{g / _MB:.1f}" for g in self.growth_bytes)
+        start = " / ".join(f"{w.start_uss_bytes / _MB:.1f}" for w in self.workers)
+        return (f"{self.label} ({self.start_method}, {self.num_workers} workers, "
+                f"{self.samples:,} samples): USS growth per worker {growth} MB "
+                f"(total {self.total_growth_bytes / _MB:.1f} MB); USS at start {start} MB")
+
+
+def worker_memory(dataset: Dataset, num_workers: int = 2, *, batch_size: int = 256,
+                  shuffle: bool = True, seed: int = 0, multiprocessing_context: Any = None,
+                  readings: int = 6, freeze_gc: bool = False, timeout_s: float = 120.0,
+                  label: Optional[str] = None) -> WorkerMemory:
+    """Run one epoch of ``dataset`` in real workers and measure each worker's private memory.
+
+    Every worker fetches its share of the samples exactly as a DataLoader worker does
+    (``dataset[i]`` per index, order shuffled with ``seed`` when ``shuffle``) and reads its own
+    USS (psutil, bytes private to the process) before its first fetch and about ``readings``
+    times during the epoch, always at its end. The samples themselves are dropped, so the
+    measurement is only what *reading* the dataset costs. Under ``fork`` a worker starts
+    sharing every page with the parent: growth is copy-on-read. Under ``spawn``/``forkserver``
+    each worker unpickles its own copy of the dataset first, so the cost shows in the start
+    USS instead. ``freeze_gc=True`` calls ``gc.freeze()`` in this process before the workers
+    start (and ``gc.unfreeze()`` after), to test that advice. Each request is awaited at most
+    ``timeout_s`` seconds. Returns a :class:`WorkerMemory`.
+    """
+    where = "worker_memory"
+    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+        raise TypeError(f"{where}: dataset must be a map-style Dataset (with __getitem__ and "
+                        f"__len__), got {type(dataset).__name__}.")
+    num_workers = check_int("num_workers", num_workers, 1, where)
+    batch_size = check_int("batch_size", batch_size, 1, where)
+    readings = check_int("readings", readings, 1, where)
+    timeout_s = check_seconds("timeout_s", timeout_s, where, positive=True)
+    n = len(dataset)
+    if n < num_workers * batch_size:
+        raise ValueError(f"{where}: the dataset has {n} samples, fewer than num_workers x "
+                         f"batch_size = {num_workers * batch_size}; use a smaller batch_size so "
+                         f"every worker gets work.")
+    if uss_bytes() is None:
+        raise RuntimeError(f"{where}: this platform does not report USS (private memory) "
+                           f"through psutil, so per-worker memory cannot be measured here.")
+    context, method = resolve_context(multiprocessing_context, where)
+    requests = _ProbeRequests(n, batch_size, bool(shuffle), int(seed), num_workers, readings)
+    loader = DataLoader(_MemoryProbe(dataset), batch_size=None, sampler=requests,
+                        num_workers=num_workers, multiprocessing_context=context,
+                        timeout=timeout_s)
+    frozen = False
+    if freeze_gc:
+        gc.collect()
+        gc.freeze()
+        frozen = True
+    reports: list[dict] = []
+    try:
+        it = iter(loader)
+        try:
+            for report in it:
+                reports.append(report)
+        except RuntimeError as exc:
+            if "timed out" in str(exc):
+                raise RuntimeError(f"{where}: a worker did not answer within timeout_s="
+                                   f"{timeout_s} s; the dataset's __getitem__ may be very slow "
+                                   f"or stuck. Use a smaller dataset or a larger timeout_s."
+                                   ) from exc
+            raise
+        finally:
+            shutdown = getattr(it, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
+            del it
+    finally:
+        if frozen:
+            gc.unfreeze()
+    by_pid: dict[int, WorkerUss] = {}
+    for r in reports:
+        w = by_pid.get(r["pid"])
+        if w is None:
+            if "start_uss" not in r or r["start_uss"] is None:  # pragma: no cover
+                raise RuntimeError(f"{where}: worker {r['pid']} did not report its start USS.")
+            w = by_pid[r["pid"]] = WorkerUss(worker_id=r["worker_id"], pid=r["pid"],
+                                             start_uss_bytes=int(r["start_uss"]), timeline=[])
+        if r.get("uss") is not None:
+            w.timeline.append((int(r["fetched"]), int(r["uss"])))
+    workers = sorted(by_pid.values(), key=lambda w: (w.worker_id is None, w.worker_id or 0))
+    return WorkerMemory(label=label or type(dataset).__name__, start_method=method,
+                        num_workers=num_workers, samples=n, workers=workers, gc_frozen=frozen)
+
+
+def plot_worker_memory(results: Sequence[WorkerMemory], *, ax: Any = None,
+                       title: Optional[str] = None) -> Any:
+    """USS growth (MB) of every worker against the samples it has fetched, one colour per
+    :class:`WorkerMemory`, one line per worker. Returns the Axes."""
+    if isinstance(results, WorkerMemory):
+        results = [results]
+    results = list(results)
+    if not results or not all(isinstance(r, WorkerMemory) for r in results):
+        raise TypeError("results must be a non-empty list of WorkerMemory (from worker_memory).")
+    ax = _new_axes(ax, figsize=(7, 4.2))
+    colors = [f"C{i}" for i in range(10)]
+    for k, res in enumerate(results):
+        for j, w in enumerate(res.workers):
+            xs = [0] + [f for f, _ in w.timeline]
+            ys = [0.0] + [(u - w.start_uss_bytes) / _MB for _, u in w.timeline]
+            # earlier series drawn wider, so identical curves stay visible under later ones
+            ax.plot(xs, ys, marker="o", markersize=3, color=colors[k % 10],
+                    linewidth=max(1.0, 1.5 + 2.0 * (len(results) - 1 - k)),
+                    linestyle=["-", "--", ":", "-."][j % 4],
+                    label=res.label if j == 0 else None)
+    ax.set_xlabel("samples fetched by the worker")
+    ax.set_ylabel("worker's private memory growth, MB (USS)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, title="one line per worker", title_fontsize=8)
+    first = results[0]
+    ax.set_title(figure_title(title or "Private memory of each worker over one epoch",
+                              {"start_method": first.start_method,
+                               "num_workers": first.num_workers}), fontsize=10, loc="left")
+    return ax
