@@ -1,4 +1,4 @@
-"""Tests for course_utils.oversubscription: the OpenCV-heavy workload, the grid, the
+"""Tests for lesson 02's harness (course_utils.lessons.l02_*): the OpenCV-heavy workload, the grid, the
 environment-variable subprocesses and the fork demo. Behaviour and structure only: no timing
 is asserted. Everything that starts processes has a timeout."""
 from __future__ import annotations
@@ -17,23 +17,13 @@ import numpy as np
 import pytest
 import torch
 
-from course_utils import oversubscription as ov
-from course_utils.oversubscription import (
-    ENV_CASES,
-    GridCell,
-    GridResult,
-    OpenCVHeavyTransform,
-    close_loader,
-    default_grid,
-    env_after_vs_before_import,
-    env_cases,
-    fork_cv2_demo,
-    involuntary_switches,
-    opencv_heavy_dataset,
-    plot_grid,
-    run_grid,
-    switches_between,
-)
+from course_utils.lessons import l02_grid, l02_workload
+from course_utils.lessons.l02_env import ENV_CASES, env_after_vs_before_import, env_cases
+from course_utils.lessons.l02_fork import fork_cv2_demo
+from course_utils.lessons.l02_grid import (GridCell, GridResult, default_grid, involuntary_switches,
+                                           plot_grid, run_grid, switches_between)
+from course_utils.lessons.l02_workload import (OpenCVHeavyTransform, close_loader,
+                                               opencv_heavy_dataset)
 
 LINUX_PROC = os.path.isdir("/proc/self/task")
 HAS_FORK = "fork" in mp.get_all_start_methods()
@@ -138,7 +128,7 @@ class _FakeLoader:
 
 def test_switch_window_starts_the_loader_eagerly_and_records_one_window_per_pass():
     fake = _FakeLoader(6)
-    window = ov._SwitchWindow(fake, warmup=2, timed=3)
+    window = l02_grid._SwitchWindow(fake, warmup=2, timed=3)
     it = iter(window)
     assert fake.iterators == 1, "iter() must start the loader now (measure_loader lists workers then)"
     batches = list(it)
@@ -194,7 +184,7 @@ def test_run_grid_workers_really_have_the_threads_asked(small_grid):
     """Under the grid's start method a worker asked for k threads reports k in every pool."""
     from course_utils.threads import make_worker_init, pools_in_workers
 
-    context = ov.grid_context()
+    context = l02_workload.grid_context()
     for k in (1, 2):
         pools = pools_in_workers(make_worker_init(k), num_workers=1, multiprocessing_context=context)[0]
         assert pools.total_max == k and pools.torch_intra == k
@@ -336,7 +326,8 @@ def test_import_has_no_side_effects():
         return list(fs._forkserver._preload_modules)
 
     before = (torch.get_num_threads(), cv2.getNumThreads(), dict(os.environ), preload())
-    importlib.reload(ov)
+    for module in (l02_workload, l02_grid):
+        importlib.reload(module)
     importlib.reload(ex02_worker_init)
     after = (torch.get_num_threads(), cv2.getNumThreads(), dict(os.environ), preload())
     assert before == after

@@ -6,7 +6,7 @@ from this process *after* this process has used OpenCV's, BLAS's and torch's poo
 notebook that looked at a few images has always done). In each worker it records the pools
 before and after the function, the environment variables it changed and the values it passed
 to ``cv2.setNumThreads``; then the worker runs a real OpenCV-heavy sample (a course JPEG through
-:class:`course_utils.oversubscription.OpenCVHeavyTransform`), a BLAS matrix product and a torch
+:class:`course_utils.lessons.l02_workload.OpenCVHeavyTransform`), a BLAS matrix product and a torch
 op, and reports its pools again. The DataLoader has a timeout, and a worker that hangs dumps
 its Python stack (``faulthandler``) before it is killed, so a deadlocking answer fails with a
 message that says where it was stuck instead of hanging the notebook.
@@ -176,7 +176,7 @@ class _WorkerProbe(Dataset):
 
     def __getitem__(self, index: int) -> dict:
         from ..data import decode_jpeg
-        from ..oversubscription import OpenCVHeavyTransform
+        from ..lessons.l02_workload import OpenCVHeavyTransform
 
         info = get_worker_info()
         wid = -1 if info is None else info.id
@@ -303,7 +303,7 @@ def _run_in_workers(init: Callable[[int], Any], method: str, num_workers: int,
     graded = _GradedInit(init, folder, dump_after, forked=method == "fork")
     thread_pools()  # registers course_utils.threads' before-fork hook in this process
     if method == "forkserver":
-        from ..oversubscription import forkserver_context
+        from ..lessons.l02_workload import forkserver_context
 
         context = forkserver_context()
     else:
