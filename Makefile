@@ -69,7 +69,7 @@ test: install
 	  -n $(PYTEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 exercises: install
-	$(PY) -m course_utils make-exercises
+	$(PY) -m course_authoring make-exercises
 
 doctor: install
 	$(PY) -m course_utils doctor

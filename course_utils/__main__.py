@@ -2,12 +2,11 @@
 
 Commands:
   doctor           describe this machine for data loading, with advice
-  make-exercises   write exercises/ from solutions/ (--check: only report differences)
   grade NOTEBOOK   run an exercise notebook through nbval and print pass/fail per exercise
   bench            the common recipe vs the tuned CPU pipeline, measured side by side
   tune [FOLDER]    find fast DataLoader settings for a folder of images (or the course data)
-  gpu-check        on a CUDA machine: GPU benchmarks in full mode, written as reference results
-  hosted-cell      write the Colab/Kaggle install cell into every notebook (--check: only report)
+
+The authors' commands (make-exercises, hosted-cell, gpu-check) are ``python -m course_authoring``.
 """
 from __future__ import annotations
 
@@ -23,25 +22,6 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     from .machine import doctor
     report = doctor()
     print(json.dumps(report.to_dict(), indent=2, default=str) if args.json else report.render())
-    return 0
-
-
-def _cmd_make_exercises(args: argparse.Namespace) -> int:
-    from .exercises import make_exercises
-    changed = make_exercises(args.solutions, args.exercises, check=args.check)
-    if args.check:
-        if changed:
-            print("exercises/ is out of date with solutions/ for:")
-            for path in changed:
-                print(f"  {path}")
-            print("Run: python -m course_utils make-exercises")
-            return 1
-        print("exercises/ is up to date.")
-        return 0
-    for path in changed:
-        print(f"wrote {path}")
-    if not changed:
-        print("exercises/ was already up to date.")
     return 0
 
 
@@ -71,25 +51,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(result.to_dict(), fh, indent=2, default=str)
         print(f"wrote {args.json}")
-    return 0
-
-
-def _cmd_hosted_cell(args: argparse.Namespace) -> int:
-    from .hosted import REPOSITORY_URL, sync_install_cells
-    try:
-        changed = sync_install_cells(args.folders, check=args.check)
-    except FileNotFoundError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if args.check and changed:
-        print("these notebooks lack the current hosted-install cell:")
-        for path in changed:
-            print(f"  {path}")
-        print("Run: python -m course_utils hosted-cell")
-        return 1
-    for path in changed:
-        print(f"wrote {path}")
-    print(f"hosted-install cells are up to date (repository: {REPOSITORY_URL}).")
     return 0
 
 
@@ -171,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m course_utils",
         description="Feed the GPU: helpers for the PyTorch data-loading course.",
-        epilog=f"Set {QUICK_ENV}=1 to shrink every experiment (quick mode).")
+        epilog=f"Set {QUICK_ENV}=1 to shrink every experiment (quick mode). Authors: "
+               f"python -m course_authoring --help (make-exercises, hosted-cell, gpu-check).")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -180,16 +142,6 @@ def build_parser() -> argparse.ArgumentParser:
                                    "start method, and advice derived from them.")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=_cmd_doctor)
-
-    p = sub.add_parser("make-exercises", help="write exercises/ from solutions/",
-                       description="Replace every ### BEGIN SOLUTION ... ### END SOLUTION region "
-                                   "of solutions/*.ipynb with a NotImplementedError stub and "
-                                   "write the result to exercises/.")
-    p.add_argument("--solutions", default="solutions", help="source folder (default: solutions)")
-    p.add_argument("--exercises", default="exercises", help="target folder (default: exercises)")
-    p.add_argument("--check", action="store_true",
-                   help="write nothing; exit 1 when exercises/ differs from what would be written")
-    p.set_defaults(func=_cmd_make_exercises)
 
     p = sub.add_parser("grade", help="grade exercise notebooks (runs them through nbval)",
                        description="Run each notebook top to bottom in a fresh kernel with "
@@ -251,28 +203,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_tune)
 
-    from . import gpu_check
-    p = sub.add_parser("gpu-check", help="on a CUDA machine: GPU benchmarks -> reference results",
-                       description="On a CUDA machine: run lessons 04-05's GPU benchmarks in "
-                                   "full mode, then the code cells of their notebooks in quick "
-                                   "mode (no Jupyter needed), within a time budget; print the "
-                                   "targets, and write reference results as JSON. Exits non-zero "
-                                   "when any section or cell failed. Refuses on a machine without "
-                                   "CUDA.")
-    gpu_check.add_arguments(p)
-    p.set_defaults(func=gpu_check.cli)
-
-    p = sub.add_parser("hosted-cell", help="write the Colab/Kaggle install cell into every notebook",
-                       description="Make the first code cell of every notebook the cell that "
-                                   "installs the course on hosted services (Google Colab, Kaggle) "
-                                   "and does nothing elsewhere. The repository URL is set in "
-                                   "course_utils/hosted.py.")
-    p.add_argument("folders", nargs="*", default=["notebooks", "solutions", "exercises"],
-                   metavar="FOLDER", help="folders of notebooks (default: notebooks solutions "
-                                          "exercises)")
-    p.add_argument("--check", action="store_true",
-                   help="write nothing; exit 1 when a notebook lacks the current cell")
-    p.set_defaults(func=_cmd_hosted_cell)
     return parser
 
 

@@ -4,7 +4,7 @@ A CPU-only learner cannot measure a host-to-device copy or on-device augmentatio
 lessons show them what a real GPU measured instead, *beside* their own figures. Those
 reference results are produced only by the gpu-check command on a CUDA machine::
 
-    python -m course_utils gpu-check            # writes course_utils/reference_results/*.json
+    python -m course_authoring gpu-check            # writes course_utils/reference_results/*.json
 
 and are never typed by hand. Each file ``REFERENCE_DIR / f"{name}.json"`` holds one JSON object::
 
@@ -52,7 +52,7 @@ REFERENCE_DIR: Path = Path(__file__).resolve().parent / "reference_results"
 #: Names of the reference files the course writes and reads.
 LESSON04 = "lesson04_transfer"      # course_utils.lessons.l04_gpu_run.run_gpu_benchmarks
 LESSON05 = "lesson05_augment"       # course_utils.lessons.l05_gpu_run.run_gpu_benchmarks
-SUMMARY = "gpu_check_summary"       # course_utils.gpu_check.run_gpu_check: the issue targets
+SUMMARY = "gpu_check_summary"       # course_authoring.gpu_check.run_gpu_check: the issue targets
 #: Every reference file gpu-check writes: exactly these ``<name>.json`` go into
 #: REFERENCE_DIR (other JSON that a GPU run writes, such as tune's, does not belong there).
 REFERENCE_NAMES = (LESSON04, LESSON05, SUMMARY)
@@ -188,7 +188,7 @@ def load_reference(name: str, directory: str | os.PathLike | None = None) -> dic
     """The reference document ``name`` ({"name", "measured_at", "machine", "results"}).
 
     Returns None when the file does not exist (no reference measured yet: run
-    ``python -m course_utils gpu-check`` on a CUDA machine). Raises :class:`MalformedReference`
+    ``python -m course_authoring gpu-check`` on a CUDA machine). Raises :class:`MalformedReference`
     naming the file when it is not JSON or lacks a required key.
     """
     path = reference_path(name, directory)
@@ -199,14 +199,14 @@ def load_reference(name: str, directory: str | os.PathLike | None = None) -> dic
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise MalformedReference(
             f"{path} is not valid JSON ({exc}). Delete it, or produce it again with "
-            f"'python -m course_utils gpu-check' on a CUDA machine.") from None
+            f"'python -m course_authoring gpu-check' on a CUDA machine.") from None
     if not isinstance(doc, dict):
         raise MalformedReference(f"{path} must hold a JSON object, found {type(doc).__name__}.")
     missing = [k for k in REQUIRED_KEYS if k not in doc]
     if missing:
         raise MalformedReference(
             f"{path} lacks {', '.join(missing)} (a reference file needs {', '.join(REQUIRED_KEYS)}). "
-            f"Produce it again with 'python -m course_utils gpu-check'.")
+            f"Produce it again with 'python -m course_authoring gpu-check'.")
     if not isinstance(doc["machine"], dict) or not isinstance(doc["results"], dict):
         raise MalformedReference(f"{path}: 'machine' and 'results' must be JSON objects.")
     return doc
@@ -224,5 +224,5 @@ def missing_reference_text(name: str) -> str:
     """What a lesson prints when reference ``name`` has not been measured yet."""
     return (f"No reference GPU results have been measured yet ({name}.json is not in "
             f"course_utils/reference_results/). They are produced on a CUDA machine by\n"
-            f"    python -m course_utils gpu-check\n"
+            f"    python -m course_authoring gpu-check\n"
             f"and never typed by hand. Meanwhile, the figures below are what THIS machine measured.")

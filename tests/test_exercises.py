@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from course_utils.__main__ import main
-from course_utils.exercises import (BEGIN, END, ExerciseFormatError, exercise_notebook,
+from course_authoring.__main__ import main
+from course_authoring.exercises import (BEGIN, END, ExerciseFormatError, exercise_notebook,
                                     make_exercises, strip_solution)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,7 +79,7 @@ def test_make_exercises_writes_and_checks(tmp_path):
 def test_shipped_exercises_are_exactly_what_the_generator_makes():
     stale = make_exercises(ROOT / "solutions", ROOT / "exercises", check=True)
     assert stale == [], (f"exercises/ differs from solutions/ for {stale}; "
-                         f"run `python -m course_utils make-exercises`")
+                         f"run `python -m course_authoring make-exercises`")
     assert sorted(p.name for p in (ROOT / "solutions").glob("*.ipynb")), "no solution notebooks"
 
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_utils import gpu_check
+from course_authoring import gpu_check
+from course_authoring.gpu_check import (GpuCheckRefused, format_targets, host_memory, main,
+                                        memory_notes, plan, run_gpu_check)
+from course_authoring.hosted import install_cell
+from course_authoring.notebook_runner import run_notebook, run_notebook_cells
 from course_utils.config import QUICK_ENV
-from course_utils.gpu_check import (GpuCheckRefused, format_targets, host_memory, main,
-                                    memory_notes, plan, run_gpu_check)
-from course_utils.notebook_runner import run_notebook, run_notebook_cells
-from course_utils.hosted import install_cell
 from course_utils.reference import (LESSON04, LESSON05, REFERENCE_DIR, REFERENCE_NAMES, SUMMARY,
                                     available_references, load_reference)
 
@@ -40,7 +40,7 @@ def test_refuses_without_cuda_and_writes_nothing(tmp_path, capsys):
     with pytest.raises(GpuCheckRefused, match="needs a CUDA GPU") as info:
         run_gpu_check(out)
     assert "nothing was written" in str(info.value)
-    assert "python -m course_utils gpu-check" in str(info.value)
+    assert "python -m course_authoring gpu-check" in str(info.value)
     assert not out.exists()
     assert main(["--out", str(out)]) == 1
     assert "needs a CUDA GPU" in capsys.readouterr().err
@@ -52,7 +52,7 @@ def test_refuses_without_cuda_and_writes_nothing(tmp_path, capsys):
 @pytest.mark.skipif(CUDA, reason="this machine has CUDA")
 def test_command_line_refuses_with_nonzero_exit(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "course_utils.gpu_check", "--out",
+    proc = subprocess.run([sys.executable, "-m", "course_authoring.gpu_check", "--out",
                            str(tmp_path / "o")], capture_output=True, text=True, env=env,
                           cwd=str(ROOT), timeout=100)
     assert proc.returncode == 1 and "needs a CUDA GPU" in proc.stderr
@@ -60,7 +60,7 @@ def test_command_line_refuses_with_nonzero_exit(tmp_path):
 
 
 def test_importing_it_loads_no_notebook_machinery():
-    code = ("import sys, course_utils.gpu_check; "
+    code = ("import sys, course_authoring.gpu_check; "
             "print(sorted(m for m in ('nbclient', 'nbformat', 'ipywidgets', 'ipykernel') if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=100)
@@ -172,7 +172,7 @@ def test_format_targets():
 
 @pytest.mark.skipif(CUDA, reason="this machine has CUDA")
 def test_the_course_command_line_has_gpu_check(tmp_path, capsys):
-    from course_utils.__main__ import main as course_main
+    from course_authoring.__main__ import main as course_main
     assert course_main(["gpu-check", "--out", str(tmp_path / "o")]) == 1
     assert "needs a CUDA GPU" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
@@ -430,7 +430,7 @@ def test_the_script_logs_everything_and_fails_when_a_step_fails(tmp_path, fail):
     assert log == proc.stdout                                 # the whole output, in full
     assert "== memory" in log and "sizes:" in log
     assert log.index("== memory") < log.index("stub python: -m course_utils doctor")
-    for words in ("-m course_utils gpu-check --out", "-m pytest", "-m course_utils tune",
+    for words in ("-m course_authoring gpu-check --out", "-m pytest", "-m course_utils tune",
                   "-c from course_utils.distributed import measure_ddp, pick_backend"):
         assert "stub python: " + words in log
     assert "cp " + " ".join(f"{out}/{n}.json" for n in REFERENCE_NAMES) in log

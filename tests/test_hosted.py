@@ -1,4 +1,4 @@
-"""The hosted-install cell: one source (course_utils/hosted.py), the same in every notebook,
+"""The hosted-install cell: one source (course_authoring/hosted.py), the same in every notebook,
 a no-op off hosted services, and an install from the repository URL on them."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from IPython.core.inputtransformer2 import TransformerManager
 
-from course_utils import hosted
-from course_utils.__main__ import main
+from course_authoring import hosted
+from course_authoring.__main__ import main
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = hosted.notebook_paths([ROOT / "notebooks", ROOT / "solutions", ROOT / "exercises"])
@@ -25,7 +25,7 @@ def test_every_notebook_starts_with_the_current_install_cell(path):
     cell = _first_code_cell(path)
     assert cell.get("id") == hosted.CELL_ID and cell["source"] == hosted.install_cell_source(), (
         f"{path.parent.name}/{path.name}: the first code cell is not the current hosted-install "
-        f"cell; run `python -m course_utils hosted-cell`.")
+        f"cell; run `python -m course_authoring hosted-cell`.")
 
 
 def test_cell_source_names_the_url_once_and_compiles():

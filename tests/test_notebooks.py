@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import ast
 import json
-import re
 from pathlib import Path
 
 import pytest
 from IPython.core.inputtransformer2 import TransformerManager
 
 import course_utils
+from course_authoring.hosted import is_install_cell
 from course_utils.grade_notebook import grade_notebook
-from course_utils.hosted import is_install_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted((ROOT / "notebooks").glob("*.ipynb"))

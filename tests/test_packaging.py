@@ -67,7 +67,8 @@ def test_every_subpackage_and_data_file_is_packaged():
     include = data["tool"]["setuptools"]["packages"]["find"]["include"]
     found = set(find_packages(str(ROOT), include=include))
     on_disk = {str(p.parent.relative_to(ROOT)).replace("/", ".")
-               for p in (ROOT / "course_utils").rglob("__init__.py")}
+               for package in ("course_utils", "course_authoring")
+               for p in (ROOT / package).rglob("__init__.py")}
     assert on_disk <= found, f"not packaged: {sorted(on_disk - found)}"
     patterns = data["tool"]["setuptools"]["package-data"]["course_utils"]
     assert "reference_results/*.json" in patterns

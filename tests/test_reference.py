@@ -85,7 +85,7 @@ def test_describe_machine_has_the_documented_keys():
 def test_missing_text_says_how_to_produce_results():
     text = missing_reference_text(LESSON04)
     assert "No reference GPU results have been measured yet" in text
-    assert "python -m course_utils gpu-check" in text
+    assert "python -m course_authoring gpu-check" in text
 
 
 def test_the_folder_ships_a_readme_and_only_json_files():
@@ -104,7 +104,7 @@ def test_every_shipped_reference_was_measured_on_a_cuda_gpu():
         machine = doc["machine"]
         assert machine.get("accelerator") == "cuda" and machine.get("gpu_name"), (
             f"{name}.json does not describe a CUDA GPU: reference results come only from "
-            f"'python -m course_utils gpu-check' on a CUDA machine")
+            f"'python -m course_authoring gpu-check' on a CUDA machine")
         assert machine.get("cuda_version")
         dt.date.fromisoformat(doc["measured_at"][:10])
 

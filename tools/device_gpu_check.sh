@@ -87,7 +87,7 @@ check() {
 
   # the reference results first: the rest of the run must not cost them
   step "gpu-check (lessons 04-05 full mode, then notebooks 04-05 quick mode)" \
-    timeout -k 5 300 "$PY" -m course_utils gpu-check --out "$OUT" --budget 255
+    timeout -k 5 300 "$PY" -m course_authoring gpu-check --out "$OUT" --budget 255
 
   if "$PY" -c "import pytest" 2>/dev/null; then
     # -v: a test that runs out of time is named in the log

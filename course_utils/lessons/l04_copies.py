@@ -21,7 +21,7 @@ host memcpy into a second buffer (``.to('cpu')`` itself would return the same te
 nothing), pinned memory does not exist (``pin_memory()`` raises), and there are no streams to
 overlap on. Every function here still runs there and says what it measured; the figures a real
 GPU gives are shipped as reference results (:mod:`course_utils.reference`), produced by
-``python -m course_utils gpu-check`` on a CUDA machine.
+``python -m course_authoring gpu-check`` on a CUDA machine.
 
 Nothing happens at import time.
 """

@@ -57,7 +57,7 @@ def run_gpu_benchmarks(budget_s: float = 300, *, device: Any = "cuda", quick: Op
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("run_gpu_benchmarks needs a CUDA GPU (torch.cuda.is_available() is False). "
-                           "Run `python -m course_utils gpu-check` on a machine with an NVIDIA GPU; "
+                           "Run `python -m course_authoring gpu-check` on a machine with an NVIDIA GPU; "
                            "on this machine, lesson 05 measures the CPU instead.")
     dev = _device(dev)
     quick = False if quick is None else bool(quick)

@@ -8,8 +8,8 @@ own message says why an install failed; on Kaggle it is usually "Internet" switc
 notebook's settings.)
 
 :data:`REPOSITORY_URL` is the one place the repository address is set. After changing it, run
-``python -m course_utils hosted-cell`` to rewrite the cell in every notebook (and
-``python -m course_utils make-exercises``); a test fails while any notebook carries an old copy.
+``python -m course_authoring hosted-cell`` to rewrite the cell in every notebook (and
+``python -m course_authoring make-exercises``); a test fails while any notebook carries an old copy.
 """
 from __future__ import annotations
 

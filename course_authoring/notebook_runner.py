@@ -24,7 +24,8 @@ import types
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .config import QUICK_ENV
+from course_utils.config import QUICK_ENV
+
 from .hosted import is_install_cell
 
 __all__ = ["UnsupportedMagic", "run_notebook_cells", "run_notebook"]
@@ -214,7 +215,7 @@ def _notebook_child(notebook: str, result_file: str) -> int:
     return 0 if result["status"] == "passed" else 1
 
 
-_CHILD = ("import sys\nfrom course_utils.notebook_runner import _notebook_child\n"
+_CHILD = ("import sys\nfrom course_authoring.notebook_runner import _notebook_child\n"
           "sys.exit(_notebook_child(sys.argv[1], sys.argv[2]))")
 
 

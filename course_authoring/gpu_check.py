@@ -1,4 +1,4 @@
-"""``python -m course_utils gpu-check``: measure the GPU lessons on a real CUDA machine.
+"""``python -m course_authoring gpu-check``: measure the GPU lessons on a real CUDA machine.
 
 On a machine with CUDA this runs, within a time budget (default 540 s):
 
@@ -42,10 +42,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 import psutil
 
-from .config import QUICK_ENV
+from course_utils.config import QUICK_ENV
+from course_utils.reference import (LESSON04, LESSON05, REFERENCE_DIR, REFERENCE_NAMES, SUMMARY,
+                                    describe_machine, save_reference)
+
 from .notebook_runner import run_notebook
-from .reference import (LESSON04, LESSON05, REFERENCE_DIR, REFERENCE_NAMES, SUMMARY,
-                        describe_machine, save_reference)
 
 __all__ = [
     "DEFAULT_BUDGET_S",
@@ -93,7 +94,7 @@ def cuda_available() -> bool:
 
 def _refusal() -> str:
     try:
-        from .machine import machine_summary
+        from course_utils.machine import machine_summary
         here = machine_summary()
     except Exception:  # pragma: no cover - the summary is only decoration here
         here = "this machine"
@@ -101,8 +102,8 @@ def _refusal() -> str:
             f"Nothing was measured and nothing was written: reference GPU results are only ever "
             f"measured on a real GPU, never made up.\n"
             f"Run it on a machine with an NVIDIA GPU and a CUDA build of torch:\n"
-            f"    python -m course_utils gpu-check            # writes {REFERENCE_DIR}\n"
-            f"    python -m course_utils gpu-check --out DIR  # or into DIR\n"
+            f"    python -m course_authoring gpu-check            # writes {REFERENCE_DIR}\n"
+            f"    python -m course_authoring gpu-check --out DIR  # or into DIR\n"
             f"(Apple MPS is not a substitute: the reference results describe a CUDA GPU.)")
 
 
@@ -200,12 +201,12 @@ def plan(budget_s: float = DEFAULT_BUDGET_S, *, notebooks: bool = True) -> list[
 
 
 def _lesson04(budget_s: float) -> dict:
-    from .lessons.l04_gpu_run import run_gpu_benchmarks
+    from course_utils.lessons.l04_gpu_run import run_gpu_benchmarks
     return run_gpu_benchmarks(budget_s)
 
 
 def _lesson05(budget_s: float) -> dict:
-    from .lessons.l05_gpu_run import run_gpu_benchmarks
+    from course_utils.lessons.l05_gpu_run import run_gpu_benchmarks
     return run_gpu_benchmarks(budget_s)
 
 
@@ -425,7 +426,7 @@ def cli(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = add_arguments(argparse.ArgumentParser(
-        prog="python -m course_utils gpu-check",
+        prog="python -m course_authoring gpu-check",
         description="On a CUDA machine: run lessons 04-05's GPU benchmarks in full mode and the "
                     "code cells of their notebooks in quick mode, within a time budget, and "
                     "write reference results as JSON."))

@@ -1,0 +1,103 @@
+"""Authoring commands: ``python -m course_authoring COMMAND``.
+
+Commands:
+  make-exercises   write exercises/ from solutions/ (--check: only report differences)
+  hosted-cell      write the Colab/Kaggle install cell into every notebook (--check: only report)
+  gpu-check        on a CUDA machine: GPU benchmarks in full mode, written as reference results
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from . import gpu_check
+from .exercises import make_exercises
+from .hosted import REPOSITORY_URL, sync_install_cells
+
+
+def _cmd_make_exercises(args: argparse.Namespace) -> int:
+    changed = make_exercises(args.solutions, args.exercises, check=args.check)
+    if args.check:
+        if changed:
+            print("exercises/ is out of date with solutions/ for:")
+            for path in changed:
+                print(f"  {path}")
+            print("Run: python -m course_authoring make-exercises")
+            return 1
+        print("exercises/ is up to date.")
+        return 0
+    for path in changed:
+        print(f"wrote {path}")
+    if not changed:
+        print("exercises/ was already up to date.")
+    return 0
+
+
+def _cmd_hosted_cell(args: argparse.Namespace) -> int:
+    try:
+        changed = sync_install_cells(args.folders, check=args.check)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.check and changed:
+        print("these notebooks lack the current hosted-install cell:")
+        for path in changed:
+            print(f"  {path}")
+        print("Run: python -m course_authoring hosted-cell")
+        return 1
+    for path in changed:
+        print(f"wrote {path}")
+    print(f"hosted-install cells are up to date (repository: {REPOSITORY_URL}).")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m course_authoring",
+        description="Feed the GPU: the course authors' tools (exercises, hosted cell, GPU check). "
+                    "Learners use python -m course_utils.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("make-exercises", help="write exercises/ from solutions/",
+                       description="Replace every ### BEGIN SOLUTION ... ### END SOLUTION region "
+                                   "of solutions/*.ipynb with a NotImplementedError stub and "
+                                   "write the result to exercises/.")
+    p.add_argument("--solutions", default="solutions", help="source folder (default: solutions)")
+    p.add_argument("--exercises", default="exercises", help="target folder (default: exercises)")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 when exercises/ differs from what would be written")
+    p.set_defaults(func=_cmd_make_exercises)
+
+    p = sub.add_parser("hosted-cell", help="write the Colab/Kaggle install cell into every notebook",
+                       description="Make the first code cell of every notebook the cell that "
+                                   "installs the course on hosted services (Google Colab, Kaggle) "
+                                   "and does nothing elsewhere. The repository URL is set in "
+                                   "course_authoring/hosted.py.")
+    p.add_argument("folders", nargs="*", default=["notebooks", "solutions", "exercises"],
+                   metavar="FOLDER", help="folders of notebooks (default: notebooks solutions "
+                                          "exercises)")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 when a notebook lacks the current cell")
+    p.set_defaults(func=_cmd_hosted_cell)
+    p = sub.add_parser("gpu-check", help="on a CUDA machine: GPU benchmarks -> reference results",
+                       description="On a CUDA machine: run lessons 04-05's GPU benchmarks in "
+                                   "full mode, then the code cells of their notebooks in quick "
+                                   "mode (no Jupyter needed), within a time budget; print the "
+                                   "targets, and write reference results as JSON. Exits non-zero "
+                                   "when any section or cell failed. Refuses on a machine without "
+                                   "CUDA.")
+    gpu_check.add_arguments(p)
+    p.set_defaults(func=gpu_check.cli)
+
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
