@@ -1,6 +1,6 @@
 """The program every rank runs: ``python -m course_utils.ddp_rank TASK --config F --out DIR``.
 
-Started by :func:`course_utils.distributed.launch` through ``torchrun``, which sets ``RANK``,
+Started by :func:`course_utils.lessons.l07_launch.launch` through ``torchrun``, which sets ``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK`` and the rendezvous address for each rank. Each rank joins the
 process group (gloo on CPU, nccl with one GPU per rank), runs its task, and writes what it saw
 to ``DIR/rank{RANK}.json``; on an error it writes the traceback to ``DIR/rank{RANK}.error.txt``
@@ -8,7 +8,7 @@ and exits non-zero (torchrun then stops the other ranks).
 
 Tasks (their config is a JSON dict):
 
-* ``sampler`` — draw a :class:`~course_utils.distributed.IndexDataset` through
+* ``sampler`` — draw a :class:`~course_utils.lessons.l07_sharding.IndexDataset` through
   ``DistributedSampler`` for several *variants* (shuffle, seed, drop_last, set_epoch or not,
   workers and start method) and record the indices each epoch, in order.
 * ``bench`` — a tiny DDP model trained on JPEGs decoded in the rank's DataLoader workers:
@@ -38,7 +38,7 @@ def _env_int(name: str) -> int:
     value = os.environ.get(name)
     if value is None:
         raise RuntimeError(f"{name} is not set: run this module through torchrun "
-                           f"(course_utils.distributed.launch), not directly.")
+                           f"(course_utils.lessons.l07_launch.launch), not directly.")
     return int(value)
 
 
@@ -51,7 +51,7 @@ def _sampler(cfg: dict, rank: int, world: int) -> dict:
     import torch.distributed as dist
     from torch.utils.data import DataLoader, DistributedSampler
 
-    from .distributed import IndexDataset, indices_of
+    from .lessons.l07_sharding import IndexDataset, indices_of
 
     dataset = IndexDataset(int(cfg.get("n", 10)))
     variants = {}
@@ -162,7 +162,7 @@ def _bench(cfg: dict, rank: int, world: int, local_rank: int, backend: str) -> d
 
 
 def _learner(cfg: dict, rank: int, world: int) -> dict:
-    from .distributed import IndexDataset, indices_of
+    from .lessons.l07_sharding import IndexDataset, indices_of
 
     module = importlib.import_module(cfg["module"])
     make_loader = getattr(module, cfg["name"])

@@ -1,4 +1,4 @@
-"""course_utils.distributed: the budget, sharding checks on hand-made records, and the launcher.
+"""Lesson 07's harness (course_utils.lessons.l07_sharding, l07_launch): the budget, sharding checks on hand-made records, and the launcher.
 
 Three real torchrun launches (a few seconds each): the sampler under every worker start
 method, a rank that crashes, and a rank that never finishes (the timeout).
@@ -15,8 +15,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from course_utils.distributed import (Budget, DistributedError, IndexDataset, budget, indices_of,
-                                      launch, pick_backend, sharding_report, simulate_ranks)
+from course_utils.lessons.l07_launch import DistributedError, launch, pick_backend
+from course_utils.lessons.l07_sharding import (Budget, IndexDataset, budget, indices_of,
+                                               sharding_report, simulate_ranks)
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -105,7 +105,7 @@ check() {
     --json "$OUT/tune_cuda.json"
 
   step "lesson 07: one rank under torchrun with nccl (one GPU per rank)" \
-    timeout -k 5 35 "$PY" -c "from course_utils.distributed import measure_ddp, pick_backend
+    timeout -k 5 35 "$PY" -c "from course_utils.lessons.l07_launch import measure_ddp, pick_backend
 print('backend for 1 rank:', pick_backend(1))
 print(measure_ddp(1, timeout_s=25, progress=False))"
 

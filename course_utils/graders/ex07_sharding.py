@@ -10,7 +10,7 @@ returning the loader rank ``rank`` iterates in ``epoch``. The grader
    written to a temporary module, and 2 ranks started by ``torchrun`` import it and record
    what each draws.
 
-Both times the dataset is :class:`~course_utils.distributed.IndexDataset` of
+Both times the dataset is :class:`~course_utils.lessons.l07_sharding.IndexDataset` of
 :data:`N_SAMPLES` items (odd, so 2 ranks cannot split it evenly) and the epochs are
 :data:`EPOCHS` in that order (epoch 1 twice: a restart replays an epoch). The checks, from what
 the ranks drew: no sample is dropped; beyond the padding ``DistributedSampler`` adds, no sample
@@ -33,7 +33,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from ..distributed import DistributedError, ShardingReport, launch, sharding_report, simulate_ranks
+from ..lessons.l07_launch import DistributedError, launch
+from ..lessons.l07_sharding import ShardingReport, sharding_report, simulate_ranks
 from ..grading import CheckResult, ExerciseFailed, grader
 
 SHARDING = "07.sharding"
