@@ -80,7 +80,10 @@ def test_benchmark_runs_both_side_by_side(tmp_path, capsys):
     result = run_benchmark(n=48, batch_size=8, repeats=1, progress=False)
     labels = [m.label for m in result.comparison.rows]
     assert labels == [COMMON_RECIPE_LABEL, TUNED_LABEL]
-    assert result.speedup > 0 and result.cpu_ratio > 0
+    assert result.speedup > 0
+    # CPU time comes in 10 ms ticks: a run this small can read 0 s for one side (ratio 0, inf
+    # or nan), so only its type and sign are checked here; bench measures it for real
+    assert isinstance(result.cpu_ratio, float) and not result.cpu_ratio < 0
     text = str(result)
     assert "target >= 1.5x" in text and "machine:" in text
     json.dumps(result.to_dict())
