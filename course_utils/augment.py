@@ -52,6 +52,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .device import constants_on
 from .transforms import IMAGENET_MEAN, IMAGENET_STD, PerProcessRandom
 
 __all__ = [
@@ -399,24 +400,13 @@ def _channel_affine(p: AugmentParams, device: Any) -> tuple[torch.Tensor, torch.
     return scale.to(device), shift.to(device)
 
 
-# Small per-channel constants, kept on each device once: ``torch.tensor(..., device='cuda')``
-# or ``cpu_tensor.to('cuda')`` is a blocking copy from pageable memory, which would make every
-# call wait for the GPU to finish its queue.
-_CONSTANTS: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-
-
 def _constants(p: AugmentParams, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(scale (1, 3, 1, 1), shift (1, 3, 1, 1), grey weights (3,)) on ``device``, cached."""
-    key = (str(device), p.mean, p.std)
-    hit = _CONSTANTS.get(key)
-    if hit is None:
-        if len(_CONSTANTS) > 16:
-            _CONSTANTS.clear()
+    """(scale (1, 3, 1, 1), shift (1, 3, 1, 1), grey weights (3,)) on ``device``, made once."""
+    def make() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         scale, shift = _channel_affine(p, "cpu")
-        gray = torch.tensor(GRAY_WEIGHTS, dtype=torch.float32)
-        hit = (scale.view(1, 3, 1, 1).to(device), shift.view(1, 3, 1, 1).to(device), gray.to(device))
-        _CONSTANTS[key] = hit
-    return hit
+        return (scale.view(1, 3, 1, 1), shift.view(1, 3, 1, 1),
+                torch.tensor(GRAY_WEIGHTS, dtype=torch.float32))
+    return constants_on(device, ("augment", p.mean, p.std), make)
 
 
 def augment_batch(batch: torch.Tensor, params: Optional[AugmentParams] = None, *,

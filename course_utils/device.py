@@ -8,7 +8,8 @@ One of each, used by every lesson and helper:
   on a GPU measures how fast work was queued, lesson 00); :func:`synchronizer` returns that wait
   as a function, for timing loops;
 * :func:`try_pin` — a pinned (page-locked) copy of a tensor where the device can use one;
-* :func:`move_to_device` — every tensor of a batch (nested tuples, lists, dicts) on the device.
+* :func:`move_to_device` — every tensor of a batch (nested tuples, lists, dicts) on the device;
+* :func:`constants_on` — small constant tensors (a mean, a std) made on a device once.
 
 Nothing happens at import time.
 """
@@ -22,7 +23,7 @@ import torch
 from .machine import default_device
 
 __all__ = ["resolve_device", "synchronize", "synchronizer", "try_pin", "move_to_device",
-           "tensors_of"]
+           "tensors_of", "constants_on"]
 
 #: The device types the course measures.
 ALLOWED_DEVICES = ("cpu", "cuda", "mps")
@@ -143,3 +144,24 @@ def tensors_of(batch: Any) -> Iterator[torch.Tensor]:
     elif isinstance(batch, (list, tuple)):
         for v in batch:
             yield from tensors_of(v)
+
+
+# Small constants, kept on each device once: ``torch.tensor(..., device='cuda')`` or
+# ``cpu_tensor.to('cuda')`` inside a step is a blocking copy from pageable memory, a hidden
+# synchronisation that would make every call wait for the GPU to drain its queue.
+_CONSTANTS: dict[tuple, tuple[torch.Tensor, ...]] = {}
+_MAX_CONSTANTS = 16
+
+
+def constants_on(device: Any, key: tuple,
+                 make: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
+    """The tensors ``make()`` builds (on the CPU), moved to ``device`` the first time ``key`` is
+    asked for there, and the same tensors every later time (a few entries are kept)."""
+    full_key = (str(torch.device(device)), *key)
+    hit = _CONSTANTS.get(full_key)
+    if hit is None:
+        if len(_CONSTANTS) > _MAX_CONSTANTS:
+            _CONSTANTS.clear()
+        hit = tuple(t.to(device) for t in make())
+        _CONSTANTS[full_key] = hit
+    return hit

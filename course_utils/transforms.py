@@ -54,6 +54,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .device import constants_on
+
 __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
@@ -649,23 +651,10 @@ def output_difference(a: Any, b: Any, params: Optional[PipelineParams] = None) -
 # batched normalisation (main process or GPU)
 # --------------------------------------------------------------------------------------------
 
-# The two per-channel constants of normalize_batch, kept on each device once: moving a CPU
-# tensor to the GPU inside a step (``.to('cuda')`` of pageable memory) is a blocking copy, a
-# hidden synchronisation that would make every call wait for the GPU to drain its queue.
-_NORMALIZE_CONSTANTS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
 def _normalize_constants(params: PipelineParams, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(shift, scale), each (3, 1, 1) float32 on ``device``; made once per device and params."""
-    key = (str(device), tuple(params.mean), tuple(params.std))
-    hit = _NORMALIZE_CONSTANTS.get(key)
-    if hit is None:
-        if len(_NORMALIZE_CONSTANTS) > 16:
-            _NORMALIZE_CONSTANTS.clear()
-        shift, scale = _torch_scale_shift(params.mean, params.std)
-        hit = (shift.to(device), scale.to(device))
-        _NORMALIZE_CONSTANTS[key] = hit
-    return hit
+    return constants_on(device, ("normalize", tuple(params.mean), tuple(params.std)),
+                        lambda: _torch_scale_shift(params.mean, params.std))
 
 
 def normalize_batch(batch: torch.Tensor, params: Optional[PipelineParams] = None) -> torch.Tensor:

@@ -6,8 +6,8 @@ import collections
 import pytest
 import torch
 
-from course_utils.device import (move_to_device, resolve_device, synchronize, synchronizer,
-                                 tensors_of, try_pin)
+from course_utils.device import (constants_on, move_to_device, resolve_device, synchronize,
+                                 synchronizer, tensors_of, try_pin)
 
 CUDA = torch.cuda.is_available()
 
@@ -62,3 +62,15 @@ def test_move_to_device_copies_asynchronously_only_from_pinned_memory(monkeypatc
     move_to_device(t, "cpu")                        # pageable: non_blocking would be a no-op
     move_to_device(t, "cpu", non_blocking=True)
     assert seen == [False, True]
+
+
+def test_constants_on_makes_each_constant_once_per_device():
+    made = []
+
+    def make():
+        made.append(1)
+        return (torch.tensor([1.0, 2.0]),)
+
+    first = constants_on("cpu", ("test-constant",), make)
+    again = constants_on("cpu", ("test-constant",), make)
+    assert first[0] is again[0] and len(made) == 1 and torch.equal(first[0], torch.tensor([1.0, 2.0]))

@@ -12,8 +12,9 @@ import torch
 
 from ..augment import AugmentParams
 from ..data import JpegDataset
+from ..device import resolve_device
 from ..reference import LESSON05, describe_machine
-from .l05_measure import DecodedImages, _device, measure_augment_throughput
+from .l05_measure import DecodedImages, measure_augment_throughput
 from .l05_training import compare_training
 
 __all__ = [
@@ -59,7 +60,7 @@ def run_gpu_benchmarks(budget_s: float = 300, *, device: Any = "cuda", quick: Op
         raise RuntimeError("run_gpu_benchmarks needs a CUDA GPU (torch.cuda.is_available() is False). "
                            "Run `python -m course_authoring gpu-check` on a machine with an NVIDIA GPU; "
                            "on this machine, lesson 05 measures the CPU instead.")
-    dev = _device(dev)
+    dev = resolve_device(dev)
     quick = False if quick is None else bool(quick)
     start = time.perf_counter()
     deadline = start + float(budget_s)

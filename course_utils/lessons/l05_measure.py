@@ -23,7 +23,7 @@ from ..augment import AugmentDraws, AugmentParams, AugmentTransform, SampleDraw,
 from ..bench import measure, measure_loader
 from ..config import pick
 from ..data import JpegDataset
-from ..device import synchronize
+from ..device import resolve_device, synchronize
 from ..machine import usable_cpus
 from ..plots import figure_title
 from ..threads import make_worker_init
@@ -223,21 +223,6 @@ def count_torch_calls(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tupl
 # measurements
 # --------------------------------------------------------------------------------------------
 
-def _device(device: Any) -> torch.device:
-    try:
-        dev = torch.device(device)
-    except (TypeError, RuntimeError) as exc:
-        raise ValueError(f"device={device!r} is not a device torch understands: use 'cpu', 'cuda' or 'mps'.") from exc
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} asks for CUDA but torch.cuda.is_available() is False on "
-                         f"this machine; use device='cpu' (or course_utils.default_device()).")
-    if dev.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise ValueError(f"device={device!r} asks for Apple MPS, which is not available here; use 'cpu'.")
-    if dev.type not in ("cpu", "cuda", "mps"):
-        raise ValueError(f"device={device!r}: measurements run on 'cpu', 'cuda' or 'mps'.")
-    return dev
-
-
 def _generator_for(device: torch.device, seed: int) -> Optional[torch.Generator]:
     if device.type in ("cpu", "cuda"):
         return torch.Generator(device=device).manual_seed(seed)
@@ -291,7 +276,7 @@ def measure_augment_throughput(images: DecodedImages, batch_sizes: Sequence[int]
     if not sizes or any(b < 1 for b in sizes):
         raise ValueError(f"batch_sizes must be a non-empty list of positive ints, got {batch_sizes!r}.")
     p = _params(params, "measure_augment_throughput")
-    dev = _device(device)
+    dev = resolve_device(device)
     workers = usable_cpus() if num_workers is None else int(num_workers)
     if workers < 1:
         raise ValueError(f"num_workers must be >= 1 (the per-sample side runs in workers), got {num_workers!r}.")

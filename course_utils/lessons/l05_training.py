@@ -21,11 +21,11 @@ from ..augment import AugmentParams, _constants, augment_batch
 from ..bench import measure, measure_data_wait
 from ..config import pick
 from ..data import JpegDataset
-from ..device import synchronize
+from ..device import resolve_device, synchronize
 from ..machine import usable_cpus
 from ..pipelines import common_recipe_loader, common_recipe_process_settings, tuned_loader
 from ..threads import limit_threads
-from .l05_measure import RepeatDataset, _axes, _device, _generator_for, _plot_title
+from .l05_measure import RepeatDataset, _axes, _generator_for, _plot_title
 
 __all__ = [
     "SmallCNN",
@@ -167,7 +167,7 @@ def compare_training(base: Optional[Dataset] = None, *, device: Any = "cpu",
     ``deadline`` passed is left out and named in ``skipped``.
     """
 
-    dev = _device(device)
+    dev = resolve_device(device)
     batch_size = pick(full=32, quick=16) if batch_size is None else int(batch_size)
     steps = pick(full=8, quick=5) if steps is None else int(steps)
     image_side = pick(full=224, quick=64) if image_side is None else int(image_side)
