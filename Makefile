@@ -7,8 +7,9 @@
 #
 # Knobs (make VAR=value ...):
 #   PYTHON           interpreter that creates the venv (default: python3, needs >= 3.10)
-#   TORCH_SPEC       which torch to install when the venv has none (default: torch>=2.2)
-#   TORCH_INDEX_URL  where to get torch, e.g. https://download.pytorch.org/whl/cu124 for an
+#   TORCH_SPEC       the torch + torchvision pair to install when the venv has none that loads
+#                    (default: torch>=2.2 torchvision>=0.17; both always come from one index)
+#   TORCH_INDEX_URL  where to get torch and torchvision, e.g. https://download.pytorch.org/whl/cu124 for an
 #                    NVIDIA GPU or https://download.pytorch.org/whl/cpu for a small CPU build
 #   LAB_ARGS         extra JupyterLab arguments, e.g. LAB_ARGS="--no-browser --port 8899"
 #   PYTEST_ARGS      extra pytest arguments, e.g. PYTEST_ARGS="-x -k threads"
@@ -25,7 +26,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-TORCH_SPEC ?= torch>=2.2
+TORCH_SPEC ?= torch>=2.2 torchvision>=0.17
 TORCH_INDEX_URL ?=
 LAB_ARGS ?=
 PYTEST_ARGS ?=
@@ -46,12 +47,10 @@ $(PY):
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 is needed; run make PYTHON=python3.11 ..."'
 	$(PYTHON) -m venv $(VENV)
 
-# torch comes first and on its own, so that a torch already in the venv, or a wheel that pip
-# finds locally (find-links), is used instead of downloading a multi-GB build from the index.
-$(STAMP): pyproject.toml | $(PY)
-	@$(PY) -c "import torch" 2>/dev/null && echo "torch already installed in $(VENV)" || \
-	  $(PIP) install --no-index --no-deps "$(TORCH_SPEC)" 2>/dev/null || \
-	  $(PIP) install $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL)) "$(TORCH_SPEC)"
+# torch and torchvision come first, together, as a matched pair from one index
+# (tools/install_torch.py says why): a pair already in the venv that loads is kept.
+$(STAMP): pyproject.toml tools/install_torch.py | $(PY)
+	$(PY) tools/install_torch.py --spec "$(TORCH_SPEC)" $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
 	$(PIP) install -e ".[test]"
 	@touch $@
 

@@ -72,3 +72,44 @@ def test_every_subpackage_and_data_file_is_packaged():
     assert on_disk <= found, f"not packaged: {sorted(on_disk - found)}"
     patterns = data["tool"]["setuptools"]["package-data"]["course_utils"]
     assert "reference_results/*.json" in patterns
+
+
+def _install_torch_module():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("install_torch", ROOT / "tools" / "install_torch.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_make_installs_torch_and_torchvision_as_one_pair():
+    makefile = (ROOT / "Makefile").read_text()
+    assert "tools/install_torch.py" in makefile
+    assert "torchvision" in re.search(r"^TORCH_SPEC \?=(.*)$", makefile, re.M).group(1)
+    assert "torchvision" in pyproject_packages()
+
+
+def test_install_torch_keeps_a_pair_that_loads(monkeypatch, capsys):
+    module = _install_torch_module()
+    monkeypatch.setattr(module, "probe", lambda: (True, "torch 9 + torchvision 9"))
+    monkeypatch.setattr(module, "pip_install", lambda *a: (_ for _ in ()).throw(AssertionError("installed")))
+    assert module.main([]) == 0
+    assert "kept" in capsys.readouterr().out
+
+
+def test_install_torch_upgrades_then_fails_with_advice(monkeypatch, capsys):
+    module = _install_torch_module()
+    calls = []
+    monkeypatch.setattr(module, "probe", lambda: (False, "RuntimeError: operator torchvision::nms does not exist"))
+    monkeypatch.setattr(module, "pip_install", lambda spec, index, upgrade: calls.append((spec, index, upgrade)))
+    assert module.main(["--index-url", "https://example.invalid/cpu"]) == 2
+    assert calls == [(["torch>=2.2", "torchvision>=0.17"], "https://example.invalid/cpu", False),
+                     (["torch>=2.2", "torchvision>=0.17"], "https://example.invalid/cpu", True)]
+    err = capsys.readouterr().err
+    assert "same index" in err and "TORCH_INDEX_URL" in err
+
+
+def test_install_torch_probe_sees_the_installed_pair():
+    ok, said = _install_torch_module().probe()
+    assert ok, said
+    assert said.startswith("torch ") and "torchvision" in said

@@ -1,0 +1,90 @@
+"""Install torch and torchvision as a matched pair that loads, into the running interpreter.
+
+Run by `make install` (and so by `make lab` and `make test`) with the venv's Python, before the
+course package itself. torchvision is compiled against one torch release and one build of it: a
+torchvision from one index next to a torch from another fails at import with
+``RuntimeError: operator torchvision::nms does not exist``. So both come from one `pip install`,
+from one index, and the result is checked by importing both and running a torchvision operator.
+
+Steps, each only if the one before left a pair that does not load:
+  1. keep what is installed;
+  2. ``pip install torch torchvision`` (the pair pip picks for this platform, or from
+     ``--index-url``);
+  3. the same with ``--upgrade`` (a torch installed alone, e.g. from a local wheel, that no
+     torchvision on the index matches, is replaced by the newest matched pair);
+  4. stop with a message that says what to do.
+
+    python tools/install_torch.py [--index-url URL] [--spec "torch>=2.2 torchvision>=0.17"]
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+
+DEFAULT_SPEC = "torch>=2.2 torchvision>=0.17"
+
+# Imports both and runs one compiled torchvision operator: the check that fails on a mismatch.
+PROBE = (
+    "import torch, torchvision\n"
+    "from torchvision.ops import nms\n"
+    "boxes = torch.tensor([[0., 0., 1., 1.], [0., 0., 1., 1.]])\n"
+    "nms(boxes, torch.tensor([1., 0.5]), 0.5)\n"
+    "print(f'torch {torch.__version__} + torchvision {torchvision.__version__}')\n"
+)
+
+
+def probe() -> tuple[bool, str]:
+    """Return (loads, what it printed or the last line of its error)."""
+    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True)
+    if done.returncode == 0:
+        return True, done.stdout.strip()
+    lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+    return False, lines[-1] if lines else f"exit code {done.returncode}"
+
+
+def pip_install(spec: list[str], index_url: str | None, upgrade: bool) -> None:
+    command = [sys.executable, "-m", "pip", "install"]
+    command += ["--upgrade"] if upgrade else []
+    command += ["--index-url", index_url] if index_url else []
+    command += spec
+    print("+", shlex.join(command), flush=True)
+    subprocess.run(command, check=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Install torch and torchvision as a matched pair that loads (see the module docstring).")
+    parser.add_argument("--index-url", default="",
+                        help="take both from this index, e.g. https://download.pytorch.org/whl/cpu "
+                             "(default: pip's own index settings)")
+    parser.add_argument("--spec", default=DEFAULT_SPEC,
+                        help=f"the requirements to install, space-separated (default: {DEFAULT_SPEC!r})")
+    args = parser.parse_args(argv)
+    spec = args.spec.split()
+    if not spec:
+        parser.error("--spec is empty: give the requirements, e.g. --spec 'torch torchvision'")
+    index_url = args.index_url or None
+
+    ok, said = probe()
+    if ok:
+        print(f"{said} already installed and loading together; kept.")
+        return 0
+    print(f"torch + torchvision do not load yet ({said}); installing a matched pair.", flush=True)
+    for upgrade in (False, True):
+        pip_install(spec, index_url, upgrade)
+        ok, said = probe()
+        if ok:
+            print(f"{said}: they load together.")
+            return 0
+        print(f"after that install: {said}", flush=True)
+    print(
+        "error: torch and torchvision still do not load together. They must come from the same "
+        "index: delete .venv and run make again, or name one index for both, e.g. "
+        "make install TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
