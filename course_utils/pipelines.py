@@ -1,4 +1,8 @@
-"""The two loaders the course benchmarks side by side: the common recipe and the tuned CPU pipeline.
+"""The course's in-memory loaders: the common recipe (an emulation) and the tuned CPU pipeline.
+
+They read the course's JPEG bytes from RAM (lessons 00-07 and the tuner use them); the recipes
+as learners write them, on files, are in :mod:`course_utils.recipes`, and ``bench``
+(:mod:`course_utils.benchmark`) measures both kinds side by side.
 
 The **common recipe** is the setup many tutorials paste: ``torch.set_num_threads(1)`` and
 ``OMP/MKL/OPENBLAS_NUM_THREADS=1`` in ``os.environ`` after the imports, ``num_workers=4``,
@@ -19,24 +23,21 @@ The **tuned CPU pipeline** applies what lessons 01–03 measure:
 """
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import cv2
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .bench import Comparison, Measurement, compare, measure_loader
-from .config import pick
-from .data import CommonRecipeTransform, JpegDataset, ToTensorUint8
-from .machine import machine_summary, usable_cpus
+from .data import CommonRecipeTransform, JpegDataset
+from .machine import usable_cpus
+from .recipes import keep_batch
+from .recipes import seed_recipe_process_settings
 from .threads import make_worker_init
 
-RECIPE_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-COMMON_RECIPE_LABEL = "common recipe"
-TUNED_LABEL = "tuned CPU pipeline"
+# The common recipe sets the same process-wide lines as the seed recipe (course_utils.recipes).
+common_recipe_process_settings = seed_recipe_process_settings
 
 
 class TransformedDataset(Dataset):
@@ -53,14 +54,6 @@ class TransformedDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[Any, int]:
         image, label = self.base[index]
         return self.transform(image), label
-
-
-def keep_batch(batch: Any) -> Any:
-    """A ``collate_fn`` that returns what the dataset's ``__getitems__`` made, unchanged.
-
-    Use it with a dataset whose ``__getitems__`` already returns a batch (lesson 03's
-    ``BatchedArrayDataset``, :class:`BatchedJpegDataset`)."""
-    return batch
 
 
 class BatchedJpegDataset(Dataset):
@@ -102,30 +95,6 @@ class BatchedJpegDataset(Dataset):
         return images[0].contiguous(), int(labels[0])
 
 
-class common_recipe_process_settings:
-    """Context manager: the common recipe's process-wide lines, undone on exit.
-
-    Inside: ``torch.set_num_threads(1)`` and the thread environment variables set to "1"
-    (after import, as the recipe does). On exit the previous values come back.
-    """
-
-    def __enter__(self) -> "common_recipe_process_settings":
-        self._threads = torch.get_num_threads()
-        self._env = {k: os.environ.get(k) for k in RECIPE_ENV_VARS}
-        torch.set_num_threads(1)
-        for key in RECIPE_ENV_VARS:
-            os.environ[key] = "1"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        torch.set_num_threads(self._threads)
-        for key, value in self._env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def _check_batch_size(batch_size: Any) -> int:
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
@@ -156,69 +125,3 @@ def tuned_loader(base: Dataset, *, batch_size: int = 64, size: int = 224,
                       batch_size=_check_batch_size(batch_size), shuffle=True,
                       num_workers=workers, pin_memory=torch.cuda.is_available(),
                       worker_init_fn=make_worker_init(1) if workers else None)
-
-
-@dataclass
-class BenchmarkResult:
-    """The common recipe and the tuned pipeline measured side by side in one run."""
-
-    comparison: Comparison
-    machine: str
-    dataset: str
-    targets: dict[str, float] = field(default_factory=lambda: {"speedup": 1.5, "cpu_ratio": 0.6})
-
-    @property
-    def speedup(self) -> float:
-        """Tuned samples/s divided by the common recipe's."""
-        return self.comparison.ratio(TUNED_LABEL, "samples_per_s")
-
-    @property
-    def cpu_ratio(self) -> float:
-        """Tuned CPU-seconds per sample divided by the common recipe's."""
-        return self.comparison.ratio(TUNED_LABEL, "cpu_s_per_sample")
-
-    def __str__(self) -> str:
-        speed_ok = self.speedup >= self.targets["speedup"]
-        cpu_ok = self.cpu_ratio <= self.targets["cpu_ratio"]
-        return "\n".join([
-            f"Benchmark: {COMMON_RECIPE_LABEL} vs {TUNED_LABEL}, measured side by side",
-            f"machine: {self.machine}",
-            f"data:    {self.dataset}",
-            "",
-            str(self.comparison),
-            "",
-            f"samples/s:          tuned is {self.speedup:.2f}x the common recipe "
-            f"(target >= {self.targets['speedup']}x: {'met' if speed_ok else 'NOT met'})",
-            f"CPU-seconds/sample: tuned is {self.cpu_ratio:.2f}x the common recipe "
-            f"(target <= {self.targets['cpu_ratio']}x: {'met' if cpu_ok else 'NOT met'})",
-        ])
-
-    def to_dict(self) -> dict:
-        return {"machine": self.machine, "dataset": self.dataset, "speedup": self.speedup,
-                "cpu_ratio": self.cpu_ratio, "targets": self.targets,
-                "comparison": self.comparison.to_dict()}
-
-
-def run_benchmark(*, n: int | None = None, batch_size: int | None = None,
-                  repeats: int | None = None, progress: bool = True) -> BenchmarkResult:
-    """Measure the common recipe and the tuned pipeline on the standard dataset, in one run.
-
-    Sizes default to the mode (quick: 400 images, batch 32, 2 repeats; full: 2000 images,
-    batch 64, 5 repeats). The recipe's process-wide settings apply only while it is measured.
-    Repeats of the two loaders alternate so slow drifts of a shared machine hit both alike.
-    """
-    n = pick(full=2000, quick=400) if n is None else n
-    batch_size = pick(full=64, quick=32) if batch_size is None else _check_batch_size(batch_size)
-    repeats = pick(full=5, quick=2) if repeats is None else repeats
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats must be a positive int, got {repeats!r}.")
-    base = JpegDataset(n=n)
-    recipe, tuned = common_recipe_loader(base, batch_size=batch_size), tuned_loader(base, batch_size=batch_size)
-    runs: dict[str, list[Measurement]] = {COMMON_RECIPE_LABEL: [], TUNED_LABEL: []}
-    for _ in range(repeats):
-        with common_recipe_process_settings():
-            runs[COMMON_RECIPE_LABEL].append(measure_loader(
-                recipe, repeats=1, label=COMMON_RECIPE_LABEL, progress=progress))
-        runs[TUNED_LABEL].append(measure_loader(tuned, repeats=1, label=TUNED_LABEL, progress=progress))
-    merged = [Measurement.merge(runs[label]) for label in (COMMON_RECIPE_LABEL, TUNED_LABEL)]
-    return BenchmarkResult(compare(merged, baseline=0), machine_summary(), base.describe())

@@ -1,0 +1,189 @@
+"""``python -m course_utils bench``: the recipes learners run vs the course's pipeline, on files.
+
+Everything is measured side by side in one run, repeats interleaved (so a slow drift of a shared
+machine hits every row alike), on the same JPEG files (:func:`~course_utils.files.
+write_image_folder` of the course data):
+
+- **loaders**: the seed recipe and the pytorch/examples ImageNet recipe as written
+  (:mod:`course_utils.recipes`), the course's tuned pipeline on the files, and a decode-only
+  pass over the same bytes with the same workers (the decode ceiling). Ratios are to the
+  ImageNet recipe; targets: tuned >= 2x its samples/s and <= 0.5x its CPU-seconds per sample,
+  and >= 0.8x the decode-only throughput.
+- **storage** (optional): the tuned pipeline reading the JPEG bytes from RAM, the files with a
+  warm page cache, the files with a cold one (pages dropped before each repeat, where the OS
+  allows it), and a packed uint8 store (:class:`~course_utils.files.PackedStore`) read through
+  ``np.memmap`` vs the same array gathered from RAM (target: memmap >= 0.6x).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ContextManager
+
+from .bench import Comparison, Measurement, compare, measure_loader
+from .checks import check_int
+from .config import pick
+from .data import JpegDataset
+from .files import PackedStore, evict_from_page_cache, image_files, write_image_folder
+from .machine import machine_summary
+from .pipelines import tuned_loader
+from .recipes import (DecodeOnlyFiles, files_loader, imagenet_recipe_loader, seed_recipe_loader,
+                      seed_recipe_process_settings, tuned_files_loader)
+
+SEED = "seed recipe"
+IMAGENET = "ImageNet recipe"
+TUNED = "tuned (files)"
+DECODE_ONLY = "decode only (files)"
+RAM_BYTES = "tuned, JPEG bytes in RAM"
+COLD = "tuned, files, cold page cache"
+MEMMAP = "packed uint8 store, np.memmap"
+RAM_GATHER = "packed uint8 store, gathered from RAM"
+TARGETS = {"speedup": 2.0, "cpu_ratio": 0.5, "decode_share": 0.8, "memmap_share": 0.6}
+
+
+@dataclass
+class BenchmarkResult:
+    """The loaders (and the storage variants) measured side by side in one run."""
+
+    loaders: Comparison
+    storage: Comparison | None
+    machine: str
+    dataset: str
+    folder: str
+    cold_cache: str
+    targets: dict[str, float] = field(default_factory=lambda: dict(TARGETS))
+
+    @property
+    def speedup(self) -> float:
+        """Tuned samples/s divided by the ImageNet recipe's."""
+        return self.loaders.ratio(TUNED, "samples_per_s")
+
+    @property
+    def cpu_ratio(self) -> float:
+        """Tuned CPU-seconds per sample divided by the ImageNet recipe's."""
+        return self.loaders.ratio(TUNED, "cpu_s_per_sample")
+
+    @property
+    def decode_share(self) -> float:
+        """Tuned samples/s divided by the decode-only samples/s of the same files."""
+        return self.loaders.ratio(TUNED) / self.loaders.ratio(DECODE_ONLY)
+
+    @property
+    def memmap_share(self) -> float | None:
+        """Packed-store samples/s through np.memmap divided by the same gather from RAM."""
+        if self.storage is None:
+            return None
+        return self.storage.ratio(MEMMAP) / self.storage.ratio(RAM_GATHER)
+
+    def checks(self) -> list[tuple[str, float, str, float, bool]]:
+        """(what, measured, comparison, target, met) for each target."""
+        rows = [("samples/s, tuned / ImageNet recipe", self.speedup, ">=", self.targets["speedup"]),
+                ("CPU-s/sample, tuned / ImageNet recipe", self.cpu_ratio, "<=", self.targets["cpu_ratio"]),
+                ("samples/s, tuned / decode only", self.decode_share, ">=", self.targets["decode_share"])]
+        if self.memmap_share is not None:
+            rows.append(("samples/s, memmap / RAM gather", self.memmap_share, ">=",
+                         self.targets["memmap_share"]))
+        return [(what, value, op, target, value >= target if op == ">=" else value <= target)
+                for what, value, op, target in rows]
+
+    def __str__(self) -> str:
+        lines = ["Benchmark: the recipes learners run vs the course's pipeline, on JPEG files, "
+                 "side by side in one run",
+                 f"machine: {self.machine}", f"data:    {self.dataset}", f"files:   {self.folder}",
+                 "", str(self.loaders)]
+        if self.storage is not None:
+            lines += ["", "Storage (the tuned pipeline's reads; packed store = decoded once, "
+                          "resized, one uint8 file):", str(self.storage), f"cold cache: {self.cold_cache}"]
+        lines += [""] + [f"{what}: {value:.2f}x (target {op} {target}x: {'met' if met else 'NOT met'})"
+                         for what, value, op, target, met in self.checks()]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"machine": self.machine, "dataset": self.dataset, "folder": self.folder,
+                "cold_cache": self.cold_cache, "targets": self.targets,
+                "speedup": self.speedup, "cpu_ratio": self.cpu_ratio,
+                "decode_share": self.decode_share, "memmap_share": self.memmap_share,
+                "loaders": self.loaders.to_dict(),
+                "storage": None if self.storage is None else self.storage.to_dict()}
+
+
+def _packed_store(base: JpegDataset, folder: Path, size: int) -> PackedStore:
+    """The course data as a packed store beside its folder, written once (atomically)."""
+    path = folder.with_name(folder.name + f"-packed{size}.npy")
+    if path.exists() and path.with_suffix(".labels.npy").exists():
+        return PackedStore(path)
+    staging = path.with_name(f"{path.stem}.writing-{os.getpid()}.npy")
+    PackedStore.write(base, staging, size)
+    os.replace(staging.with_suffix(".labels.npy"), path.with_suffix(".labels.npy"))
+    os.replace(staging, path)
+    return PackedStore(path)
+
+
+def _evicting(files: list[Path]) -> Callable[[], ContextManager]:
+    """A context factory that drops the files' cached pages on entry (the cold-cache repeats)."""
+    @contextlib.contextmanager
+    def cold() -> Any:
+        evict_from_page_cache(files)
+        yield
+    return cold
+
+
+def run_benchmark(*, n: int | None = None, batch_size: int | None = None,
+                  repeats: int | None = None, size: int = 224, storage: bool = True,
+                  progress: bool = True) -> BenchmarkResult:
+    """Measure every row (module docstring) on the course JPEGs written as files, in one run.
+
+    Sizes default to the mode (quick: 400 images, batch 32, 2 repeats; full: 2000 images,
+    batch 64, 5 repeats). The seed recipe's process-wide settings apply only while it runs.
+    """
+    n = check_int("n", pick(full=2000, quick=400) if n is None else n, 1, "run_benchmark")
+    batch_size = check_int("batch_size", pick(full=64, quick=32) if batch_size is None else batch_size,
+                           1, "run_benchmark")
+    repeats = check_int("repeats", pick(full=5, quick=2) if repeats is None else repeats, 1,
+                        "run_benchmark")
+    base = JpegDataset(n=n, progress=progress)
+    folder = write_image_folder(base)
+    files = image_files(folder)
+    nothing = contextlib.nullcontext
+    rows: list[tuple[str, Any, Callable[[], ContextManager]]] = [
+        (SEED, seed_recipe_loader(folder, batch_size=batch_size, size=size), seed_recipe_process_settings),
+        (IMAGENET, imagenet_recipe_loader(folder, batch_size=batch_size, size=size), nothing),
+        (TUNED, tuned_files_loader(folder, batch_size=batch_size, size=size), nothing),
+        (DECODE_ONLY, files_loader(DecodeOnlyFiles(folder), batch_size=batch_size), nothing)]
+    cold_cache = "not measured (--no-storage)"
+    if storage:
+        store = _packed_store(base, folder, size)
+        rows.append((RAM_BYTES, tuned_loader(base, batch_size=batch_size, size=size), nothing))
+        can_evict = evict_from_page_cache(files[:1])
+        if can_evict:
+            rows.append((COLD, tuned_files_loader(folder, batch_size=batch_size, size=size),
+                         _evicting(files)))
+            cold_cache = ("the files' pages were dropped before each repeat (posix_fadvise "
+                          "DONTNEED); a VM's host may still cache them")
+        else:
+            cold_cache = ("not measured: this OS has no posix_fadvise, so the page cache cannot be "
+                          "emptied from Python (only a reboot, or files larger than RAM, read cold)")
+        rows += [(MEMMAP, files_loader(store.dataset(), batch_size=batch_size), nothing),
+                 (RAM_GATHER, files_loader(store.dataset(in_memory=True), batch_size=batch_size), nothing)]
+    runs: dict[str, list[Measurement]] = {label: [] for label, _, _ in rows}
+    with warnings.catch_warnings():
+        # The recipes ask for 4 workers and pin_memory=True as written; torch warns about both
+        # on a small CPU-only machine. The table shows what they cost instead.
+        warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+        warnings.filterwarnings("ignore", message=".*pin_memory.*")
+        for _ in range(repeats):
+            for label, loader, settings in rows:
+                with settings():
+                    runs[label].append(measure_loader(loader, repeats=1, label=label, progress=progress))
+    merged = {label: Measurement.merge(parts) for label, parts in runs.items()}
+    loaders = compare([merged[k] for k in (SEED, IMAGENET, TUNED, DECODE_ONLY)], baseline=IMAGENET)
+    storage_table = None
+    if storage:
+        storage_table = compare([merged[k] for k in (RAM_BYTES, TUNED, COLD, MEMMAP, RAM_GATHER)
+                                 if k in merged], baseline=RAM_BYTES)
+    return BenchmarkResult(loaders, storage_table, machine_summary(), base.describe(), str(folder),
+                           cold_cache)
+

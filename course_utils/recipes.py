@@ -1,0 +1,216 @@
+"""The loaders learners run, written as they are written, and the course's loaders on the same files.
+
+Both baselines read JPEG **files** in the ``ImageFolder`` layout (:func:`course_utils.files.
+write_image_folder` writes the course's):
+
+- :func:`seed_recipe_loader` — the recipe this course started from: ``OMP/MKL/OPENBLAS_NUM_THREADS
+  = "1"`` set in ``os.environ`` after the imports, ``torch.set_num_threads(1)``
+  (:class:`seed_recipe_process_settings` applies both while it is measured), torchvision's
+  ``Resize`` + ``ToTensor``, ``num_workers=4``, ``pin_memory=True``.
+- :func:`imagenet_recipe_loader` — the training loader of pytorch/examples ``imagenet/main.py``:
+  ``datasets.ImageFolder`` + PIL, ``RandomResizedCrop(224)``, ``RandomHorizontalFlip()``,
+  ``ToTensor()``, ``Normalize(ImageNet mean, std)``, ``num_workers=4`` (its ``--workers``
+  default), ``pin_memory=True``. Only the batch size is a parameter (its default, 256, is more
+  than a laptop's course data holds).
+
+The course's loaders on the same files:
+
+- :class:`BatchedJpegFiles` / :func:`tuned_files_loader` — what lessons 01–03 teach: one
+  ``__getitems__`` call per batch, each file decoded by OpenCV at the smallest scale that keeps
+  the target size (:func:`~course_utils.files.reduced_decode_flag`), resized and written into
+  one preallocated uint8 batch; every pool limited in the workers; workers = usable CPUs.
+  Random crops, flips and float conversion happen later on the whole batch, on the device
+  (lessons 04–05), so the workers ship 4x fewer bytes.
+- :class:`DecodeOnlyFiles` — read and decode every file at full size and nothing else: the
+  ceiling a decode-bound pipeline is compared with.
+
+Workers unpickle these datasets, so they live in the package.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Union
+
+import cv2
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+from torchvision import datasets, transforms
+
+from .checks import check_int
+from .files import image_files, reduced_decode_flag
+from .machine import usable_cpus
+from .threads import make_worker_init
+
+PathLike = Union[str, os.PathLike]
+RECIPE_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+IMAGENET_MEAN = [0.485, 0.456, 0.406]
+IMAGENET_STD = [0.229, 0.224, 0.225]
+# IMREAD_COLOR_RGB (OpenCV >= 4.10) decodes straight to RGB. It replaces the IMREAD_COLOR bit
+# (the two together are an error) and keeps a reduced-scale bit (tests/test_recipes.py checks).
+_DECODE_RGB = cv2.IMREAD_COLOR_RGB if hasattr(cv2, "IMREAD_COLOR_RGB") else None
+
+
+def _folder(root: PathLike, where: str) -> str:
+    path = Path(root).expanduser()
+    if not path.is_dir():
+        raise NotADirectoryError(f"{where}: root={str(root)!r} is not a folder; pass a folder of "
+                                 f"class sub-folders of JPEG files (ImageFolder layout), e.g. "
+                                 f"course_utils.files.write_image_folder(JpegDataset()).")
+    return str(path)
+
+
+class seed_recipe_process_settings:
+    """Context manager: the seed recipe's process-wide lines, undone on exit.
+
+    Inside: ``torch.set_num_threads(1)`` and the thread environment variables set to "1"
+    (after import, as the recipe does). On exit the previous values come back.
+    """
+
+    def __enter__(self) -> "seed_recipe_process_settings":
+        self._threads = torch.get_num_threads()
+        self._env = {k: os.environ.get(k) for k in RECIPE_ENV_VARS}
+        torch.set_num_threads(1)
+        for key in RECIPE_ENV_VARS:
+            os.environ[key] = "1"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        torch.set_num_threads(self._threads)
+        for key, value in self._env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def seed_recipe_loader(root: PathLike, *, batch_size: int = 64, size: int = 224) -> DataLoader:
+    """The seed recipe's loader over the JPEG folder ``root`` (run it inside
+    :class:`seed_recipe_process_settings`). Batches: float32 (N, 3, size, size) in [0, 1]."""
+    batch_size = check_int("batch_size", batch_size, 1, "seed_recipe_loader")
+    transform = transforms.Compose([transforms.Resize((size, size)), transforms.ToTensor()])
+    dataset = datasets.ImageFolder(_folder(root, "seed_recipe_loader"), transform)
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=4,
+                      pin_memory=True)
+
+
+def imagenet_recipe_loader(root: PathLike, *, batch_size: int = 64, size: int = 224) -> DataLoader:
+    """pytorch/examples' ImageNet training loader, as written, over the JPEG folder ``root``.
+
+    Batches: float32 (N, 3, size, size), normalised with the ImageNet mean and std."""
+    batch_size = check_int("batch_size", batch_size, 1, "imagenet_recipe_loader")
+    normalize = transforms.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD)
+    train_dataset = datasets.ImageFolder(
+        _folder(root, "imagenet_recipe_loader"),
+        transforms.Compose([
+            transforms.RandomResizedCrop(size),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            normalize,
+        ]))
+    return DataLoader(train_dataset, batch_size=batch_size, shuffle=True, num_workers=4,
+                      pin_memory=True)
+
+
+class _JpegFiles(Dataset):
+    """Every JPEG file under ``root`` with ImageFolder labels (sorted sub-folder names)."""
+
+    def __init__(self, root: PathLike, where: str) -> None:
+        folder = Path(_folder(root, where))
+        files = image_files(folder)
+        if not files:
+            raise ValueError(f"{where}: root={str(root)!r} has no .jpg/.jpeg files; pass a "
+                             f"folder of JPEG files.")
+        classes = sorted({p.parent.name for p in files})
+        index = {c: k for k, c in enumerate(classes)}
+        self.root, self.classes = folder, classes
+        self.paths = np.array([str(p) for p in files])      # no Python objects: copy-on-read safe
+        self.labels = np.array([index[p.parent.name] for p in files], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return int(self.paths.shape[0])
+
+    def _read(self, index: int) -> np.ndarray:
+        return np.fromfile(str(self.paths[index]), dtype=np.uint8)
+
+
+class BatchedJpegFiles(_JpegFiles):
+    """The course's tuned dataset on files: ``__getitems__(indices)`` returns
+    (N x 3 x size x size uint8, labels) in channels_last memory (use ``collate_fn=keep_batch``).
+
+    Each file: read, decoded by OpenCV at the smallest scale that keeps ``size``
+    (``reduced=True``), resized (bilinear), BGR -> RGB on the small image, written in place.
+    """
+
+    def __init__(self, root: PathLike, size: int = 224, *, reduced: bool = True) -> None:
+        super().__init__(root, "BatchedJpegFiles")
+        self.size = check_int("size", size, 1, "BatchedJpegFiles")
+        self.reduced = bool(reduced)
+
+    def _decode_into(self, index: int, out: np.ndarray) -> None:
+        raw = self._read(index)
+        flag = reduced_decode_flag(raw, self.size) if self.reduced else cv2.IMREAD_COLOR
+        if _DECODE_RGB is not None:      # OpenCV >= 4.10 decodes straight to RGB
+            rgb = cv2.imdecode(raw, (flag & ~cv2.IMREAD_COLOR) | _DECODE_RGB)
+            if rgb is None:
+                raise ValueError(f"BatchedJpegFiles: OpenCV could not decode {self.paths[index]!s}.")
+            cv2.resize(rgb, (self.size, self.size), dst=out, interpolation=cv2.INTER_LINEAR)
+            return
+        bgr = cv2.imdecode(raw, flag)
+        if bgr is None:
+            raise ValueError(f"BatchedJpegFiles: OpenCV could not decode {self.paths[index]!s}.")
+        small = cv2.resize(bgr, (self.size, self.size), interpolation=cv2.INTER_LINEAR)
+        cv2.cvtColor(small, cv2.COLOR_BGR2RGB, dst=out)
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = np.empty((len(indices), self.size, self.size, 3), dtype=np.uint8)
+        for slot, index in enumerate(indices):
+            self._decode_into(index, batch[slot])
+        labels = torch.as_tensor(self.labels[np.asarray(indices)], dtype=torch.int64)
+        return torch.from_numpy(batch).permute(0, 3, 1, 2), labels
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        images, labels = self.__getitems__([index])
+        return images[0].contiguous(), int(labels[0])
+
+
+class DecodeOnlyFiles(_JpegFiles):
+    """Read and decode each file at full size, nothing more: ``__getitems__`` returns
+    (pixels decoded per image, labels), so no batch is built or sent. The decode ceiling."""
+
+    def __init__(self, root: PathLike) -> None:
+        super().__init__(root, "DecodeOnlyFiles")
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        pixels = [cv2.imdecode(self._read(index), cv2.IMREAD_COLOR).size for index in indices]
+        return torch.tensor(pixels), torch.as_tensor(self.labels[np.asarray(indices)])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        pixels, labels = self.__getitems__([index])
+        return pixels[0], int(labels[0])
+
+
+def keep_batch(batch: Any) -> Any:
+    """A ``collate_fn`` that returns what the dataset's ``__getitems__`` made, unchanged."""
+    return batch
+
+
+def files_loader(dataset: Dataset, *, batch_size: int = 64, num_workers: int | None = None,
+                 shuffle: bool = True) -> DataLoader:
+    """A DataLoader over a batched file dataset (``BatchedJpegFiles``, ``DecodeOnlyFiles``):
+    batched fetch, workers = usable CPUs by default, every pool limited to 1 thread in them,
+    ``pin_memory`` only with a CUDA device to copy to."""
+    batch_size = check_int("batch_size", batch_size, 1, "files_loader")
+    workers = usable_cpus() if num_workers is None else check_int(
+        "num_workers", num_workers, 0, "files_loader", " Pass None for the usable CPUs.")
+    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, collate_fn=keep_batch,
+                      num_workers=workers, pin_memory=torch.cuda.is_available(),
+                      worker_init_fn=make_worker_init(1) if workers else None)
+
+
+def tuned_files_loader(root: PathLike, *, batch_size: int = 64, size: int = 224,
+                       num_workers: int | None = None) -> DataLoader:
+    """The course's tuned pipeline over the JPEG folder ``root`` (see the module docstring)."""
+    return files_loader(BatchedJpegFiles(root, size), batch_size=batch_size,
+                        num_workers=num_workers)
