@@ -5,6 +5,7 @@ Commands:
   grade NOTEBOOK   run an exercise notebook through nbval and print pass/fail per exercise
   bench            the recipes learners run vs the tuned pipeline, on JPEG files, side by side
   tune [FOLDER]    find fast DataLoader settings for a folder of images (or the course data)
+  diagnose MODULE:FUNCTION  is your training loop waiting for data, and why (measured fixes)
 
 The authors' commands (make-exercises, hosted-cell, gpu-check) are ``python -m course_authoring``.
 """
@@ -209,6 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_tune)
 
+    from .diagnose import add_command   # its own module: the CLI's other commands load lazily too
+    add_command(sub)
     return parser
 
 

@@ -1,0 +1,487 @@
+"""``python -m course_utils diagnose MODULE:FUNCTION``: is *your* training loop waiting for data?
+
+``FUNCTION()`` (importable from a file, ``train.py:make``, or a module, ``mypkg.train:make``)
+returns ``(loader, step)``; ``step(batch)`` runs one training step. :func:`diagnose` then, within
+a wall-clock budget:
+
+1. runs the real loop (``next`` then ``step``) for a bounded number of steps and times, per step,
+   the wait in ``next`` and the step itself; the first ``num_workers x prefetch_factor`` steps
+   are warm-up (batches made ahead while the workers started look free) and not counted, and the
+   start-up (``iter`` to the first batch) is reported on its own. On CUDA the device is
+   synchronised around each step, so the wait fraction is an upper bound (lesson 08 measures it
+   without forced syncs);
+2. runs ``step`` alone on one cached batch (the time per step without data) and the loader
+   alone (its own samples/s), and reads the OS threads of each worker process (psutil) and the
+   start method;
+3. gives a verdict — ``data-bound`` when the loop waited for data more than
+   :data:`DATA_BOUND_FRACTION` of its time, else ``compute-bound`` — and, when data-bound, names
+   the likely causes among what the course teaches and **tries the cheap fixes for real** (more
+   workers, a thread limit in the workers, ``pin_memory`` on CUDA), each timed on the same loop
+   in the same run, with its measured gain.
+
+Every loader this module starts is shut down before it returns (or on Ctrl-C).
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import multiprocessing
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import psutil
+import torch
+from torch.utils.data import DataLoader
+
+from .bench import batch_size_of
+from .machine import usable_cpus
+from .start_methods import start_method
+from .threads import make_worker_init
+
+DATA_BOUND_FRACTION = 0.10
+#: a worker with more OS threads than this runs thread pools of its own (OpenCV, BLAS, OpenMP)
+POOL_THREADS = 3
+
+
+class DiagnoseError(ValueError):
+    """Bad input to ``diagnose``: the message is one line that says what to do."""
+
+
+def load_target(target: str) -> Callable[[], Any]:
+    """The function named by ``MODULE:FUNCTION`` (MODULE: a ``.py`` file or an importable module).
+
+    A file's folder goes first on ``sys.path`` and the file is imported under its own name, so
+    spawn and forkserver workers can import what it defines."""
+    module_name, sep, function_name = str(target).rpartition(":")
+    if not sep or not module_name or not function_name:
+        raise DiagnoseError(f"{target!r} is not MODULE:FUNCTION; pass e.g. train.py:make_loop "
+                            f"or mypackage.train:make_loop.")
+    path = Path(module_name).expanduser()
+    try:
+        if module_name.endswith(".py") or path.exists():
+            if not path.is_file():
+                raise DiagnoseError(f"MODULE {module_name!r}: no such file; pass the path of your "
+                                    f"training script, e.g. train.py:make_loop.")
+            sys.path.insert(0, str(path.resolve().parent))
+            module = importlib.import_module(path.stem)
+        else:
+            module = importlib.import_module(module_name)
+    except DiagnoseError:
+        raise
+    except ModuleNotFoundError as exc:
+        raise DiagnoseError(f"MODULE {module_name!r} cannot be imported ({exc}); pass a .py file "
+                            f"or a module on sys.path.") from exc
+    except Exception as exc:
+        raise DiagnoseError(f"importing {module_name!r} raised {type(exc).__name__}: "
+                            f"{_first_line(exc)}; fix the module first.") from exc
+    function = getattr(module, function_name, None)
+    if function is None:
+        raise DiagnoseError(f"MODULE {module_name!r} has no {function_name!r}; define "
+                            f"def {function_name}(): ... return loader, step.")
+    if not callable(function):
+        raise DiagnoseError(f"{target!r} is a {type(function).__name__}, not a function; it must "
+                            f"return (loader, step).")
+    return function
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def build_loop(function: Callable[[], Any], target: str = "FUNCTION") -> tuple[Any, Callable]:
+    """Call ``function()`` and check it returned ``(loader, step)``."""
+    try:
+        made = function()
+    except Exception as exc:
+        raise DiagnoseError(f"{target}() raised {type(exc).__name__}: {_first_line(exc)}") from exc
+    if not (isinstance(made, tuple) and len(made) == 2):
+        raise DiagnoseError(f"{target}() must return (loader, step), got {type(made).__name__}"
+                            f"{f' of length {len(made)}' if isinstance(made, (tuple, list)) else ''}.")
+    loader, step = made
+    if not hasattr(loader, "__iter__"):
+        raise DiagnoseError(f"{target}() returned a {type(loader).__name__} as loader; it must be "
+                            f"iterable (a torch.utils.data.DataLoader).")
+    if not callable(step):
+        raise DiagnoseError(f"{target}() returned a {type(step).__name__} as step; it must be a "
+                            f"function step(batch) that runs one training step.")
+    return loader, step
+
+
+@dataclass
+class LoopTiming:
+    """One timed run of ``next`` + ``step``: seconds per timed step, after the warm-up."""
+
+    label: str
+    wait_s: list[float]
+    step_s: list[float]
+    samples: int
+    startup_s: float
+    warmup_steps: int
+    worker_threads: list[int] = field(default_factory=list)
+
+    @property
+    def steps(self) -> int:
+        return len(self.step_s)
+
+    @property
+    def wait_fraction(self) -> float:
+        """Time blocked in ``next`` over the whole loop time (wait + step)."""
+        total = sum(self.wait_s) + sum(self.step_s)
+        return sum(self.wait_s) / total if total > 0 else 0.0
+
+    @property
+    def seconds_per_step(self) -> float:
+        """Mean loop time per step (wait + step), in seconds."""
+        return (sum(self.wait_s) + sum(self.step_s)) / max(1, self.steps)
+
+    @property
+    def samples_per_s(self) -> float:
+        total = sum(self.wait_s) + sum(self.step_s)
+        return self.samples / total if total > 0 else 0.0
+
+    def wait_tail_s(self) -> dict[str, float]:
+        """p50 / p95 / p99 of the per-step wait, in seconds."""
+        waits = np.asarray(self.wait_s) if self.wait_s else np.zeros(1)
+        return {f"p{q}": float(np.percentile(waits, q)) for q in (50, 95, 99)}
+
+    def to_dict(self) -> dict:
+        return {"label": self.label, "steps": self.steps, "wait_fraction": self.wait_fraction,
+                "seconds_per_step": self.seconds_per_step, "samples_per_s": self.samples_per_s,
+                "startup_s": self.startup_s, "warmup_steps": self.warmup_steps,
+                "wait_tail_s": self.wait_tail_s(), "worker_threads": self.worker_threads}
+
+
+def _warmup(loader: Any) -> int:
+    workers = getattr(loader, "num_workers", 0) or 0
+    return max(1, workers * (getattr(loader, "prefetch_factor", None) or 2)) if workers else 1
+
+
+def _shutdown(it: Any) -> None:
+    stop = getattr(it, "_shutdown_workers", None)
+    if stop is not None:
+        stop()
+
+
+def _worker_threads(it: Any) -> list[int]:
+    counts = []
+    for worker in getattr(it, "_workers", []) or []:
+        try:
+            counts.append(psutil.Process(worker.pid).num_threads())
+        except (psutil.Error, AttributeError, TypeError):
+            pass
+    return counts
+
+
+def _call_step(step: Callable, batch: Any) -> None:
+    try:
+        step(batch)
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:
+        raise DiagnoseError(f"step(batch) raised {type(exc).__name__}: {_first_line(exc)}; "
+                            f"fix your step function first.") from exc
+
+
+def _next(it: Any, what: str) -> Any:
+    try:
+        return next(it)
+    except (StopIteration, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        raise DiagnoseError(f"the {what} raised {type(exc).__name__} while loading a batch: "
+                            f"{_first_line(exc)}") from exc
+
+
+def _sync() -> None:
+    """Wait for queued CUDA work, once the loop has used CUDA (nothing on a CPU)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def time_loop(loader: Any, step: Callable | None, *, max_steps: int, seconds: float,
+              label: str, tick: Callable[[], None] | None = None) -> LoopTiming:
+    """Run ``step(batch)`` then ``next`` (only ``next`` when ``step`` is None) for at most
+    ``max_steps`` timed steps or ``seconds``, after an untimed warm-up; a new epoch starts if the
+    loader ends. Per timed step: the step's seconds (synchronised on CUDA) and the wait in
+    ``next`` for the following batch."""
+    warmup = _warmup(loader)
+    wait: list[float] = []
+    stepped: list[float] = []
+    samples, threads = 0, []
+    t_start = time.perf_counter()
+    it = iter(loader)
+    try:
+        batch = _next(it, "loader")
+        arrived = time.perf_counter()
+        startup, deadline = arrived - t_start, arrived + seconds
+        done = 0
+        while len(stepped) < max_steps and time.perf_counter() < deadline:
+            if step is not None:
+                _call_step(step, batch)
+                _sync()
+            t0 = time.perf_counter()
+            counted = done >= warmup
+            if counted:
+                stepped.append(t0 - arrived)
+                samples += batch_size_of(batch)
+            if done == warmup:
+                threads = _worker_threads(it)
+            try:
+                batch = _next(it, "loader")
+            except StopIteration:
+                _shutdown(it)
+                it = iter(loader)
+                batch = _next(it, "loader")
+            arrived = time.perf_counter()
+            if counted:
+                wait.append(arrived - t0)
+            done += 1
+            if tick is not None:
+                tick()
+    finally:
+        _shutdown(it)
+        del it
+    return LoopTiming(label, wait, stepped, samples, startup, warmup, threads)
+
+
+def time_step_alone(step: Callable, batch: Any, *, repeats: int) -> float:
+    """Median seconds of ``step(batch)`` on one cached batch: the step without any data wait."""
+    times = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        _call_step(step, batch)
+        _sync()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times[1:]))
+
+
+class _Chained:
+    """A picklable ``worker_init_fn`` that runs the learner's, then limits every pool to 1."""
+
+    def __init__(self, first: Callable | None) -> None:
+        self.first, self.limit = first, make_worker_init(1)
+
+    def __call__(self, worker_id: int) -> None:
+        if self.first is not None:
+            self.first(worker_id)
+        self.limit(worker_id)
+
+
+def rebuild(loader: DataLoader, **changes: Any) -> DataLoader:
+    """A new DataLoader over the same dataset, sampler and collate function, with ``changes``."""
+    keys = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
+            "multiprocessing_context", "generator", "prefetch_factor", "persistent_workers")
+    kwargs = {k: getattr(loader, k) for k in keys if hasattr(loader, k)}
+    kwargs["batch_sampler"] = loader.batch_sampler
+    if getattr(loader, "in_order", True) is False:
+        kwargs["in_order"] = False
+    kwargs.update(changes)
+    if kwargs.get("num_workers", 0) == 0:
+        kwargs.update(prefetch_factor=None, persistent_workers=False, timeout=0,
+                      multiprocessing_context=None, worker_init_fn=None)
+    elif kwargs.get("prefetch_factor") is None:
+        kwargs["prefetch_factor"] = 2
+    return DataLoader(loader.dataset, **kwargs)
+
+
+@dataclass
+class Diagnosis:
+    """What :func:`diagnose` measured and concluded (all times in seconds)."""
+
+    target: str
+    verdict: str
+    loop: LoopTiming
+    step_alone_s: float
+    loader_alone: LoopTiming
+    start_method: str
+    causes: list[str]
+    suggestions: list[dict]
+    notes: list[str]
+
+    @property
+    def data_wait_fraction(self) -> float:
+        return self.loop.wait_fraction
+
+    def to_dict(self) -> dict:
+        return {"target": self.target, "verdict": self.verdict,
+                "data_wait_fraction": self.data_wait_fraction,
+                "seconds_per_step_with_data": self.loop.seconds_per_step,
+                "seconds_per_step_without_data": self.step_alone_s,
+                "loader_samples_per_s": self.loader_alone.samples_per_s,
+                "startup_s": self.loop.startup_s, "wait_tail_s": self.loop.wait_tail_s(),
+                "worker_threads": self.loop.worker_threads, "start_method": self.start_method,
+                "causes": self.causes, "suggestions": self.suggestions, "notes": self.notes,
+                "loop": self.loop.to_dict(), "loader_alone": self.loader_alone.to_dict()}
+
+    def __str__(self) -> str:
+        tail = self.loop.wait_tail_s()
+        ms = lambda s: f"{s * 1e3:.1f} ms"  # noqa: E731
+        lines = [f"diagnose {self.target}: {self.verdict.upper()}",
+                 f"  data wait:      {self.data_wait_fraction:.0%} of the loop's time "
+                 f"({self.loop.steps} timed steps after {self.loop.warmup_steps} warm-up)",
+                 f"  wait per step:  p50 {ms(tail['p50'])}, p95 {ms(tail['p95'])}, p99 {ms(tail['p99'])}",
+                 f"  loop:           {ms(self.loop.seconds_per_step)} per step = wait "
+                 f"{ms(sum(self.loop.wait_s) / max(1, self.loop.steps))} + step "
+                 f"{ms(sum(self.loop.step_s) / max(1, self.loop.steps))} (means)",
+                 f"  step alone:     {ms(self.step_alone_s)} on a cached batch (median)",
+                 f"  loader alone:   {self.loader_alone.samples_per_s:,.0f} samples/s; the loop used "
+                 f"{self.loop.samples_per_s:,.0f} samples/s",
+                 f"  start-up:       {self.loop.startup_s:.2f} s to the first batch; start method "
+                 f"{self.start_method}",
+                 f"  worker threads: {self.loop.worker_threads or 'no worker processes'}"]
+        if self.causes:
+            lines += ["likely causes:"] + [f"  - {c}" for c in self.causes]
+        if self.suggestions:
+            lines.append("cheap fixes, measured on the same loop in this run:")
+            for s in self.suggestions:
+                lines.append(f"  - {s['change']:<32} {s['seconds_per_step'] * 1e3:8.1f} ms/step, "
+                             f"data wait {s['data_wait_fraction']:.0%}: {s['gain']:.2f}x the loop's speed")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def _float_per_sample(batch: Any) -> str | None:
+    images = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
+    if torch.is_tensor(images) and images.dtype == torch.float32 and images.dim() == 4:
+        mb = images.element_size() * images.nelement() / 1e6
+        return (f"float32 batches from the workers ({mb:.1f} MB each); uint8 until the device would "
+                f"move {mb / 4:.1f} MB (lesson 01)")
+    return None
+
+
+def _method_of(loader: Any) -> str:
+    ctx = getattr(loader, "multiprocessing_context", None)
+    if ctx is not None:
+        return ctx if isinstance(ctx, str) else ctx.get_start_method()
+    return start_method() if getattr(loader, "num_workers", 0) else "no workers (main process)"
+
+
+def _fixes(loader: Any, loop: LoopTiming, cuda: bool) -> list[tuple[str, dict]]:
+    if not isinstance(loader, DataLoader):
+        return []
+    workers, usable = loader.num_workers, usable_cpus()
+    fixes = []
+    for more in sorted({max(1, workers * 2), usable} - {workers}):
+        if workers < more <= 2 * usable:
+            fixes.append((f"num_workers={more}", {"num_workers": more}))
+    if workers and loop.worker_threads and max(loop.worker_threads) > POOL_THREADS:
+        fixes.append(("worker_init_fn limits pools to 1", {"worker_init_fn": _Chained(loader.worker_init_fn)}))
+    if cuda and not loader.pin_memory:
+        fixes.append(("pin_memory=True", {"pin_memory": True}))
+    return fixes[:3]
+
+
+def diagnose(loader: Any, step: Callable, *, budget_s: float = 60.0, max_steps: int = 200,
+             target: str = "loop", progress: bool = True) -> Diagnosis:
+    """Measure the loop, give a verdict and try the cheap fixes (module docstring)."""
+    from tqdm.auto import tqdm   # a progress bar only when diagnose runs
+    bar = tqdm(total=None, desc="diagnose", unit="step", disable=not progress, leave=False)
+    try:
+        t_end = time.perf_counter() + budget_s
+        loop = time_loop(loader, step, max_steps=max_steps, seconds=0.4 * budget_s,
+                         label="your loop", tick=bar.update)
+        first = next(iter(rebuild(loader, num_workers=0))) if isinstance(loader, DataLoader) \
+            else next(iter(loader))
+        step_alone = time_step_alone(step, first, repeats=min(10, max(3, loop.steps // 4)))
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        alone = time_loop(loader, None, max_steps=max_steps, seconds=0.15 * budget_s,
+                          label="loader alone", tick=bar.update)
+        verdict = "data-bound" if loop.wait_fraction > DATA_BOUND_FRACTION else "compute-bound"
+        causes, notes, suggestions = [], [], []
+        if cuda:
+            notes.append("CUDA: the device was synchronised around each step, so the wait fraction "
+                         "is an upper bound (lesson 08 measures it without forced syncs).")
+        if verdict == "data-bound":
+            workers = getattr(loader, "num_workers", 0)
+            if workers < usable_cpus():
+                causes.append(f"too few workers: num_workers={workers} on {usable_cpus()} usable CPUs")
+            if loop.worker_threads and max(loop.worker_threads) > POOL_THREADS:
+                causes.append(f"thread pools inside the workers: {max(loop.worker_threads)} OS threads "
+                              f"in a worker (oversubscription, lesson 02)")
+            if (reason := _float_per_sample(first)) is not None:
+                causes.append(reason)
+            if alone.samples_per_s < loop.samples_per_s * 1.2:
+                causes.append("the loader alone is barely faster than the loop: decode/augment-bound "
+                              "(reduced-size decode, fewer bytes, lessons 01 and 03)")
+            if cuda and not getattr(loader, "pin_memory", True):
+                causes.append("unpinned memory: the copy to the GPU cannot overlap (lesson 04)")
+            if workers and not getattr(loader, "persistent_workers", True):
+                causes.append(f"start-up per epoch: {loop.startup_s:.2f} s each epoch without "
+                              f"persistent_workers=True (lesson 03)")
+            for change, kwargs in _fixes(loader, loop, cuda):
+                left = t_end - time.perf_counter()
+                if left < 1:
+                    notes.append(f"not tried (budget spent): {change}")
+                    continue
+                fixed = time_loop(rebuild(loader, **kwargs), step, max_steps=max_steps,
+                                  seconds=min(left, 0.15 * budget_s), label=change, tick=bar.update)
+                suggestions.append({"change": change, "seconds_per_step": fixed.seconds_per_step,
+                                    "data_wait_fraction": fixed.wait_fraction,
+                                    "gain": loop.seconds_per_step / fixed.seconds_per_step
+                                    if fixed.seconds_per_step > 0 else float("nan")})
+        return Diagnosis(target, verdict, loop, step_alone, alone, _method_of(loader), causes,
+                         suggestions, notes)
+    finally:
+        bar.close()
+        for child in multiprocessing.active_children():   # nothing of ours outlives diagnose
+            child.join(timeout=5)
+
+
+def add_command(sub: Any) -> None:
+    """Register ``diagnose`` on the ``python -m course_utils`` sub-parsers."""
+    import argparse
+    p = sub.add_parser(
+        "diagnose", help="is your training loop waiting for data, and why? (MODULE:FUNCTION)",
+        description="FUNCTION() must return (loader, step), where step(batch) runs one training "
+                    "step. diagnose times your loop within --budget seconds (the wait for each "
+                    "batch and the step), the step alone on a cached batch, the loader alone, the "
+                    "threads inside its workers and the start method; says data-bound or "
+                    "compute-bound; and, when data-bound, tries the cheap fixes (more workers, a "
+                    "thread limit in the workers, pin_memory on CUDA) on the same loop and prints "
+                    "each one's measured gain.",
+        epilog="examples: python -m course_utils diagnose train.py:make_loop --budget 60\n"
+               "          python -m course_utils diagnose course_utils.examples.data_bound:make_loop",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("target", metavar="MODULE:FUNCTION",
+                   help="a .py file or importable module, a colon, and the function that returns "
+                        "(loader, step)")
+    p.add_argument("--budget", type=float, default=60.0, metavar="SECONDS",
+                   help="wall-clock seconds for all measurements (default 60)")
+    p.add_argument("--steps", type=int, default=200, help="at most this many timed steps per run "
+                                                          "(default 200)")
+    p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_command)
+
+
+def run_command(args: Any) -> int:
+    """``diagnose``'s body: one line and exit 2 on bad input, exit 130 on Ctrl-C."""
+    import json
+
+    def fail(message: str, code: int = 2) -> int:
+        print(f"python -m course_utils diagnose: error: {message}", file=sys.stderr)
+        return code
+
+    if not args.budget > 0:
+        return fail(f"--budget {args.budget:g} must be more than 0 seconds; pass e.g. --budget 60.")
+    if args.steps < 1:
+        return fail(f"--steps {args.steps} must be 1 or more; pass e.g. --steps 200.")
+    try:
+        loader, step = build_loop(load_target(args.target), args.target.rpartition(":")[2])
+        result = diagnose(loader, step, budget_s=args.budget, max_steps=args.steps,
+                          target=args.target, progress=not args.no_progress)
+    except DiagnoseError as exc:
+        return fail(str(exc))
+    except KeyboardInterrupt:
+        return fail("interrupted (Ctrl-C); no workers left running.", 130)
+    print(result)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(result.to_dict(), fh, indent=2, default=str)
+        print(f"wrote {args.json}")
+    return 0

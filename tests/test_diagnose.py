@@ -1,0 +1,123 @@
+"""`diagnose`: the verdict on a data-bound and a compute-bound loop, measured fixes, bad input."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import textwrap
+
+import psutil
+import pytest
+
+from course_utils.__main__ import main
+from course_utils.diagnose import DiagnoseError, build_loop, load_target
+
+
+def _no_children_left() -> None:
+    assert not multiprocessing.active_children()
+    left = [p for p in psutil.Process().children(recursive=True)
+            if "resource_tracker" not in " ".join(p.cmdline())]   # multiprocessing's own helper
+    assert not left, [p.cmdline() for p in left]
+
+
+@pytest.mark.timeout(240)
+def test_data_bound_example_is_data_bound_with_measured_fixes(tmp_path, capsys):
+    out = tmp_path / "d.json"
+    assert main(["diagnose", "course_utils.examples.data_bound:make_loop", "--budget", "8",
+                 "--steps", "40", "--no-progress", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["verdict"] == "data-bound", result
+    assert result["data_wait_fraction"] > 0.1
+    assert any("too few workers" in c for c in result["causes"])
+    assert any("float32" in c for c in result["causes"])
+    changes = [s["change"] for s in result["suggestions"]]
+    assert "num_workers=1" in changes or "num_workers=2" in changes, changes
+    for s in result["suggestions"]:           # measured, not asserted: every figure is a timing
+        assert s["seconds_per_step"] > 0 and s["gain"] > 0
+    assert set(result["wait_tail_s"]) == {"p50", "p95", "p99"}
+    text = capsys.readouterr().out
+    assert "DATA-BOUND" in text and "measured on the same loop" in text
+    _no_children_left()
+
+
+@pytest.mark.timeout(240)
+def test_compute_bound_example_is_compute_bound(tmp_path):
+    out = tmp_path / "c.json"
+    assert main(["diagnose", "course_utils.examples.compute_bound:make_loop", "--budget", "6",
+                 "--steps", "12", "--no-progress", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["verdict"] == "compute-bound", result
+    assert result["data_wait_fraction"] < 0.1
+    assert result["suggestions"] == []
+    assert result["seconds_per_step_without_data"] > 0 and result["loader_samples_per_s"] > 0
+
+
+SCRIPT = '''
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class Squares(Dataset):
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        return torch.full((4,), float(i * i))
+
+def make_loop():
+    loader = DataLoader(Squares(), batch_size=8, num_workers=1, multiprocessing_context="spawn")
+    return loader, lambda batch: batch.sum().item()
+
+def not_a_pair():
+    return 1, 2, 3
+
+def bad_step():
+    return DataLoader(Squares(), batch_size=8), lambda batch: 1 / 0
+
+def raises():
+    raise RuntimeError("no data folder")
+'''
+
+
+@pytest.mark.timeout(240)
+def test_a_file_target_with_its_own_dataset_runs_under_spawn(tmp_path, capsys):
+    script = tmp_path / "learner_train.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    out = tmp_path / "s.json"
+    assert main(["diagnose", f"{script}:make_loop", "--budget", "6", "--steps", "10",
+                 "--no-progress", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["start_method"] == "spawn" and result["verdict"] in ("data-bound", "compute-bound")
+    assert len(result["worker_threads"]) == 1
+    _no_children_left()
+
+
+@pytest.mark.parametrize("target, message", [
+    ("no_colon", "is not MODULE:FUNCTION"),
+    ("surely_not_a_module_xyz:make", "cannot be imported"),
+    ("{script}:missing", "has no 'missing'"),
+    ("{script}:not_a_pair", "must return (loader, step)"),
+    ("{script}:bad_step", "step(batch) raised ZeroDivisionError"),
+    ("{script}:raises", "raises() raised RuntimeError: no data folder"),
+    ("{dir}/nowhere.py:make", "no such file"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, target, message):
+    script = tmp_path / "learner_bad.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    target = target.format(script=script, dir=tmp_path)
+    assert main(["diagnose", target, "--budget", "3", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
+    assert "Traceback" not in err
+
+
+def test_bad_budget_and_steps(capsys):
+    assert main(["diagnose", "x:y", "--budget", "0"]) == 2
+    assert "--budget" in capsys.readouterr().err
+    assert main(["diagnose", "x:y", "--steps", "0"]) == 2
+    assert "--steps" in capsys.readouterr().err
+
+
+def test_build_loop_checks_the_pieces():
+    with pytest.raises(DiagnoseError, match="must be iterable"):
+        build_loop(lambda: (3, print))
+    with pytest.raises(DiagnoseError, match="must be a function step"):
+        build_loop(lambda: ([1, 2], "step"))
+    assert callable(load_target("course_utils.examples.compute_bound:make_loop"))
