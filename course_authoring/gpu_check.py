@@ -8,7 +8,7 @@ On a machine with CUDA this runs, within a time budget (default 540 s):
    error;
 2. lesson 05's (``course_utils.lessons.l05_gpu_run.run_gpu_benchmarks``, full mode): on-device vs
    per-sample CPU augmentation and the training loop's data-wait fraction;
-3. the code cells of the lesson notebooks 04 and 05, in quick mode, each notebook in a fresh
+3. the code cells of the lesson notebooks 04, 05 and 08 (a profiled CUDA loop), in quick mode, each notebook in a fresh
    Python process of its own that runs the cells in one namespace (:func:`run_notebook_cells`:
    no Jupyter, nbclient or kernel needed, ``MPLBACKEND=Agg``, the hosted-install cell skipped);
 
@@ -66,11 +66,11 @@ __all__ = [
 #: Total seconds the check may take (the issue asks for under 10 minutes).
 DEFAULT_BUDGET_S = 540.0
 #: Share of the budget for each step; the notebooks get what the benchmarks leave.
-SHARES = {"lesson04": 0.30, "lesson05": 0.42, "notebooks": 0.28}
+SHARES = {"lesson04": 0.26, "lesson05": 0.36, "notebooks": 0.38}
 #: Below this many seconds a step is not started.
 MIN_STEP_S = 20.0
 #: The lesson notebooks the check executes (globs, relative to the repository root).
-NOTEBOOK_GLOBS = ("notebooks/04_*.ipynb", "notebooks/05_*.ipynb")
+NOTEBOOK_GLOBS = ("notebooks/04_*.ipynb", "notebooks/05_*.ipynb", "notebooks/08_*.ipynb")
 #: The targets each benchmark step measures: one that is absent is reported as not measured.
 EXPECTED_TARGETS = {"lesson04": ("pinned_h2d",),
                     "lesson05": ("augment_speedup", "tuned_data_wait")}
@@ -171,7 +171,7 @@ def plan(budget_s: float = DEFAULT_BUDGET_S, *, notebooks: bool = True) -> list[
 
     Each step: ``{"name", "what", "budget_s", "runs"}`` (``runs`` False, with ``why``, when the
     step would be skipped: its share of the budget is under MIN_STEP_S, lesson 05's module is
-    missing, or there are no lesson 04/05 notebooks).
+    missing, or there are no lesson 04/05/08 notebooks).
     """
     budget_s = _check_budget(budget_s)
     steps = []
@@ -182,7 +182,7 @@ def plan(budget_s: float = DEFAULT_BUDGET_S, *, notebooks: bool = True) -> list[
                        ("lesson05", "course_utils.lessons.l05_gpu_run.run_gpu_benchmarks -> "
                                     f"{LESSON05}.json"),
                        ("notebooks", "run the code cells of " + (", ".join(p.name for p in books) or
-                                                              "no lesson 04/05 notebooks found")
+                                                              "no lesson 04/05/08 notebooks found")
                                      + " (quick mode, a fresh python process each)")):
         step = {"name": name, "what": what, "budget_s": round(SHARES[name] * budget_s, 1),
                 "runs": True}
@@ -193,7 +193,7 @@ def plan(budget_s: float = DEFAULT_BUDGET_S, *, notebooks: bool = True) -> list[
         elif name == "notebooks" and not notebooks:
             step.update(runs=False, why="notebooks switched off (--no-notebooks)")
         elif name == "notebooks" and not books:
-            step.update(runs=False, why="no lesson 04/05 notebooks found")
+            step.update(runs=False, why="no lesson 04/05/08 notebooks found")
         steps.append(step)
     steps.append({"name": "summary", "what": f"targets met or not -> {SUMMARY}.json",
                   "budget_s": 0.0, "runs": True})

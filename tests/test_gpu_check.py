@@ -130,7 +130,7 @@ def test_writes_the_reference_files_and_the_targets(tmp_path, fake_gpu, monkeypa
     assert available_references(tmp_path) == sorted([LESSON04, LESSON05, SUMMARY])
     doc04 = load_reference(LESSON04, directory=tmp_path)
     assert doc04["results"]["fake"].startswith("test stand-in")
-    assert doc04["results"]["budget_s"] == pytest.approx(0.30 * 540)
+    assert doc04["results"]["budget_s"] == pytest.approx(gpu_check.SHARES["lesson04"] * 540)
     assert doc04["machine"]["torch_version"] == torch.__version__
     doc = load_reference(SUMMARY, directory=tmp_path)
     assert set(doc["results"]["targets"]) == {"pinned_h2d", "augment_speedup", "tuned_data_wait",
@@ -405,7 +405,7 @@ def test_the_script_step_budgets_add_up_to_less_than_the_call():
 def test_the_script_writes_few_files_and_names_the_ones_to_copy():
     text = SCRIPT.read_text(encoding="utf-8")
     own = set(re.findall(r'\$OUT/([A-Za-z0-9_.-]+)', text))
-    assert own == {"gpu_check_log.txt", "tune_cuda.json"}
+    assert own == {"gpu_check_log.txt", "tune_cuda.json", "diagnose_cuda.json"}
     assert len(own) + len(REFERENCE_NAMES) <= 6              # the device tool returns 8 at most
     assert f'REFERENCE_FILES="{" ".join(f"{n}.json" for n in REFERENCE_NAMES)}"' in text
     assert "*.json" not in text and "| tail" not in text

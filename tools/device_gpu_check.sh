@@ -6,12 +6,13 @@
 # gpu-check runs the notebooks' code cells itself); course_utils is run from this checkout
 # through PYTHONPATH. PYTHON=... picks another interpreter.
 #
-# It writes 5 files into $OUT (the device tool returns at most 8, at most 2 folders deep):
+# It writes 6 files into $OUT (the device tool returns at most 8, at most 2 folders deep):
 #   gpu_check_log.txt        everything every step printed, in full (this script's output)
 #   lesson04_transfer.json   } the reference results: copy these three, and only these,
 #   lesson05_augment.json    } into course_utils/reference_results/
 #   gpu_check_summary.json   }
 #   tune_cuda.json           tune's result on CUDA: for the issue note, NOT a reference file
+#   diagnose_cuda.json       diagnose on the data-bound example on CUDA: for the note, NOT a reference
 #
 # Time: one device-tool call runs 600 s at most; python's start, torch's import and CUDA's
 # start-up happen inside each step. Each step has its own timeout (-k 5: killed 5 s after
@@ -23,11 +24,12 @@
 #   memory: df -h /dev/shm                            5
 #   nvidia-smi                                       10
 #   doctor                                       25 + 5
-#   gpu-check (--budget 255; notebooks inside)  300 + 5
+#   gpu-check (--budget 240; notebooks inside)  285 + 5
 #   GPU unit tests                               80 + 5
 #   tune on CUDA (--budget 30)                   60 + 5
 #   one nccl rank (measure_ddp timeout_s 25)     35 + 5
-#   total                                           545
+#   diagnose on CUDA (--budget 15)               25 + 5
+#   total                                           560
 #
 # Exit status: 0 only when every step passed; otherwise 1, and the log ends with the list of
 # the steps that failed (gpu-check lists its own failed sections, cells and targets).
@@ -86,8 +88,8 @@ check() {
   step "doctor" timeout -k 5 25 "$PY" -m course_utils doctor
 
   # the reference results first: the rest of the run must not cost them
-  step "gpu-check (lessons 04-05 full mode, then notebooks 04-05 quick mode)" \
-    timeout -k 5 300 "$PY" -m course_authoring gpu-check --out "$OUT" --budget 255
+  step "gpu-check (lessons 04-05 full mode, then notebooks 04, 05, 08 quick mode)" \
+    timeout -k 5 285 "$PY" -m course_authoring gpu-check --out "$OUT" --budget 240
 
   if "$PY" -c "import pytest" 2>/dev/null; then
     # -v: a test that runs out of time is named in the log
@@ -109,6 +111,10 @@ check() {
 print('backend for 1 rank:', pick_backend(1))
 print(measure_ddp(1, timeout_s=25, progress=False))"
 
+  step "lesson 08: diagnose on CUDA (the data-bound example's step runs on the GPU)" \
+    timeout -k 5 25 "$PY" -m course_utils diagnose course_utils.examples.data_bound:make_loop \
+    --budget 15 --no-progress --json "$OUT/diagnose_cuda.json"
+
   echo
   echo "== files in $OUT:"
   ls -l "$OUT"
@@ -116,7 +122,7 @@ print(measure_ddp(1, timeout_s=25, progress=False))"
   local f files=""
   for f in $REFERENCE_FILES; do files+=" $OUT/$f"; done
   echo "   cp$files course_utils/reference_results/"
-  echo "   ($OUT/tune_cuda.json is tune's result for the issue note: it is not a reference file)"
+  echo "   ($OUT/tune_cuda.json and $OUT/diagnose_cuda.json are for the issue note: not reference files)"
   if [ ${#failed[@]} -eq 0 ]; then
     echo "== done: every step passed (${SECONDS} s)"
     return 0

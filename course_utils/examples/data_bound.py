@@ -33,12 +33,13 @@ class BlurredFloatImages(Dataset):
 
 
 def make_loop() -> tuple[DataLoader, object]:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     loader = DataLoader(BlurredFloatImages(pick(full=512, quick=192)), batch_size=16, shuffle=True)
-    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 96 * 96, 10))
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 96 * 96, 10)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 
     def step(batch: tuple[torch.Tensor, torch.Tensor]) -> None:
-        images, labels = batch
+        images, labels = (t.to(device, non_blocking=True) for t in batch)
         optimizer.zero_grad()
         nn.functional.cross_entropy(model(images), labels).backward()
         optimizer.step()
