@@ -29,9 +29,9 @@ from .config import pick
 from .data import JpegDataset
 from .files import PackedStore, evict_from_page_cache, image_files, write_image_folder
 from .machine import machine_summary
-from .pipelines import tuned_loader
+from .pipelines import seed_recipe_process_settings, tuned_loader
 from .recipes import (DecodeOnlyFiles, files_loader, imagenet_recipe_loader, seed_recipe_loader,
-                      seed_recipe_process_settings, tuned_files_loader)
+                      tuned_files_loader)
 
 SEED = "seed recipe"
 IMAGENET = "ImageNet recipe"

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import os
+
 import cv2
 import numpy as np
 import torch
@@ -32,12 +34,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from .data import CommonRecipeTransform, JpegDataset
 from .machine import usable_cpus
-from .recipes import keep_batch
-from .recipes import seed_recipe_process_settings
 from .threads import make_worker_init
 
-# The common recipe sets the same process-wide lines as the seed recipe (course_utils.recipes).
-common_recipe_process_settings = seed_recipe_process_settings
+RECIPE_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 class TransformedDataset(Dataset):
@@ -54,6 +53,43 @@ class TransformedDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[Any, int]:
         image, label = self.base[index]
         return self.transform(image), label
+
+
+def keep_batch(batch: Any) -> Any:
+    """A ``collate_fn`` that returns what the dataset's ``__getitems__`` made, unchanged.
+
+    Use it with a dataset whose ``__getitems__`` already returns a batch (lesson 03's
+    ``BatchedArrayDataset``, :class:`BatchedJpegDataset`, the file datasets of
+    :mod:`course_utils.recipes`)."""
+    return batch
+
+
+class seed_recipe_process_settings:
+    """Context manager: the seed recipe's process-wide lines, undone on exit.
+
+    Inside: ``torch.set_num_threads(1)`` and the thread environment variables set to "1"
+    (after import, as the recipe does). On exit the previous values come back.
+    """
+
+    def __enter__(self) -> "seed_recipe_process_settings":
+        self._threads = torch.get_num_threads()
+        self._env = {k: os.environ.get(k) for k in RECIPE_ENV_VARS}
+        torch.set_num_threads(1)
+        for key in RECIPE_ENV_VARS:
+            os.environ[key] = "1"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        torch.set_num_threads(self._threads)
+        for key, value in self._env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+# The common recipe (in memory) sets the same process-wide lines as the seed recipe (on files).
+common_recipe_process_settings = seed_recipe_process_settings
 
 
 class BatchedJpegDataset(Dataset):

@@ -5,7 +5,7 @@ write_image_folder` writes the course's):
 
 - :func:`seed_recipe_loader` — the recipe this course started from: ``OMP/MKL/OPENBLAS_NUM_THREADS
   = "1"`` set in ``os.environ`` after the imports, ``torch.set_num_threads(1)``
-  (:class:`seed_recipe_process_settings` applies both while it is measured), torchvision's
+  (:class:`~course_utils.pipelines.seed_recipe_process_settings` applies both while it is measured), torchvision's
   ``Resize`` + ``ToTensor``, ``num_workers=4``, ``pin_memory=True``.
 - :func:`imagenet_recipe_loader` — the training loader of pytorch/examples ``imagenet/main.py``:
   ``datasets.ImageFolder`` + PIL, ``RandomResizedCrop(224)``, ``RandomHorizontalFlip()``,
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Union
+from typing import Union
 
 import cv2
 import numpy as np
@@ -41,10 +41,10 @@ from torchvision import datasets, transforms
 from .checks import check_int
 from .files import image_files, reduced_decode_flag
 from .machine import usable_cpus
+from .pipelines import keep_batch
 from .threads import make_worker_init
 
 PathLike = Union[str, os.PathLike]
-RECIPE_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
 IMAGENET_STD = [0.229, 0.224, 0.225]
 # IMREAD_COLOR_RGB (OpenCV >= 4.10) decodes straight to RGB. It replaces the IMREAD_COLOR bit
@@ -59,30 +59,6 @@ def _folder(root: PathLike, where: str) -> str:
                                  f"class sub-folders of JPEG files (ImageFolder layout), e.g. "
                                  f"course_utils.files.write_image_folder(JpegDataset()).")
     return str(path)
-
-
-class seed_recipe_process_settings:
-    """Context manager: the seed recipe's process-wide lines, undone on exit.
-
-    Inside: ``torch.set_num_threads(1)`` and the thread environment variables set to "1"
-    (after import, as the recipe does). On exit the previous values come back.
-    """
-
-    def __enter__(self) -> "seed_recipe_process_settings":
-        self._threads = torch.get_num_threads()
-        self._env = {k: os.environ.get(k) for k in RECIPE_ENV_VARS}
-        torch.set_num_threads(1)
-        for key in RECIPE_ENV_VARS:
-            os.environ[key] = "1"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        torch.set_num_threads(self._threads)
-        for key, value in self._env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def seed_recipe_loader(root: PathLike, *, batch_size: int = 64, size: int = 224) -> DataLoader:
@@ -189,11 +165,6 @@ class DecodeOnlyFiles(_JpegFiles):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         pixels, labels = self.__getitems__([index])
         return pixels[0], int(labels[0])
-
-
-def keep_batch(batch: Any) -> Any:
-    """A ``collate_fn`` that returns what the dataset's ``__getitems__`` made, unchanged."""
-    return batch
 
 
 def files_loader(dataset: Dataset, *, batch_size: int = 64, num_workers: int | None = None,
