@@ -1,63 +1,202 @@
-"""Grader of exercise 06 passes the reference answer and fails plausible wrong ones, teaching why."""
+"""Grader of exercise 06 passes the reference answer and fails plausible wrong ones, teaching why.
+
+The answers are written here as a learner writes them (module level, so DataLoader workers can
+import them under spawn and forkserver): a Dataset whose fetch makes the whole batch, and a
+``build_loader`` around it.
+"""
 from __future__ import annotations
 
 import functools
+import importlib
 import time
 
 import cv2
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
 
-from course_utils import ExerciseFailed, check, keep_batch, make_worker_init, tune_loader
-from course_utils.graders.ex06_tune import COURSE_LOADERS, FAST as EXERCISE
+from course_utils import ExerciseFailed, ToTensorUint8, check, keep_batch, make_worker_init
+from course_utils.graders.ex06_tune import COURSE_HELPERS, FAST as EXERCISE
 from course_utils.grading import CheckResult, exercise_ids, refuse_course_helper
-from course_utils.pipelines import common_recipe_loader, tuned_loader
-from course_utils.pipelines import BatchedJpegDataset
+from course_utils.pipelines import BatchedJpegDataset, common_recipe_loader, tuned_loader
 
 pytestmark = pytest.mark.timeout(240)
 FAST = {"n_images": 96, "batches": 4, "rounds": 3, "cpu_budget": 1}
 
 
-def reference(dataset, *, batch_size, size, cpu_budget):
-    return DataLoader(BatchedJpegDataset(dataset, size), batch_size=batch_size, shuffle=True,
-                      collate_fn=keep_batch, num_workers=cpu_budget,
+# ---- a learner's right answers --------------------------------------------------------------
+
+class Batches(Dataset):
+    """Whole uint8 batches: decode, resize, swap to RGB on the small image, into one array."""
+
+    def __init__(self, dataset, size):
+        self.dataset, self.size = dataset, size
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def _into(self, i, out):
+        bgr = cv2.imdecode(self.dataset.encoded(i), cv2.IMREAD_COLOR)
+        small = cv2.resize(bgr, (self.size, self.size), interpolation=cv2.INTER_LINEAR)
+        cv2.cvtColor(small, cv2.COLOR_BGR2RGB, dst=out)
+
+    def __getitems__(self, indices):
+        batch = np.empty((len(indices), self.size, self.size, 3), dtype=np.uint8)
+        for slot, i in enumerate(indices):
+            self._into(i, batch[slot])
+        labels = torch.as_tensor(self.dataset.labels[list(indices)], dtype=torch.int64)
+        return torch.from_numpy(batch).permute(0, 3, 1, 2), labels
+
+
+def pass_on(batch):
+    return batch
+
+
+def answer(dataset, *, batch_size, size, cpu_budget):
+    return DataLoader(Batches(dataset, size), batch_size=batch_size, shuffle=True,
+                      collate_fn=pass_on, num_workers=cpu_budget,
                       persistent_workers=cpu_budget > 0,
                       worker_init_fn=make_worker_init(1) if cpu_budget else None)
+
+
+class IndexedBatches(Batches):
+    """The other way: the sampler is a BatchSampler, so dataset[indices] makes the batch."""
+
+    def __getitem__(self, indices):
+        return self.__getitems__(indices)
+
+
+def batch_sampler_answer(dataset, *, batch_size, size, cpu_budget):
+    ds = IndexedBatches(dataset, size)
+    return DataLoader(ds, batch_size=None,
+                      sampler=BatchSampler(RandomSampler(ds), batch_size, drop_last=False),
+                      num_workers=cpu_budget, persistent_workers=cpu_budget > 0,
+                      worker_init_fn=make_worker_init(1) if cpu_budget else None)
+
+
+def test_known_id():
+    assert "06.fast_pipeline" in exercise_ids()
+
+
+@pytest.mark.parametrize("right", [answer, batch_sampler_answer])
+def test_right_answers_pass(right):
+    result = check("06.fast_pipeline", right, n_images=160, batches=8, cpu_budget=1)
+    assert isinstance(result, CheckResult)
+    assert "right samples, one fetch per batch" in result.summary
+    assert result.details["cpu_budget"] == 1 and result.details["ratio"] > 0
+
+
+# ---- wrong answers ----------------------------------------------------------------------------
+
+class FloatPerSample(Dataset):
+    """Per sample, float32 in [0, 1]: the common advice's dataset."""
+
+    def __init__(self, dataset, size):
+        self.dataset, self.size = dataset, size
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        image, label = self.dataset[i]
+        return ToTensorUint8(self.size)(image).float() / 255, label
+
+
+def float32_per_sample(dataset, *, batch_size, size, cpu_budget):
+    return DataLoader(FloatPerSample(dataset, size), batch_size=batch_size, shuffle=True)
 
 
 def the_common_recipe(dataset, *, batch_size, size, cpu_budget):
     return common_recipe_loader(dataset, batch_size=batch_size, size=size)
 
 
+class Uint8PerSample(FloatPerSample):
+    """Right values, one sample per call."""
+
+    def __getitem__(self, i):
+        image, label = self.dataset[i]
+        return ToTensorUint8(self.size)(image), label
+
+
+def uint8_per_sample(dataset, *, batch_size, size, cpu_budget):
+    return DataLoader(Uint8PerSample(dataset, size), batch_size=batch_size)
+
+
 def over_budget(dataset, *, batch_size, size, cpu_budget):
-    return DataLoader(BatchedJpegDataset(dataset, size), batch_size=batch_size, shuffle=True,
-                      collate_fn=keep_batch, num_workers=cpu_budget + 2,
-                      worker_init_fn=make_worker_init(1))
+    return DataLoader(Batches(dataset, size), batch_size=batch_size, collate_fn=pass_on,
+                      num_workers=cpu_budget + 2, worker_init_fn=make_worker_init(1))
 
 
-class BgrBatches(BatchedJpegDataset):
+class IndexLabels(Batches):
+    """Labels are the indices, not dataset.labels."""
+
+    def __getitems__(self, indices):
+        images, _ = super().__getitems__(indices)
+        return images, torch.as_tensor(list(indices), dtype=torch.int64) + 1
+
+
+def wrong_labels(dataset, *, batch_size, size, cpu_budget):
+    return DataLoader(IndexLabels(dataset, size), batch_size=batch_size, collate_fn=pass_on)
+
+
+class BgrBatches(Batches):
     """Forgets the BGR -> RGB swap."""
 
-    def _decode_into(self, index, out):
-        bgr = cv2.imdecode(self.base.encoded(index), cv2.IMREAD_COLOR)
+    def _into(self, i, out):
+        bgr = cv2.imdecode(self.dataset.encoded(i), cv2.IMREAD_COLOR)
         out[...] = cv2.resize(bgr, (self.size, self.size), interpolation=cv2.INTER_LINEAR)
 
 
 def wrong_colours(dataset, *, batch_size, size, cpu_budget):
-    return DataLoader(BgrBatches(dataset, size), batch_size=batch_size, collate_fn=keep_batch)
+    return DataLoader(BgrBatches(dataset, size), batch_size=batch_size, collate_fn=pass_on)
+
+
+def default_collate_on_a_batch(dataset, *, batch_size, size, cpu_budget):
+    return DataLoader(Batches(dataset, size), batch_size=batch_size)
+
+
+class SampleList(Batches):
+    """__getitems__ that returns one (image, label) per index, as torch's default does."""
+
+    def __getitems__(self, indices):
+        images, labels = super().__getitems__(indices)
+        return [(images[k].contiguous(), int(labels[k])) for k in range(len(indices))]
+
+
+def samples_from_getitems(dataset, *, batch_size, size, cpu_budget):
+    return DataLoader(SampleList(dataset, size), batch_size=batch_size)
+
+
+def make_contiguous(batch):
+    images, labels = batch
+    return images.contiguous(), labels
+
+
+def collate_copies(dataset, *, batch_size, size, cpu_budget):
+    return DataLoader(Batches(dataset, size), batch_size=batch_size, collate_fn=make_contiguous)
+
+
+def one_index_at_a_time(dataset, *, batch_size, size, cpu_budget):
+    ds = IndexedBatches(dataset, size)
+    return DataLoader(ds, batch_size=None, sampler=SequentialSampler(ds))
+
+
+def batch_sampler_without_getitem(dataset, *, batch_size, size, cpu_budget):
+    ds = Batches(dataset, size)
+    return DataLoader(ds, batch_size=None,
+                      sampler=BatchSampler(SequentialSampler(ds), batch_size, drop_last=False))
 
 
 def list_of_batches(dataset, *, batch_size, size, cpu_budget):
-    return list(reference(dataset, batch_size=batch_size, size=size, cpu_budget=0))
+    return list(answer(dataset, batch_size=batch_size, size=size, cpu_budget=0))
 
 
 def wrong_batch_size(dataset, *, batch_size, size, cpu_budget):
-    return reference(dataset, batch_size=2 * batch_size, size=size, cpu_budget=cpu_budget)
+    return answer(dataset, batch_size=2 * batch_size, size=size, cpu_budget=cpu_budget)
 
 
-class SlowBatches(BatchedJpegDataset):
+class SlowBatches(Batches):
     """Right values, but waits 20 ms per sample (a slow storage or a needless sleep)."""
 
     def __getitems__(self, indices):
@@ -66,71 +205,126 @@ class SlowBatches(BatchedJpegDataset):
 
 
 def too_slow(dataset, *, batch_size, size, cpu_budget):
-    return DataLoader(SlowBatches(dataset, size), batch_size=batch_size, collate_fn=keep_batch)
+    return DataLoader(SlowBatches(dataset, size), batch_size=batch_size, collate_fn=pass_on)
 
 
 def not_done(dataset, *, batch_size, size, cpu_budget):
     raise NotImplementedError("Exercise: replace this line with your code")
 
 
-def test_known_id():
-    assert "06.fast_pipeline" in exercise_ids()
+class StubBatches(Batches):
+    def __getitems__(self, indices):
+        raise NotImplementedError("Exercise: replace this line with your code")
 
 
-def test_reference_passes():
-    result = check("06.fast_pipeline", reference, n_images=160, batches=8, cpu_budget=1)
-    assert isinstance(result, CheckResult)
-    assert "right samples" in result.summary and result.details["cpu_budget"] == 1
+def dataset_not_done(dataset, *, batch_size, size, cpu_budget):
+    return DataLoader(StubBatches(dataset, size), batch_size=batch_size, collate_fn=pass_on)
 
 
-@pytest.mark.parametrize("answer, words", [
+@pytest.mark.parametrize("wrong, words", [
+    (float32_per_sample, ["torch.float32, not torch.uint8", "keep uint8"]),
     (the_common_recipe, ["torch.float32", "uint8"]),
+    (uint8_per_sample, ["one sample at a time", "dataset[i] 32 times"]),
     (over_budget, ["over the CPU budget", "num_workers <= 1"]),
+    (wrong_labels, ["labels differ", "dataset.labels[i]"]),
     (wrong_colours, ["values differ", "BGR"]),
+    (default_collate_on_a_batch, ["collate_fn failed", "default_collate", "already made"]),
+    (samples_from_getitems, ["separate samples", "stacks"]),
+    (collate_copies, ["made a copy", "make_contiguous"]),
+    (one_index_at_a_time, ["one index at a time", "lists of indices"]),
+    (batch_sampler_without_getitem, ["no __getitem__", "dataset[indices]"]),
     (list_of_batches, ["did not return a DataLoader"]),
-    (wrong_batch_size, ["batch_size"]),
+    (wrong_batch_size, ["batch size", "64 samples per batch"]),
     (too_slow, ["the reference's samples/s", "at least 0.60x"]),
     ("not a function", ["not a function"]),
 ])
-def test_wrong_answers_fail_with_a_teaching_message(answer, words):
+def test_wrong_answers_fail_with_a_teaching_message(wrong, words):
     with pytest.raises(ExerciseFailed) as info:
-        check("06.fast_pipeline", answer, **FAST)
+        check("06.fast_pipeline", wrong, **FAST)
     message = str(info.value)
     for word in words:
         assert word in message, message
-    assert "06.fast_pipeline" in message
+    assert "06.fast_pipeline" in message and info.value.hint, message
 
 
-def test_not_done_says_so():
+@pytest.mark.parametrize("stub", [not_done, dataset_not_done])
+def test_not_done_says_so(stub):
     with pytest.raises(ExerciseFailed, match="not done yet"):
-        check("06.fast_pipeline", not_done, **FAST)
+        check("06.fast_pipeline", stub, **FAST)
 
 
-# ---- the reference loader itself is refused ----------------------------------------------------
+# ---- the course's own pipeline is refused ----------------------------------------------------
 
 def wraps_the_reference(dataset, *, batch_size, size, cpu_budget):
     return tuned_loader(dataset, batch_size=batch_size, size=size, num_workers=cpu_budget)
 
 
-@pytest.mark.parametrize("answer, seen", [
-    (tuned_loader, "`tuned_loader` itself"),
-    (wraps_the_reference, "`wraps_the_reference` uses it"),
-    (functools.partial(tuned_loader, num_workers=1), "uses it"),
+def the_course_dataset(dataset, *, batch_size, size, cpu_budget):
+    return DataLoader(BatchedJpegDataset(dataset, size), batch_size=batch_size,
+                      collate_fn=pass_on)
+
+
+class Subclass(BatchedJpegDataset):
+    """The course's dataset under another name."""
+
+
+def a_subclass(dataset, *, batch_size, size, cpu_budget):
+    return DataLoader(Subclass(dataset, size), batch_size=batch_size, collate_fn=pass_on)
+
+
+class Wrapper(Batches):
+    """Hands every fetch to the course's dataset."""
+
+    def __getitems__(self, indices):
+        return BatchedJpegDataset(self.dataset, self.size).__getitems__(indices)
+
+
+def a_wrapper(dataset, *, batch_size, size, cpu_budget):
+    return DataLoader(Wrapper(dataset, size), batch_size=batch_size, collate_fn=pass_on)
+
+
+def the_course_collate(dataset, *, batch_size, size, cpu_budget):
+    return DataLoader(Batches(dataset, size), batch_size=batch_size, collate_fn=keep_batch)
+
+
+class Holder(Batches):
+    """Holds the course's dataset, received as an argument (invisible in the code)."""
+
+    def __init__(self, dataset, size, inner):
+        super().__init__(dataset, size)
+        self.inner = inner
+
+    def __getitems__(self, indices):
+        return self.inner.__getitems__(indices)
+
+
+def found_at_run_time(dataset, *, batch_size, size, cpu_budget):
+    pipelines = importlib.import_module("course_utils.pipelines")
+    inner = getattr(pipelines, "Batched" + "JpegDataset")(dataset, size)
+    return DataLoader(Holder(dataset, size, inner), batch_size=batch_size, collate_fn=pass_on)
+
+
+@pytest.mark.parametrize("wrong, name, seen", [
+    (tuned_loader, "tuned_loader", "`tuned_loader` itself"),
+    (wraps_the_reference, "tuned_loader", "`wraps_the_reference` uses it"),
+    (functools.partial(tuned_loader, num_workers=1), "tuned_loader", "uses it"),
     (lambda dataset, **kw: tuned_loader(dataset, batch_size=kw["batch_size"], size=kw["size"]),
-     "uses it"),
+     "tuned_loader", "uses it"),
+    (the_course_dataset, "BatchedJpegDataset", "`the_course_dataset` uses it"),
+    (a_subclass, "BatchedJpegDataset", "derives from it"),
+    (a_wrapper, "BatchedJpegDataset", "uses it"),
+    (the_course_collate, "keep_batch", "`the_course_collate` uses it"),
+    (found_at_run_time, "BatchedJpegDataset", "`Holder` holds an instance of it"),
 ])
-def test_the_reference_loader_is_refused_with_a_teaching_message(answer, seen):
+def test_the_course_pipeline_is_refused_with_a_teaching_message(wrong, name, seen):
     with pytest.raises(ExerciseFailed) as info:
-        check(EXERCISE, answer, **FAST)
+        check(EXERCISE, wrong, **FAST)
     err = info.value
-    assert "course's own `tuned_loader` (course_utils." in err.problem, str(err)
+    assert f"course's own `{name}` (course_utils." in err.problem, str(err)
     assert seen in err.seen and "write the mechanism yourself" in err.hint, str(err)
+    assert "whole batch" in err.hint, str(err)
 
 
-def test_the_helpers_the_lesson_gives_are_not_refused():
-    def with_the_tuner(dataset, *, batch_size, size, cpu_budget):
-        best = tune_loader(dataset, worker_counts=range(cpu_budget + 1), batch_sizes=[batch_size])
-        return best
-
-    for answer in (reference, with_the_tuner, the_common_recipe):
-        assert refuse_course_helper(EXERCISE, answer, COURSE_LOADERS, write="x") is None
+def test_own_code_and_the_allowed_helpers_are_not_refused():
+    for own in (answer, batch_sampler_answer, uint8_per_sample, the_common_recipe):
+        assert refuse_course_helper(EXERCISE, own, COURSE_HELPERS, write="x") is None

@@ -1,10 +1,21 @@
-"""Grader for exercise 06: the fastest pipeline for a dataset under a CPU budget.
+"""Grader for exercise 06: a batched JPEG pipeline, the fastest under a CPU budget.
 
-``06.fast_pipeline``: the learner writes ``build_loader(dataset, *, batch_size, size,
-cpu_budget) -> DataLoader`` for a :class:`~course_utils.data.JpegDataset`. Its batches must be
-``(images, labels)``: images a ``uint8`` tensor of shape ``(batch_size, 3, size, size)`` equal,
-sample for sample, to ``ToTensorUint8(size)(dataset[i][0])``, labels ``int64`` equal to
-``dataset.labels``.
+``06.fast_pipeline``: the learner writes a Dataset whose fetch makes a whole batch at once, and
+``build_loader(dataset, *, batch_size, size, cpu_budget) -> DataLoader`` for a
+:class:`~course_utils.data.JpegDataset`. Checked, in this order:
+
+**The batches** are ``(images, labels)``: images a ``uint8`` tensor of shape ``(batch_size, 3,
+size, size)`` equal, sample for sample, to ``ToTensorUint8(size)(dataset[i][0])``, labels
+``int64`` equal to ``dataset.labels``. The grader reads indices ``0 .. batch_size-1`` in this
+process the way the DataLoader's fetcher (``torch/utils/data/_utils/fetch.py``) does: with
+automatic batching (``batch_size=B`` or a ``batch_sampler``), ``dataset.__getitems__(indices)``
+when the dataset has it, else ``[dataset[i] for i in indices]``, then ``collate_fn``; without
+(``batch_size=None``), ``dataset[index]`` for whatever the sampler yields (a list of indices when
+the sampler is a ``BatchSampler``), then ``collate_fn``.
+
+**The batched fetch**: one dataset call per batch (``__getitems__``, or ``dataset[indices]``
+from a ``BatchSampler``), and the images of the batch are the memory that call filled:
+``collate_fn`` passes the batch on instead of stacking samples into a new tensor.
 
 **The CPU budget** ``cpu_budget = K`` (cores) means two things, both checked:
 
@@ -17,16 +28,17 @@ sample for sample, to ``ToTensorUint8(size)(dataset[i][0])``, labels ``int64`` e
   up here.
 
 **Speed**: the learner's loader and the reference (:func:`~course_utils.pipelines.tuned_loader`
-with ``K`` workers) read the same dataset, the same number of samples per window, after each
-one's own warm-up, in :data:`ROUNDS` interleaved rounds; the answer passes when the median of
+with ``K`` workers, kept between rounds) read the same dataset, the same number of samples per
+window, after each one's own warm-up, in :data:`ROUNDS` interleaved rounds; the answer passes when the median of
 the per-round ratios (answer / reference samples/s) is at least :data:`PASS_RATIO`. The ratio
 was chosen on a busy 2-core machine (another job running) where the reference against itself
 ranged 0.59-1.16 (hence 5 rounds, paired ratios and 0.6); a loader that sleeps 20 ms per
 sample reaches about 0.1.
 
-The reference itself (``tuned_loader``), handed in or wrapped, is refused: the exercise is to
-build the loader. The pieces the lesson gives (``BatchedJpegDataset``, ``keep_batch``,
-``make_worker_init``, ``tune_loader``) may be used.
+The course's own pipeline (``tuned_loader``, ``BatchedJpegDataset``, ``keep_batch``: the
+answer of this exercise), handed in, subclassed or wrapped, is refused, both in the answer's
+code and in the loader it returns. ``make_worker_init`` (exercise 02's answer) and the dataset's
+own ``encoded(i)`` and ``labels`` may be used.
 """
 from __future__ import annotations
 
@@ -34,9 +46,17 @@ import math
 from typing import Any, Callable
 
 import numpy as np
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler
+from torch.utils.data._utils.collate import default_collate
 
+from ..bench import Measurement, compare, measure_loader
+from ..config import pick
+from ..data import JpegDataset, ToTensorUint8
 from ..grading import CheckResult, ExerciseFailed, grader, refuse_course_helper
-from ..pipelines import tuned_loader
+from ..machine import usable_cpus
+from ..pipelines import BatchedJpegDataset, keep_batch, tuned_loader
+from ..tuning import WORKER_TIMEOUT_S
 
 FAST = "06.fast_pipeline"
 
@@ -46,14 +66,15 @@ PASS_RATIO = 0.6
 CPU_ALLOWANCE = 0.4
 #: interleaved rounds (answer, reference, answer, reference, ...)
 ROUNDS = 5
-#: the reference loader, refused in an answer
-COURSE_LOADERS = (tuned_loader,)
+#: the course's version of this exercise's answer, refused (see refuse_course_helper)
+COURSE_HELPERS = (tuned_loader, BatchedJpegDataset, keep_batch)
+
+_WRITE = ("write your own Dataset whose fetch decodes and resizes a whole batch into one uint8 "
+          "tensor, and choose the DataLoader's batching, collate_fn and workers yourself")
 
 
 def default_cpu_budget() -> int:
-    """The budget the exercise uses: half the usable CPUs, at least 1."""
-    from ..machine import usable_cpus
-
+    """The budget the exercise uses, in cores: half the usable CPUs, at least 1."""
     return max(1, usable_cpus() // 2)
 
 
@@ -61,31 +82,90 @@ def _fail(problem: str, **kw: str) -> ExerciseFailed:
     return ExerciseFailed(FAST, problem, **kw)
 
 
-def _check_batches(loader: Any, dataset: Any, batch_size: int, size: int) -> None:
-    """The loader's dataset + collate_fn, read in order, give the reference's samples."""
-    import torch
-    from torch.utils.data import DataLoader
+def _short(obj: Any, limit: int = 200) -> str:
+    return f"{type(obj).__name__}: {obj!r}"[:limit]
 
-    from ..data import ToTensorUint8
 
+# --------------------------------------------------------------------------------------
+# how the loader batches, and its first batch read as the fetcher reads it
+# --------------------------------------------------------------------------------------
+def _batching(loader: DataLoader) -> tuple[bool, int | None]:
+    """(automatic batching?, samples per batch or None when it cannot be told)."""
+    if loader.batch_sampler is not None:
+        size = loader.batch_size or getattr(loader.batch_sampler, "batch_size", None)
+        return True, size
+    return False, getattr(loader.sampler, "batch_size", None)
+
+
+def _first_indices(loader: DataLoader, batch_size: int) -> Any:
+    """What the fetcher gets for the first batch when read in order: ``[0, .., B-1]``, or, for
+    a loader without automatic batching, the first thing its sampler yields (checked)."""
+    indices = list(range(batch_size))
+    if loader.batch_sampler is not None:
+        return indices
+    first = next(iter(loader.sampler), None)
+    if not isinstance(first, (list, tuple)):
+        raise _fail("with batch_size=None the loader fetches one index at a time.",
+                    expected=f"batches of {batch_size} samples, one dataset call per batch",
+                    seen=f"the sampler yields {_short(first, 80)}; each becomes a 'batch' as is",
+                    hint="without automatic batching, dataset[...] receives exactly what the "
+                         "sampler yields. Which sampler yields lists of indices?")
+    return indices
+
+
+def _fetch(loader: DataLoader, indices: list[int]) -> tuple[Any, Any]:
+    """(what the dataset call returned, what collate_fn made of it) for ``indices``, in this
+    process, as ``torch.utils.data._utils.fetch._MapDatasetFetcher`` does it."""
+    ds = loader.dataset
+    auto = loader.batch_sampler is not None
+    getitems = getattr(ds, "__getitems__", None) if auto else None
+    if not getitems and type(ds).__getitem__ is Dataset.__getitem__:
+        call = "dataset[i] for every index" if auto else "dataset[indices] (__getitem__)"
+        raise _fail(f"your dataset has no __getitem__, and this loader calls {call}.",
+                    expected="a dataset method for the call this loader makes",
+                    seen=f"{type(ds).__name__} defines "
+                         f"{'__getitems__ only' if hasattr(ds, '__getitems__') else 'neither'}",
+                    hint="read _MapDatasetFetcher.fetch in torch/utils/data/_utils/fetch.py: "
+                         "which method does it call with batch_size=B, and which with "
+                         "batch_size=None?")
     try:
-        seq = DataLoader(loader.dataset, batch_size=batch_size, shuffle=False,
-                         collate_fn=loader.collate_fn, num_workers=0)
-        batch = next(iter(seq))
+        fetched = getitems(indices) if getitems else (
+            [ds[i] for i in indices] if auto else ds[indices])
+    except NotImplementedError:
+        raise
     except Exception as exc:
-        raise _fail("reading the first batch of your loader's dataset failed.",
+        raise _fail("fetching the first batch from your dataset failed.",
                     seen=f"{type(exc).__name__}: {exc}"[:300],
-                    hint="try next(iter(build_loader(...))) yourself and fix what it says.") from exc
+                    hint="call your dataset's fetch yourself on a few indices, e.g. "
+                         "ds.__getitems__([0, 1, 2]), and fix what it says.") from exc
+    try:
+        batch = loader.collate_fn(fetched)
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        given = ("what your __getitems__ returned" if getitems else "the fetched samples")
+        hint = ("collate_fn is default_collate, which takes its input for a list of samples "
+                "and stacks element 0 with element 1, ... What does it do with a batch that "
+                "is already made, and what should a collate_fn do with one?"
+                if loader.collate_fn is default_collate and getitems else
+                "call collate_fn on what your dataset returns, yourself, and fix what it says.")
+        raise _fail(f"collate_fn failed on {given}.", seen=f"{type(exc).__name__}: {exc}"[:300],
+                    hint=hint) from exc
+    return fetched, batch
+
+
+def _check_batch(batch: Any, dataset: JpegDataset, batch_size: int, size: int) -> None:
+    """The first batch is (uint8 images equal to the reference's, int64 labels)."""
     shape = (batch_size, 3, size, size)
     want = (f"a tuple (images, labels): images a torch.uint8 tensor of shape {shape}, labels a "
             f"torch.int64 tensor of shape ({batch_size},)")
     if not isinstance(batch, (tuple, list)) or len(batch) != 2:
-        raise _fail("a batch is not (images, labels).", expected=want,
-                    seen=f"{type(batch).__name__}"[:200])
+        raise _fail("a batch is not (images, labels).", expected=want, seen=_short(batch))
     images, labels = batch
     if not isinstance(images, torch.Tensor):
         raise _fail("the images of a batch are not a torch tensor.", expected=want,
-                    seen=type(images).__name__)
+                    seen=type(images).__name__,
+                    hint="torch.from_numpy(array) makes a tensor that shares the array's memory.")
     if images.dtype != torch.uint8:
         hint = ("keep uint8 until the end (lesson 01): convert to float on the device, for the "
                 "whole batch, in the training step - a float32 batch is 4x the bytes to make, "
@@ -95,17 +175,17 @@ def _check_batches(loader: Any, dataset: Any, batch_size: int, size: int) -> Non
     if tuple(images.shape) != shape:
         raise _fail("the images have the wrong shape.", expected=f"{shape} (N, C, H, W)",
                     seen=str(tuple(images.shape)),
-                    hint=f"resize every image to {size}x{size} and put channels first "
-                         f"(permute(2, 0, 1), or BatchedJpegDataset which does both).")
+                    hint=f"every image resized to {size}x{size}, channels first. A decoded "
+                         f"image is (H, W, C): which tensor method reorders dimensions "
+                         f"without copying?")
     ref = torch.stack([ToTensorUint8(size)(dataset[i][0]) for i in range(batch_size)])
     if not torch.equal(images, ref):
         diff = (images.int() - ref.int()).abs()
-        swapped = torch.equal(images, ref.flip(1))
-        hint = ("the colour channels are in BGR order: OpenCV decodes to BGR, convert with "
-                "cv2.cvtColor(..., cv2.COLOR_BGR2RGB)." if swapped else
-                "decode, then cv2.resize to (size, size) with INTER_LINEAR, RGB order, no "
-                "normalisation - exactly ToTensorUint8(size); BatchedJpegDataset gives the same "
-                "values.")
+        hint = ("the colour channels are in BGR order: OpenCV decodes to BGR; the check "
+                "wants RGB." if torch.equal(images, ref.flip(1)) else
+                "the reference decodes, resizes with cv2.resize(image, (size, size), "
+                "interpolation=cv2.INTER_LINEAR), RGB order, no normalisation: "
+                "ToTensorUint8(size)(dataset[i][0]). Compare one of your images with it.")
         raise _fail("the image values differ from the reference pipeline's.",
                     expected="images equal to ToTensorUint8(size)(dataset[i][0]) for sample i",
                     seen=f"{int((diff > 0).sum()):,} of {diff.numel():,} values differ (largest "
@@ -114,7 +194,126 @@ def _check_batches(loader: Any, dataset: Any, batch_size: int, size: int) -> Non
     if not isinstance(labels, torch.Tensor) or labels.dtype != torch.int64 \
             or not torch.equal(labels, want_labels):
         raise _fail("the labels differ from the dataset's.", expected=f"{want_labels.tolist()}",
-                    seen=f"{labels!r}"[:200], hint="labels are dataset.labels[i], int64.")
+                    seen=(f"{labels.dtype} {labels.tolist()}" if isinstance(labels, torch.Tensor)
+                          else _short(labels))[:200],
+                    hint="sample i's label is dataset.labels[i]; the batch holds them as one "
+                         "int64 tensor, in the order of the indices asked for.")
+
+
+def _pointers(obj: Any) -> set[int]:
+    """Start addresses of the tensors and arrays in ``obj`` and its first level of items."""
+    out: set[int] = set()
+    items = list(obj) if isinstance(obj, (tuple, list)) and len(obj) <= 4 else []
+    for item in [obj] + items:
+        if isinstance(item, torch.Tensor):
+            out |= {item.data_ptr(), item.untyped_storage().data_ptr()}
+        elif isinstance(item, np.ndarray):
+            out.add(item.ctypes.data)
+    return out
+
+
+def _check_one_fetch(loader: DataLoader, fetched: Any, images: torch.Tensor,
+                     batch_size: int) -> None:
+    """One dataset call made the whole batch, and collate_fn kept its memory."""
+    if loader.batch_sampler is not None and not getattr(loader.dataset, "__getitems__", None):
+        raise _fail("your loader fetches one sample at a time.",
+                    expected="one dataset call per batch that makes the whole batch",
+                    seen=f"the fetcher calls dataset[i] {batch_size} times per batch, then "
+                         f"collate_fn makes the batch out of {batch_size} samples",
+                    hint="lesson 03, section 7: what does the fetcher call instead, when the "
+                         "dataset offers it? One call per batch can write every image straight "
+                         "into one batch tensor: no tensor per sample, no stacking copy.")
+    if isinstance(fetched, (tuple, list)) and len(fetched) == batch_size != 2:
+        raise _fail("your dataset's fetch returns the batch as separate samples.",
+                    expected="one call that returns (images, labels) for the whole batch",
+                    seen=f"a {type(fetched).__name__} of {batch_size} items, which collate_fn "
+                         f"then stacks into a new tensor",
+                    hint="one tensor per sample and one stacking copy per batch are what a "
+                         "batched fetch saves. Allocate the batch once, fill it image by image, "
+                         "and ask what collate_fn must then do with it.")
+    if images.data_ptr() not in _pointers(fetched):
+        raise _fail("the batch's images are not the memory your fetch filled: collate_fn "
+                    "made a copy.",
+                    expected="collate_fn returns the images your dataset made (same memory)",
+                    seen=f"collate_fn={getattr(loader.collate_fn, '__name__', loader.collate_fn)}"
+                         f" returned images at another address",
+                    hint="a copy of every batch (stack, contiguous, clone, a new tensor) costs "
+                         "time and memory bandwidth in the worker. Which collate_fn keeps "
+                         "what it is given? Do the images need to be contiguous in NCHW order?")
+
+
+# --------------------------------------------------------------------------------------
+# timing
+# --------------------------------------------------------------------------------------
+def _resampled(loader: DataLoader, batch_size: int, samples: int,
+               keep_workers: bool = False) -> DataLoader:
+    """The same loader (dataset, way of batching, collate, workers, worker init, prefetch,
+    persistence, pinning, start method), drawing ``samples`` random samples per epoch;
+    ``keep_workers``: its workers persist from one round to the next."""
+    kwargs: dict[str, Any] = dict(num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+                                  pin_memory=loader.pin_memory)
+    if loader.num_workers:
+        kwargs.update(worker_init_fn=loader.worker_init_fn,
+                      prefetch_factor=loader.prefetch_factor,
+                      persistent_workers=loader.persistent_workers or keep_workers,
+                      multiprocessing_context=loader.multiprocessing_context,
+                      timeout=loader.timeout or WORKER_TIMEOUT_S)
+    draw = RandomSampler(loader.dataset, num_samples=max(len(loader.dataset), int(samples)))
+    if loader.batch_sampler is not None:
+        return DataLoader(loader.dataset, batch_size=batch_size, sampler=draw,
+                          drop_last=loader.drop_last, **kwargs)
+    return DataLoader(loader.dataset, batch_size=None,
+                      sampler=BatchSampler(draw, batch_size, drop_last=False), **kwargs)
+
+
+def _side_by_side(loader: DataLoader, reference: DataLoader, batch_size: int, window: int,
+                  rounds: int) -> tuple[dict[str, list[Measurement]], float]:
+    """Interleaved measurements of both loaders, and the median per-round ratio of samples/s
+    (answer / reference)."""
+    plans = []
+    # the reference keeps its workers between rounds: start-up is outside the timed window
+    # anyway (warm-up), and each round would otherwise start a worker (seconds under spawn)
+    for label, ld, keep in (("your loader", loader, False), ("reference", reference, True)):
+        warm = max(2, ld.num_workers * (ld.prefetch_factor or 2))
+        plans.append((label, warm, _resampled(ld, batch_size, (warm + window + 1) * batch_size,
+                                              keep_workers=keep)))
+    runs: dict[str, list[Measurement]] = {"your loader": [], "reference": []}
+    for _ in range(rounds):
+        for label, warm, ld in plans:
+            runs[label].append(measure_loader(ld, batches=window, warmup_batches=warm,
+                                              repeats=1, label=label, progress=False))
+    # the median of the per-round ratios: each round's pair ran back to back, so a drift of a
+    # busy machine cancels out better than in the ratio of the two medians
+    ratio = float(np.median([a.samples_per_s / b.samples_per_s
+                             for a, b in zip(runs["your loader"], runs["reference"])]))
+    return runs, ratio
+
+
+# --------------------------------------------------------------------------------------
+# the grader
+# --------------------------------------------------------------------------------------
+def _check_loader(loader: Any, batch_size: int) -> None:
+    """A map-style DataLoader, not built on the course's pipeline, batching ``batch_size``."""
+    if not isinstance(loader, DataLoader):
+        raise _fail("build_loader did not return a DataLoader.",
+                    expected="a torch.utils.data.DataLoader", seen=_short(loader),
+                    hint="return DataLoader(...) itself, not a list of batches, an iterator or "
+                         "a generator: the training loop iterates it once per epoch.")
+    if isinstance(loader.dataset, IterableDataset):
+        raise _fail("the loader's dataset is an IterableDataset.",
+                    expected="a map-style Dataset (len and indexing), so the sampler can "
+                             "shuffle and the check can read the samples it chooses",
+                    seen=type(loader.dataset).__name__)
+    parts = (loader.dataset, loader.collate_fn, loader.sampler, loader.batch_sampler,
+             loader.worker_init_fn)
+    refuse_course_helper(FAST, parts, COURSE_HELPERS, write=_WRITE)
+    _, per_batch = _batching(loader)
+    if per_batch is not None and per_batch != batch_size:
+        raise _fail("the loader's batch size is not the one you were given.",
+                    expected=f"{batch_size} samples per batch (the model decides it)",
+                    seen=f"{per_batch} samples per batch",
+                    hint="use the batch_size argument of build_loader, wherever your loader "
+                         "decides how many indices make a batch.")
 
 
 @grader(FAST)
@@ -122,40 +321,24 @@ def grade_fast_pipeline(build_loader: Callable[..., Any], *, cpu_budget: int | N
                         batch_size: int = 32, size: int = 160, n_images: int | None = None,
                         batches: int | None = None, rounds: int = ROUNDS,
                         pass_ratio: float = PASS_RATIO) -> CheckResult:
-    """Check ``build_loader(dataset, batch_size=, size=, cpu_budget=)``: right samples, within
-    the CPU budget, at least ``pass_ratio`` of the reference's samples/s measured side by side."""
-    import torch
-    from torch.utils.data import DataLoader
-
-    from ..bench import compare, measure_loader, Measurement
-    from ..config import pick
-    from ..data import JpegDataset
-    from ..tuning import _resampled
-
+    """Check ``build_loader(dataset, batch_size=, size=, cpu_budget=)``: right samples made by
+    one fetch per batch, within the CPU budget (cores), at least ``pass_ratio`` of the
+    reference's samples/s measured side by side."""
     if not callable(build_loader):
         raise _fail("the answer is not a function.",
                     expected="a function build_loader(dataset, *, batch_size, size, cpu_budget) "
-                             "returning a DataLoader",
-                    seen=f"{type(build_loader).__name__}: {build_loader!r}"[:200])
-    refuse_course_helper(FAST, build_loader, COURSE_LOADERS,
-                         write="build the DataLoader yourself, choosing its dataset, workers and "
-                               "settings from what lessons 01-06 measured")
+                             "returning a DataLoader", seen=_short(build_loader),
+                    hint="pass the function itself, not what it returns: "
+                         "check(\"06.fast_pipeline\", build_loader).")
+    refuse_course_helper(FAST, build_loader, COURSE_HELPERS, write=_WRITE)
     k = default_cpu_budget() if cpu_budget is None else int(cpu_budget)
     dataset = JpegDataset(n=pick(full=600, quick=240) if n_images is None else n_images,
                           min_side=200, max_side=480, seed=6)
     loader = build_loader(dataset, batch_size=batch_size, size=size, cpu_budget=k)
-    if not isinstance(loader, DataLoader):
-        raise _fail("build_loader did not return a DataLoader.",
-                    expected="a torch.utils.data.DataLoader",
-                    seen=f"{type(loader).__name__}: {loader!r}"[:200],
-                    hint="return DataLoader(...) itself, not a list of batches, an iterator or "
-                         "a generator: the training loop iterates it once per epoch.")
-    if loader.batch_size != batch_size:
-        raise _fail("the loader's batch_size is not the one you were given.",
-                    expected=f"batch_size={batch_size} (the model decides it)",
-                    seen=f"batch_size={loader.batch_size}",
-                    hint="pass batch_size=batch_size to the DataLoader.")
-    _check_batches(loader, dataset, batch_size, size)
+    _check_loader(loader, batch_size)
+    fetched, batch = _fetch(loader, _first_indices(loader, batch_size))
+    _check_batch(batch, dataset, batch_size, size)
+    _check_one_fetch(loader, fetched, batch[0], batch_size)
     if loader.num_workers > k:
         raise _fail(f"{loader.num_workers} workers is over the CPU budget of {k} core(s).",
                     expected=f"num_workers <= {k}", seen=f"num_workers={loader.num_workers}",
@@ -164,21 +347,9 @@ def grade_fast_pipeline(build_loader: Callable[..., Any], *, cpu_budget: int | N
 
     reference = tuned_loader(dataset, batch_size=batch_size, size=size, num_workers=k)
     window = pick(full=40, quick=16) if batches is None else batches
-    plans = []
-    for label, ld in (("your loader", loader), ("reference", reference)):
-        warm = max(2, ld.num_workers * (ld.prefetch_factor or 2))
-        plans.append((label, warm, _resampled(ld, (warm + window + 1) * batch_size)))
-    runs: dict[str, list[Measurement]] = {"your loader": [], "reference": []}
-    for _ in range(rounds):
-        for label, warm, ld in plans:
-            runs[label].append(measure_loader(ld, batches=window, warmup_batches=warm,
-                                              repeats=1, label=label, progress=False))
+    runs, ratio = _side_by_side(loader, reference, batch_size, window, rounds)
     mine, ref = (Measurement.merge(runs[label]) for label in ("your loader", "reference"))
     table = compare([ref, mine], baseline=0)
-    # the median of the per-round ratios: each round's pair ran back to back, so a drift of a
-    # busy machine cancels out better than in the ratio of the two medians
-    ratio = float(np.median([a.samples_per_s / b.samples_per_s
-                             for a, b in zip(runs["your loader"], runs["reference"])]))
     cores = (mine.cpu_s_per_sample or 0.0) * mine.samples_per_s
     ref_cores = (ref.cpu_s_per_sample or 0.0) * ref.samples_per_s
     seen = (f"your loader {mine.samples_per_s:,.0f} samples/s using {cores:.2f} cores; reference "
@@ -189,15 +360,16 @@ def grade_fast_pipeline(build_loader: Callable[..., Any], *, cpu_budget: int | N
         raise _fail(f"your loader kept {cores:.2f} cores busy; the budget is {k}.",
                     expected=f"at most {k} + {CPU_ALLOWANCE} cores (CPU-seconds per wall-second "
                              f"of the main process and all workers)", seen=seen,
-                    hint="limit every thread pool in the workers (worker_init_fn="
-                         "make_worker_init(1), lesson 02); with num_workers=0, the main "
-                         "process's OpenCV and torch threads count too.")
+                    hint="lesson 02: how many threads does OpenCV run in each worker, and in "
+                         "the main process when num_workers=0? Every busy thread counts "
+                         "against the budget.")
     if not math.isfinite(ratio) or ratio < pass_ratio:
         raise _fail(f"your loader reached {ratio:.2f}x the reference's samples/s.",
                     expected=f"at least {pass_ratio:.2f}x, measured side by side", seen=seen,
-                    hint="use the budget: as many workers as cores allowed, one thread each; "
-                         "fetch whole batches (BatchedJpegDataset + keep_batch); keep uint8. "
-                         "If the machine is busy, run the check again.")
-    return CheckResult(FAST, f"right samples; {ratio:.2f}x the reference's samples/s "
-                             f"({mine.samples_per_s:,.0f} vs {ref.samples_per_s:,.0f}) using "
-                             f"{cores:.2f} cores of a budget of {k}.", details)
+                    hint="does every core of the budget work, with one thread each? Is any "
+                         "pixel work done on the full-size image that could be done on the "
+                         "small one, or any copy made twice? If the machine is busy, run the "
+                         "check again.")
+    return CheckResult(FAST, f"right samples, one fetch per batch; {ratio:.2f}x the reference's "
+                             f"samples/s ({mine.samples_per_s:,.0f} vs {ref.samples_per_s:,.0f}) "
+                             f"using {cores:.2f} cores of a budget of {k}.", details)
