@@ -531,8 +531,8 @@ class WorkerThreadLimiter:
 def make_worker_init(n_threads: int = 1, seed: int | None = None, *, set_env: bool = True) -> WorkerThreadLimiter:
     """A picklable ``worker_init_fn`` limiting every pool in each worker to ``n_threads``.
 
-    ``DataLoader(..., num_workers=4, worker_init_fn=make_worker_init(1))``.
-    See :class:`WorkerThreadLimiter`.
+    Lesson 02 writes the mechanism in full (its ``limit_worker_threads``); this is the package's
+    version: ``DataLoader(..., worker_init_fn=make_worker_init(1))``; see :class:`WorkerThreadLimiter`.
     """
     return WorkerThreadLimiter(n_threads, seed, set_env=set_env)
 

@@ -1,6 +1,12 @@
 """Exercise 02 grader: the reference answer passes; the common advice and other plausible wrong
-answers fail with the message that teaches why. The grader runs every answer in real DataLoader
-workers (fork where available), after this process has used OpenCV, BLAS and torch."""
+answers fail with the message that teaches why. The learner hands in a factory,
+``make_budget_init(cpu_budget)``; what it returns runs as the worker_init_fn of real DataLoader
+workers: forked after this process has used OpenCV, BLAS and torch (every pool must end at 1),
+then fresh forkserver workers (every pool at ``max(1, cpu_budget // num_workers)``).
+
+Answers live in this module, so spawn and forkserver workers can import them. Most wrong answers
+of the earlier, one-thread exercise are kept as *bodies*: :class:`Budgeted` computes the right
+share (1 in a forked worker) and hands it to the body, so each fails where it did before."""
 from __future__ import annotations
 
 import functools
@@ -11,70 +17,149 @@ import cv2
 import pytest
 import threadpoolctl
 import torch
+from torch.utils.data import get_worker_info
 
 from course_utils import limit_threads, make_worker_init
 from course_utils.threads import WorkerThreadLimiter
 from course_utils.graders import ex02_worker_init as ex02
 from course_utils.grading import CheckResult, ExerciseFailed, check, exercise_ids
 
-pytestmark = [pytest.mark.timeout(120),
+pytestmark = [pytest.mark.timeout(180),
               pytest.mark.skipif("fork" not in mp.get_all_start_methods(),
-                                 reason="the grader runs notebook functions under fork")]
+                                 reason="the grader's first run forks workers")]
 
-FAST = dict(fresh_check=False)  # skip the forkserver re-run except where tested
-
-
-# ---- answers --------------------------------------------------------------------------------
-def reference(worker_id):
-    threadpoolctl.threadpool_limits(limits=1)
-    torch.set_num_threads(1)
-    cv2.setNumThreads(0)
+FORK_ONLY = dict(runs=(("fork", 7, 2),))       # the wrong answers of the one-thread exercise fail here
+FRESH_ONLY = dict(runs=(("fresh", 7, 2),))
 
 
-def only_torch(worker_id):
+def forked() -> bool:
+    return type(mp.current_process()).__name__ == "ForkProcess"
+
+
+# ---- the reference ----------------------------------------------------------------------------
+class BudgetInit:
+    def __init__(self, cpu_budget):
+        self.cpu_budget = cpu_budget
+
+    def __call__(self, worker_id):
+        n = 1 if forked() else max(1, self.cpu_budget // get_worker_info().num_workers)
+        cv2.setNumThreads(0 if n == 1 else n)
+        threadpoolctl.threadpool_limits(limits=n)
+        torch.set_num_threads(n)
+
+
+def make_budget_init(cpu_budget):
+    return BudgetInit(cpu_budget)
+
+
+# ---- answers built from a body(n), with the right share ---------------------------------------
+class Budgeted:
+    """worker_init_fn: the right per-worker share (1 under fork), then ``body(n)``."""
+
+    def __init__(self, body, cpu_budget, share=None, clamp=True):
+        self.body, self.cpu_budget, self.share, self.clamp = body, cpu_budget, share, clamp
+
+    def __call__(self, worker_id):
+        workers = get_worker_info().num_workers
+        n = (self.share or (lambda b, w: max(1, b // w)))(self.cpu_budget, workers)
+        self.body(1 if self.clamp and forked() else n)
+
+
+def factory(body, **options):
+    return functools.partial(Budgeted, body, **options)
+
+
+def all_pools(n):
+    cv2.setNumThreads(0 if n == 1 else n)
+    threadpoolctl.threadpool_limits(limits=n)
+    torch.set_num_threads(n)
+
+
+def only_torch(n):
     """The common advice."""
-    torch.set_num_threads(1)
+    torch.set_num_threads(n)
 
 
-def env_after_import(worker_id):
+def env_after_import(n):
     """The other common advice, in the worker."""
-    os.environ["OMP_NUM_THREADS"] = "1"
-    os.environ["OPENBLAS_NUM_THREADS"] = "1"
-    os.environ["MKL_NUM_THREADS"] = "1"
+    os.environ["OMP_NUM_THREADS"] = str(n)
+    os.environ["OPENBLAS_NUM_THREADS"] = str(n)
+    os.environ["MKL_NUM_THREADS"] = str(n)
 
 
-def cv2_one(worker_id):
+def cv2_n(n):
     """Limits everything, but with the call that deadlocks a forked worker."""
-    threadpoolctl.threadpool_limits(limits=1)
-    cv2.setNumThreads(1)
+    threadpoolctl.threadpool_limits(limits=n)
+    cv2.setNumThreads(n)
 
 
-def only_threadpoolctl(worker_id):
-    threadpoolctl.threadpool_limits(limits=1)
+def only_threadpoolctl(n):
+    threadpoolctl.threadpool_limits(limits=n)
 
 
-def with_block(worker_id):
-    with threadpoolctl.threadpool_limits(limits=1):
-        cv2.setNumThreads(0)
+def with_block(n):
+    with threadpoolctl.threadpool_limits(limits=n):
+        cv2.setNumThreads(0 if n == 1 else n)
 
 
-def raises(worker_id):
+def raises(n):
     return {}["missing"]
 
 
-def not_done(worker_id):
+def not_done(n):
     raise NotImplementedError("Exercise: replace this line with your code")
 
 
-def blas_two(worker_id):
-    threadpoolctl.threadpool_limits(limits=2, user_api="blas")
-    cv2.setNumThreads(0)
+def blas_two(n):
+    threadpoolctl.threadpool_limits(limits=n + 1, user_api="blas")
+    cv2.setNumThreads(0 if n == 1 else n)
 
 
-def torch_two(worker_id):
+def torch_two(n):
     """Raises torch's pool in a forked worker: its next parallel op hangs (libgomp)."""
-    reference(worker_id)
+    all_pools(n)
     torch.set_num_threads(2)
+
+
+def one_thread(n):
+    """Lesson 02's limit_worker_threads: 1 thread per pool, whatever the share."""
+    all_pools(1)
+
+
+def opencv_always_zero(n):
+    cv2.setNumThreads(0)
+    threadpoolctl.threadpool_limits(limits=n)
+    torch.set_num_threads(n)
+
+
+def does_nothing(n):
+    return None
+
+
+def only_opencv(n):
+    cv2.setNumThreads(0 if n == 1 else n)
+
+
+def not_implemented_factory(cpu_budget):
+    raise NotImplementedError("Exercise: replace this line with your code")
+
+
+def closure_factory(cpu_budget):
+    def init(worker_id):
+        all_pools(1)
+    return init
+
+
+class FromNotebook(BudgetInit):
+    pass
+
+
+FromNotebook.__module__ = "__main__"   # as a class defined in a notebook cell
+
+
+class NoWorkerId:
+    def __call__(self):
+        return None
 
 
 # ---- tests ----------------------------------------------------------------------------------
@@ -82,27 +167,28 @@ def test_registered():
     assert "02.worker_init" in exercise_ids()
 
 
-def test_reference_passes_and_reports_the_pools():
-    result = check("02.worker_init", reference, **FAST)
+def test_reference_passes_and_reports_every_run():
+    result = check("02.worker_init", make_budget_init)
     assert isinstance(result, CheckResult)
     text = str(result)
-    assert "PASSED 02.worker_init" in text and "OpenCV 1" in text
-    assert result.details["start_method"] == "fork"
+    assert "PASSED 02.worker_init" in text and "OpenCV 1" in text and "OpenCV 3" in text, text
+    runs = result.details["runs"]
+    assert [(r["start_method"], r["expected"]) for r in runs][0] == ("fork", 1)
+    assert [r["expected"] for r in runs] == [1, 3, 1]
+    fresh = runs[1]["pools"]
+    assert fresh["torch_intra"] == 3 and max(e["num_threads"] for e in fresh["blas"]) == 3
 
 
-def test_an_importable_answer_passes_under_fork_and_in_a_fresh_forkserver_worker():
-    result = check("02.worker_init", reference)
-    assert "forkserver" in str(result)
-    if "forkserver" in mp.get_all_start_methods():
-        assert max(e["num_threads"] for e in result.details["forkserver"]["blas"]) == 1
+def test_the_same_answer_through_functools_partial_passes():
+    assert "PASSED" in str(check("02.worker_init", factory(all_pools), **FRESH_ONLY))
 
 
 # ---- the course's own limiter is refused ------------------------------------------------------
 COURSE_INIT = make_worker_init(1)
 
 
-def wraps_the_course(worker_id):
-    COURSE_INIT(worker_id)
+def wraps_the_course(cpu_budget):
+    return COURSE_INIT
 
 
 class CourseSubclass(WorkerThreadLimiter):
@@ -110,59 +196,107 @@ class CourseSubclass(WorkerThreadLimiter):
 
 
 @pytest.mark.parametrize("answer, seen", [
-    (make_worker_init(1), "instance of it (what make_worker_init(...) returns)"),
     (make_worker_init, "`make_worker_init` itself"),
-    (CourseSubclass(1), "instance of it"),
+    (CourseSubclass, "`CourseSubclass` derives from it"),
     (wraps_the_course, "`wraps_the_course` holds an instance of it"),
-    (lambda worker_id: make_worker_init(1)(worker_id), "uses it"),
+    (lambda cpu_budget: make_worker_init(1), "uses it"),
     (functools.partial(limit_threads(1).__enter__), "instance of it"),
+    (factory(lambda n: make_worker_init(n)(0)), "uses it"),
 ])
 def test_the_course_helper_is_refused_with_a_teaching_message(answer, seen):
     with pytest.raises(ExerciseFailed) as info:
-        check("02.worker_init", answer, **FAST)
+        check("02.worker_init", answer, **FORK_ONLY)
     err = info.value
     assert "course's own `" in err.problem and "(course_utils." in err.problem, str(err)
     assert seen in err.seen, str(err)
     assert "write the mechanism yourself" in err.hint and "threadpool_limits" not in err.hint
 
 
+# ---- the budget: fresh workers must get their share ----------------------------------------------
+def test_lesson_02s_one_thread_everywhere_fails_the_budget():
+    with pytest.raises(ExerciseFailed, match="(?s)fewer threads than the worker's share.*leaves each "
+                                             "worker 3.*get_worker_info") as info:
+        check("02.worker_init", factory(one_thread))
+    assert "every pool at 3 threads" in str(info.value)
+
+
+def whole_budget(cpu_budget, workers):
+    return cpu_budget
+
+
+def rounded_up(cpu_budget, workers):
+    return -(-cpu_budget // workers)
+
+
+def no_minimum(cpu_budget, workers):
+    return cpu_budget // workers
+
+
+@pytest.mark.parametrize("share", [whole_budget, rounded_up])
+def test_the_whole_budget_or_rounding_up_is_more_than_the_share(share):
+    with pytest.raises(ExerciseFailed, match="(?s)more threads than the worker's share.*rounded down"):
+        check("02.worker_init", factory(all_pools, share=share), **FRESH_ONLY)
+
+
+def test_a_share_of_zero_threads_fails_in_the_worker():
+    with pytest.raises(ExerciseFailed, match=r"(?s)raised .*1 CPUs, 2 workers"):
+        check("02.worker_init", factory(all_pools, share=no_minimum), runs=(("fresh", 1, 2),))
+
+
+def test_opencv_at_zero_is_one_thread_not_the_share():
+    with pytest.raises(ExerciseFailed, match="(?s)OpenCV 1: not at the worker's share.*OpenCV reads 1"):
+        check("02.worker_init", factory(opencv_always_zero), **FRESH_ONLY)
+
+
+def test_growing_the_pools_in_a_forked_worker_fails_without_hanging_the_grader():
+    """No clamp under fork: OpenCV's resize is refused (or hangs), torch's grown pool hangs."""
+    with pytest.raises(ExerciseFailed, match="(?s)(deadlock|hung).*started with fork, so the task "
+                                             "asks for 1 thread per pool"):
+        check("02.worker_init", factory(all_pools, clamp=False), timeout_s=8, **FORK_ONLY)
+
+
+# ---- what make_budget_init returns must reach spawn/forkserver workers ---------------------------
+def test_a_closure_cannot_be_pickled():
+    with pytest.raises(ExerciseFailed, match="(?s)cannot be pickled.*closure, a lambda"):
+        check("02.worker_init", closure_factory, **FORK_ONLY)
+
+
+def test_a_notebook_class_cannot_reach_fresh_workers():
+    with pytest.raises(ExerciseFailed, match=r"(?s)defined in the notebook \(__main__\).*%%writefile"):
+        check("02.worker_init", FromNotebook, **FORK_ONLY)
+
+
 # ---- pools that start at 1 (one CPU) ---------------------------------------------------------
-def only_opencv(worker_id):
-    cv2.setNumThreads(0)
-
-
-def does_nothing(worker_id):
-    return None
-
-
-@pytest.mark.parametrize("answer", [does_nothing, only_opencv])
-def test_pools_starting_at_one_are_raised_so_a_do_nothing_answer_fails(answer):
+@pytest.mark.parametrize("body", [does_nothing, only_opencv])
+def test_pools_starting_at_one_are_raised_so_a_do_nothing_answer_fails(body):
     """BLAS sizes its pool from the CPUs: on a 1-CPU machine it starts at 1, and an answer that
     leaves it alone would "limit" it. The grader raises it to 2 in the worker first."""
     with threadpoolctl.threadpool_limits(limits=1, user_api="blas"):  # as on one CPU
         with pytest.raises(ExerciseFailed, match="(?s)more than 1 thread|OpenCV and BLAS are not") as info:
-            check("02.worker_init", answer, **FAST)
+            check("02.worker_init", factory(body), **FORK_ONLY)
     assert "openblas" in info.value.seen and "openblas" in str(info.value)
 
 
 def test_pools_starting_at_one_are_raised_and_the_reference_still_passes():
     with threadpoolctl.threadpool_limits(limits=1, user_api="blas"):
-        result = check("02.worker_init", reference, **FAST)
+        result = check("02.worker_init", make_budget_init, **FORK_ONLY)
     assert result.details["raised"] and all("openblas" in p for p in result.details["raised"])
     assert "the grader raised them to 2" in result.summary
     assert result.details["not_checked"] == []
 
 
-def test_a_pool_that_cannot_be_raised_is_named_as_not_checked():
+def test_a_pool_that_already_had_the_expected_size_is_named_as_not_checked():
     before = ex02.ThreadPools(torch_intra=1, torch_interop=1, opencv=1,
                               blas=[{"user_api": "blas", "internal_api": "openblas",
                                      "num_threads": 2, "prefix": "libopenblas", "filepath": ""}])
-    assert ex02._started_at_one(before) == ["OpenCV"]
+    assert ex02._not_shown(before, 1) == ["OpenCV"]
+    assert ex02._not_shown(before, 2) == ["openblas (libopenblas)"]
 
 
+# ---- the earlier wrong answers, in the forked run --------------------------------------------------
 def test_only_torch_fails_saying_torch_is_already_one():
     with pytest.raises(ExerciseFailed) as info:
-        check("02.worker_init", only_torch, **FAST)
+        check("02.worker_init", factory(only_torch), **FORK_ONLY)
     text = str(info.value)
     assert "torch was already at 1 thread" in text and "OpenCV and BLAS are not" in text
     assert "before your function: torch intra-op 1" in text  # the pools seen are shown
@@ -172,13 +306,13 @@ def test_only_torch_fails_saying_torch_is_already_one():
 def test_env_vars_in_the_worker_fail_saying_pools_did_not_change():
     with pytest.raises(ExerciseFailed, match="(?s)environment variables set inside a running "
                                              "process.*OMP_NUM_THREADS.*stayed as they were"):
-        check("02.worker_init", env_after_import, **FAST)
+        check("02.worker_init", factory(env_after_import), **FORK_ONLY)
 
 
 def test_cv2_set_num_threads_one_fails_with_the_deadlock_explanation():
     """It hangs in most forks (the timeout fires) or, rarely, returns: both fail the same way."""
     with pytest.raises(ExerciseFailed) as info:
-        check("02.worker_init", cv2_one, timeout_s=6, **FAST)
+        check("02.worker_init", factory(cv2_n), timeout_s=6, **FORK_ONLY)
     text = str(info.value)
     assert "deadlock" in text and "cv2.setNumThreads(1)" in text
     assert "cv2.setNumThreads(0)" in text and "fork" in text
@@ -186,74 +320,59 @@ def test_cv2_set_num_threads_one_fails_with_the_deadlock_explanation():
 
 def test_threadpoolctl_alone_leaves_opencv():
     with pytest.raises(ExerciseFailed, match="(?s)OpenCV 2.*OpenCV is not a pool threadpoolctl"):
-        check("02.worker_init", only_threadpoolctl, **FAST)
+        check("02.worker_init", factory(only_threadpoolctl), **FORK_ONLY)
 
 
 def test_a_with_block_gives_the_limit_back():
     with pytest.raises(ExerciseFailed, match="(?s)openblas.*without `with`"):
-        check("02.worker_init", with_block, **FAST)
+        check("02.worker_init", factory(with_block), **FORK_ONLY)
 
 
 def test_two_blas_threads_is_not_one():
     with pytest.raises(ExerciseFailed, match="(?s)still run more than 1 thread.*openblas"):
-        check("02.worker_init", blas_two, **FAST)
+        check("02.worker_init", factory(blas_two), **FORK_ONLY)
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: torch's pool stays at 1")
 def test_torch_two_threads_in_a_forked_worker_fails_without_hanging_the_grader():
     with pytest.raises(ExerciseFailed, match="(?s)torch at 2 threads in a forked worker.*libgomp"):
-        check("02.worker_init", torch_two, timeout_s=6, **FAST)
+        check("02.worker_init", factory(torch_two), timeout_s=6, **FORK_ONLY)
 
 
 def test_an_error_in_the_worker_is_reported_with_its_traceback():
     with pytest.raises(ExerciseFailed, match=r"(?s)raised KeyError.*in raises"):
-        check("02.worker_init", raises, **FAST)
+        check("02.worker_init", factory(raises), **FORK_ONLY)
 
 
-def test_the_stub_is_not_done_yet():
+@pytest.mark.parametrize("answer", [factory(not_done), not_implemented_factory])
+def test_the_stub_is_not_done_yet(answer):
     with pytest.raises(ExerciseFailed, match="not done yet"):
-        check("02.worker_init", not_done, **FAST)
+        check("02.worker_init", answer, **FORK_ONLY)
 
 
 @pytest.mark.parametrize("answer, message", [
     (42, "not a function"),
-    (lambda: None, "one argument, the worker id"),
+    (lambda: None, "one argument, the CPU budget"),
+    (lambda cpu_budget: None, "returned NoneType, not a worker_init_fn"),
+    (lambda cpu_budget: NoWorkerId(), "one argument, the worker id"),
 ])
-def test_not_a_worker_init_fn(answer, message):
+def test_not_a_worker_init_fn_factory(answer, message):
     with pytest.raises(ExerciseFailed, match=message):
         check("02.worker_init", answer)
 
 
 def test_bad_start_method_is_a_clear_error():
-    with pytest.raises(ValueError, match="start_method='nope' is not available"):
-        check("02.worker_init", reference, start_method="nope")
+    with pytest.raises(ValueError, match="a start method is not available here"):
+        check("02.worker_init", make_budget_init, runs=(("nope", 7, 2),))
 
 
 def test_the_grader_leaves_opencv_of_this_process_as_it_was():
     before = cv2.getNumThreads()
-    check("02.worker_init", reference, **FAST)
+    check("02.worker_init", make_budget_init, **FORK_ONLY)
     assert cv2.getNumThreads() == before
 
 
 # ---- pieces -------------------------------------------------------------------------------------
-def test_shipped_source_runs_a_notebook_style_function():
-    shipped = ex02._ShippedSource("def f(worker_id):\n    return worker_id + len(os.sep)\n", "f")
-    assert shipped(2) == 3
-    import pickle
-
-    assert pickle.loads(pickle.dumps(shipped))(0) == 1
-
-
-def test_sendable_only_for_importable_answers():
-    assert ex02._sendable(make_worker_init(1))  # importable, though the grader refuses it
-    assert ex02._sendable(reference)  # a test module is importable
-
-    def local(worker_id):
-        return None
-
-    assert not ex02._sendable(local)  # a closure cannot be pickled
-
-
 def test_stuck_frames_pick_the_learner_line():
     stack = (
         "Timeout (0:00:05)!\n"
@@ -262,20 +381,28 @@ def test_stuck_frames_pick_the_learner_line():
         "\n"
         "Current thread 0x0002 (most recent call first):\n"
         '  File "/x/course_utils/graders/ex02_worker_init.py", line 120 in recording_set_num_threads\n'
-        '  File "/tmp/ipykernel_1/123.py", line 4 in limit_worker_threads\n'
+        '  File "/x/exercises/exercise02_budget.py", line 4 in __call__\n'
         '  File "/x/course_utils/graders/ex02_worker_init.py", line 130 in __call__\n'
         '  File "/work/notebook.py", line 9 in main\n')
     top, user = ex02._stuck_frames(stack)
     assert "recording_set_num_threads" in top
-    assert user == ['File "/tmp/ipykernel_1/123.py", line 4 in limit_worker_threads']
+    assert user == ['File "/x/exercises/exercise02_budget.py", line 4 in __call__']
 
 
-@pytest.mark.parametrize("answer", [only_torch, env_after_import, only_threadpoolctl, with_block])
-def test_the_demo_failures_teach_without_printing_the_fix(answer):
-    """Lesson 02's notebook shows the common advice failing before the learner writes the
-    answer: those messages must not hold the solution's lines."""
+@pytest.mark.parametrize("body", [only_torch, env_after_import, only_threadpoolctl, with_block])
+def test_the_failures_teach_without_printing_the_fix(body):
+    """A failure names what is wrong and where to look; it does not hold the answer's lines."""
     with pytest.raises(ExerciseFailed) as info:
-        check("02.worker_init", answer, **FAST)
+        check("02.worker_init", factory(body), **FORK_ONLY)
     text = str(info.value)
     assert "threadpool_limits(limits=1)" not in text and "threadpool_limits(1)" not in text, text
     assert "cv2.setNumThreads(0)" not in text, text
+
+
+def test_the_notebooks_demo_does_not_show_how_to_tell_a_forked_worker():
+    """The exercise notebook grades lesson 02's one-thread function before the learner writes
+    theirs, printing problem and seen: neither may say how a worker knows it was forked."""
+    with pytest.raises(ExerciseFailed) as info:
+        check("02.worker_init", factory(one_thread))
+    shown = info.value.problem + info.value.seen
+    assert "current_process" not in shown and "ForkProcess" not in shown and "get_worker_info" not in shown

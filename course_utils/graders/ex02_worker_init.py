@@ -1,30 +1,19 @@
-"""Grader for exercise 02: a ``worker_init_fn`` that limits every thread pool in the worker.
+"""Grader for exercise 02: a ``worker_init_fn`` factory that shares a CPU budget between workers.
 
-The learner writes ``limit_worker_threads(worker_id)``. The grader runs it where it matters:
-as the ``worker_init_fn`` of a real DataLoader, in worker processes started with ``fork``
-from this process *after* this process has used OpenCV's, BLAS's and torch's pools (what a
-notebook that looked at a few images has always done). In each worker it records the pools
-before and after the function, the environment variables it changed and the values it passed
-to ``cv2.setNumThreads``; then the worker runs a real OpenCV-heavy sample (a course JPEG through
-:class:`course_utils.lessons.l02_workload.OpenCVHeavyTransform`), a BLAS matrix product and a torch
-op, and reports its pools again. The DataLoader has a timeout, and a worker that hangs dumps
-its Python stack (``faulthandler``) before it is killed, so a deadlocking answer fails with a
-message that says where it was stuck instead of hanging the notebook.
-
-Why ``fork`` for a function written in a notebook: workers started with ``spawn`` or
-``forkserver`` receive the ``worker_init_fn`` by pickling, which stores only its module and
-name; a notebook function lives in ``__main__``, which those workers cannot import. ``fork``
-copies the notebook process, function included. When the answer *is* importable (a function
-in a module) the grader also runs it in fresh ``forkserver`` workers, where OpenCV really starts
-its pool. Where ``fork`` does not exist (Windows) the grader sends the function's source code to
-``spawn`` workers and runs it there.
-
-Every pool must start above 1 thread in the worker, or an answer that does nothing would
-"limit" it: on a machine with one CPU (BLAS sizes its pool from the CPUs) the grader raises each
-BLAS pool below 2 threads to 2 in the worker before it calls the answer (OpenCV too, outside a
-forked worker; in a forked one OpenCV reads the size this process set, 2), and the result names
-any pool it could not raise as not checked. The course's own ``make_worker_init`` (or an answer
-built on it) is refused: the exercise is to write it.
+The learner writes, in a module (a ``%%writefile`` cell), ``make_budget_init(cpu_budget)``: it
+returns a picklable ``worker_init_fn`` that gives every pool of each worker (torch, every
+BLAS/OpenMP pool, OpenCV) ``max(1, cpu_budget // num_workers)`` threads, and 1 in a worker
+started with ``fork``, where growing a pool the parent had used can hang. The grader runs what
+the factory returns as the ``worker_init_fn`` of real DataLoaders (:data:`RUNS`): forked from
+this process *after* it has used OpenCV's, BLAS's and torch's pools, then in fresh forkserver
+workers (spawn where there is none). In each worker it records the pools before and after the
+function, the variables it set and the values it passed to ``cv2.setNumThreads``; then the
+worker runs an OpenCV-heavy sample (a course JPEG), a BLAS product and a torch op, and reports
+its pools again. A worker that hangs dumps its stack (``faulthandler``) before the DataLoader's
+timeout, so a deadlocking answer fails with where it was stuck. A pool that must end at 1 has to
+start above 1 (on one CPU the grader raises BLAS, and OpenCV outside a forked worker, to 2
+first); a pool that already had the expected size is named as not checked. The course's own
+``make_worker_init`` (or an answer built on it) is refused.
 """
 from __future__ import annotations
 
@@ -37,7 +26,6 @@ import pickle
 import re
 import shutil
 import tempfile
-import textwrap
 import traceback
 from typing import Any, Callable
 
@@ -51,44 +39,31 @@ from ..threads import (THREAD_ENV_VARS, ThreadPools, WorkerThreadLimiter, is_tor
 
 EXERCISE = "02.worker_init"
 
+#: The graded runs: (start method, cpu_budget, num_workers); "fresh" is forkserver, or spawn
+#: where there is no forkserver. A forked worker must run 1 thread per pool whatever its share.
+RUNS = (("fork", 7, 2), ("fresh", 7, 2), ("fresh", 1, 2))
+
 #: What the worker process remembers about the learner's call (one dict per worker process).
 _STATE: dict[str, Any] = {}
 
-_WHY_FORK = ("A notebook function can only reach workers started with 'fork' (they copy the "
-             "notebook process); 'spawn' (the default on macOS and Windows) and 'forkserver' "
-             "workers import what they run, so there the function must live in a module: "
-             "course_utils.make_worker_init(1) is the course's version of it.")
+_WHY_MODULE = ("spawn and forkserver workers receive the worker_init_fn by pickle, which stores "
+               "only a module and a name, and they cannot import a notebook (__main__): lesson 00 "
+               "showed it. Write make_budget_init and what it returns into a module with a "
+               "%%writefile cell, as lesson 02 did with lesson02_workers.py, and import it.")
 
 #: the course's versions of the answer, refused (see refuse_course_helper)
 _COURSE_LIMITERS = (make_worker_init, WorkerThreadLimiter, limit_threads)
+_WRITE = "in your worker_init_fn, size each library's pool in the worker with that library's own call"
 
 _FIX = ("each library's own control over its running pool: threadpoolctl reaches the "
         "BLAS/OpenMP pools (for the worker's whole life, so not in a with-block), and OpenCV "
         "has a setting of its own, whose value for 'run sequentially' is not 1")
-
 
 # --------------------------------------------------------------------------------------
 # what runs in the worker
 # --------------------------------------------------------------------------------------
 def _env() -> dict[str, str | None]:
     return {v: os.environ.get(v) for v in THREAD_ENV_VARS}
-
-
-class _ShippedSource:
-    """Runs a function from its source code (for spawn workers that cannot import a notebook)."""
-
-    def __init__(self, source: str, name: str) -> None:
-        self.source, self.name = source, name
-
-    def __call__(self, worker_id: int) -> Any:
-        import cv2
-        import threadpoolctl
-
-        namespace: dict[str, Any] = {"os": os, "np": np, "numpy": np, "torch": torch, "cv2": cv2,
-                                     "threadpoolctl": threadpoolctl,
-                                     "threadpool_limits": threadpoolctl.threadpool_limits}
-        exec(compile(self.source, f"<your {self.name}>", "exec"), namespace)
-        return namespace[self.name](worker_id)
 
 
 def _raise_small_pools(forked: bool) -> list[str]:
@@ -122,11 +97,8 @@ class _GradedInit:
 
         import cv2
 
-        if self.forked:
-            # As make_worker_init does: keep the collector away from objects inherited from the
-            # parent, whose finalizers can block on locks held by parent threads at fork time.
-            # Unrelated to the pools this exercise is about; it only removes a rare false hang.
-            gc.freeze()
+        if self.forked:  # as make_worker_init does: no finalizer of an inherited object runs
+            gc.freeze()  # here (it could block on a lock held at fork time: a rare false hang)
         _STATE.clear()
         _STATE["raised"] = _raise_small_pools(self.forked)
         _STATE["before"] = thread_pools().to_dict()
@@ -245,10 +217,8 @@ def _with_code(frame: str) -> str:
 
 
 def _use_parent_pools() -> int:
-    """Use OpenCV's (>= 2 threads), BLAS's and torch's pools here, as a notebook would have.
-
-    Returns OpenCV's thread count before, to restore after the check.
-    """
+    """Use OpenCV's (>= 2 threads), BLAS's and torch's pools here, as a notebook would have;
+    return OpenCV's thread count before, to restore after the check."""
     import cv2
 
     before = cv2.getNumThreads()
@@ -345,42 +315,11 @@ def _run_in_workers(init: Callable[[int], Any], method: str, num_workers: int,
     return sorted(answers, key=lambda a: a["worker"])
 
 
-def _sendable(answer: Any) -> bool:
-    """True when spawn/forkserver workers can receive ``answer`` (importable and picklable)."""
-    module = getattr(answer, "__module__", None) or type(answer).__module__
-    if module == "__main__":  # a notebook (or a script, which workers would re-run)
-        return False
-    try:
-        pickle.dumps(answer)
-    except Exception:
-        return False
-    return True
-
-
-def _shipped(answer: Callable) -> _ShippedSource:
-    name = getattr(answer, "__name__", "")
-    try:
-        source = textwrap.dedent(inspect.getsource(answer))
-    except (OSError, TypeError):
-        source = ""
-    if not source or not name.isidentifier():
-        raise ExerciseFailed(
-            EXERCISE, "this platform has no 'fork', and the grader could not read the source "
-                      "of your function to send it to 'spawn' workers.",
-            expected="a function defined with `def` in a notebook cell",
-            seen=repr(answer), hint=_WHY_FORK)
-    return _ShippedSource(source, name)
-
-
 # --------------------------------------------------------------------------------------
 # reading the answers
 # --------------------------------------------------------------------------------------
 def _pools_text(p: ThreadPools) -> str:
     return ", ".join(f"{name} {n}" for name, n in p.pools.items())
-
-
-def _over(p: ThreadPools, n: int = 1) -> dict[str, int]:
-    return {name: k for name, k in p.pools.items() if k > n}
 
 
 def seen_text(hung: _Hung, timeout_s: float) -> str:
@@ -396,7 +335,7 @@ def seen_text(hung: _Hung, timeout_s: float) -> str:
     return f"worker stuck {phase} {place} (no answer within the DataLoader timeout of {timeout_s:g} s)"
 
 
-def _hung_failure(hung: _Hung, timeout_s: float) -> ExerciseFailed:
+def _hung_failure(hung: _Hung, timeout_s: float, clamp: str) -> ExerciseFailed:
     seen = seen_text(hung, timeout_s)
     in_cv2 = "recording_set_num_threads" in hung.stack  # stuck inside a cv2.setNumThreads call
     last = hung.calls[-1] if hung.calls else None        # logged just before the call
@@ -405,23 +344,21 @@ def _hung_failure(hung: _Hung, timeout_s: float) -> ExerciseFailed:
     line = re.search(r"setNumThreads\((.*?)\)`", seen)
     if not in_cv2 and not nonzero and line and line.group(1).strip() != "0":
         nonzero = [line.group(1).strip()]
+    expected = "every worker to finish its set-up and deliver a sample"
     if in_cv2 and last == "0":
-        return ExerciseFailed(
-            EXERCISE, "the worker hung in cv2.setNumThreads(0) (rare).",
-            expected="every worker to finish its set-up and deliver a sample", seen=seen,
-            hint=("cv2.setNumThreads(0) is the right call and normally returns at once; a hang "
-                  "there comes from a lock another thread of this notebook held at the moment "
-                  "of the fork. Run the check again; if it keeps happening, restart the kernel "
-                  "and run only this notebook."))
+        return ExerciseFailed(EXERCISE, "the worker hung in cv2.setNumThreads(0) (rare).",
+                              expected=expected, seen=seen, hint=(
+            "that call is right and normally returns at once; a hang there comes from a lock another "
+            "thread of this notebook held at the moment of the fork. Run the check again; if it "
+            "keeps happening, restart the kernel and run only this notebook."))
     if in_cv2 or nonzero:
         value = last if in_cv2 else nonzero[-1]
         return ExerciseFailed(
-            EXERCISE, f"deadlock: cv2.setNumThreads({value}) hung in a forked worker.",
-            expected="every worker to finish its set-up and deliver a sample",
+            EXERCISE, f"deadlock: cv2.setNumThreads({value}) hung in a forked worker.", expected=expected,
             seen=seen + (f"; your function had called cv2.setNumThreads({', '.join(hung.calls)})"
                          if hung.calls else ""),
-            hint=("this process had used OpenCV's thread pool before the workers were forked. "
-                  "fork copies only the calling thread, so the worker inherits the pool's "
+            hint=(clamp + "This process had used OpenCV's thread pool before the workers were "
+                  "forked. fork copies only the calling thread, so the worker inherits the pool's "
                   f"bookkeeping but not its threads; cv2.setNumThreads({value}) stops and joins "
                   "those threads, which do not exist in the worker, and waits forever. "
                   "cv2.setNumThreads(0) means 'run sequentially' without touching the pool, and "
@@ -431,33 +368,73 @@ def _hung_failure(hung: _Hung, timeout_s: float) -> ExerciseFailed:
             EXERCISE, f"the worker hung: torch at {hung.after.torch_intra} threads in a forked "
                       f"worker.",
             expected="every pool at 1 thread, and every worker delivering a sample", seen=seen,
-            hint=("your function raised torch's thread count (with torch.set_num_threads, or "
-                  "with a threadpoolctl limit above 1, which also sizes torch's OpenMP runtime). "
-                  "That runtime (GNU libgomp) is not fork-safe: in a forked worker whose parent "
-                  "had used it, the first parallel torch operation with more than one thread "
-                  "waits forever for threads fork did not copy. The DataLoader sets 1 in every "
-                  "worker: keep it, and bring the other pools down to 1, never up."))
+            hint=(clamp + "Your function raised torch's thread count (with torch.set_num_threads, "
+                  "or with a threadpoolctl limit above 1, which also sizes torch's OpenMP "
+                  "runtime). That runtime (GNU libgomp) is not fork-safe: in a forked worker whose "
+                  "parent had used it, the first parallel torch operation with more than one "
+                  "thread waits forever for threads fork did not copy."))
     return ExerciseFailed(
-        EXERCISE, f"the worker hung ({hung.method} start method).",
-        expected="every worker to finish its set-up and deliver a sample", seen=seen,
-        hint=("in a forked worker, resizing a thread pool the parent had used can wait for "
-              "threads that fork did not copy: only ever bring pools down to 1 thread (for "
-              "OpenCV, with the value that means 'sequential'); never ask for more than 1 "
-              "thread in a forked worker."))
+        EXERCISE, f"the worker hung ({hung.method} start method).", expected=expected, seen=seen,
+        hint=(clamp + "In a forked worker, resizing a thread pool the parent had used can wait "
+              "for threads that fork did not copy: only ever bring pools down to 1 thread there "
+              "(for OpenCV, with the value that means 'sequential')."))
 
 
-def _started_at_one(before: ThreadPools) -> list[str]:
-    """Pools already at 1 thread before the answer ran (so the check cannot show that the
-    answer limits them), except torch's, which the DataLoader sets to 1 in every worker."""
+def _clamp(method: str, budget: int, workers: int) -> str:
+    """The start of a hint for a forked worker whose share of the budget is above 1."""
+    share = max(1, budget // workers)
+    return (f"This worker was started with fork, so the task asks for 1 thread per pool in it, "
+            f"whatever its share of the budget ({budget} CPUs // {workers} workers = {share}). "
+            if method == "fork" and share > 1 else "")
+
+
+def _not_shown(before: ThreadPools, expect: int) -> list[str]:
+    """Pools that already had ``expect`` threads before the answer ran (so the check cannot
+    show that the answer sized them); for 1, torch's pools are left out: the DataLoader sets
+    them to 1 in every worker."""
     names = list(before.pools)
     blas_names = names[len(names) - len(before.blas):]   # pools lists the BLAS/OpenMP ones last
     torch_omp = {name for name, entry in zip(blas_names, before.blas) if is_torch_openmp(entry)}
-    return [name for name, n in before.pools.items()
-            if n <= 1 and name != "torch intra-op" and name not in torch_omp]
+    skip = {"torch intra-op"} | torch_omp if expect == 1 else set()
+    return [name for name, n in before.pools.items() if n == expect and name not in skip]
 
 
-def _judge(answers: list[dict], method: str) -> tuple[ThreadPools, dict]:
-    """Raise ExerciseFailed unless every worker ended with every pool at 1 thread."""
+def _init_for(answer: Callable[[int], Any], budget: int) -> Callable[[int], Any]:
+    """``answer(budget)``, checked to be a worker_init_fn spawn/forkserver workers can receive."""
+    name = getattr(answer, "__name__", "make_budget_init")
+    init = answer(budget)  # a NotImplementedError goes on to check(): "not done yet"
+    if not callable(init):
+        raise ExerciseFailed(EXERCISE, f"{name}({budget}) returned {type(init).__name__}, not a "
+                                       f"worker_init_fn.", expected="a callable taking the worker id")
+    refuse_course_helper(EXERCISE, init, _COURSE_LIMITERS, write=_WRITE)
+    try:
+        inspect.signature(init).bind(0)
+    except TypeError:
+        raise ExerciseFailed(EXERCISE, "a worker_init_fn is called with one argument, the worker id.",
+                             expected=f"{name}({budget})(worker_id)",
+                             seen=f"{name}({budget}) has the signature {inspect.signature(init)}") from None
+    except ValueError:
+        pass  # builtins without a signature: let the real call decide
+    try:  # a notebook's function or class is found by pickle here, but not in fresh workers
+        data = b"__main__" if getattr(init, "__module__", None) == "__main__" else pickle.dumps(init)
+    except Exception as exc:
+        raise ExerciseFailed(
+            EXERCISE, f"what {name}({budget}) returned cannot be pickled, so spawn and forkserver "
+                      f"workers cannot receive it.",
+            expected="a worker_init_fn that pickle can send", seen=f"{type(exc).__name__}: {exc}",
+            hint=("pickle stores a function or a class by its module and name, and a function made "
+                  "inside another one (a closure, a lambda) has neither. Return something pickle "
+                  "can find by name that still carries the budget.")) from None
+    if b"__main__" in data:
+        raise ExerciseFailed(EXERCISE, "your worker_init_fn is defined in the notebook (__main__).",
+                             expected="make_budget_init and what it returns defined in a module",
+                             seen=f"{name}({budget}) returned {init!r}", hint=_WHY_MODULE)
+    return init
+
+
+def _judge(answers: list[dict], method: str, budget: int, workers: int) -> dict:
+    """Raise ExerciseFailed unless every worker ended with every pool at its share of threads
+    (1 in a forked worker); return what the worst worker showed."""
     first = answers[0]["state"]
     if first.get("not_implemented"):
         raise NotImplementedError(first.get("error"))
@@ -466,42 +443,47 @@ def _judge(answers: list[dict], method: str) -> tuple[ThreadPools, dict]:
         if "error" in state:
             raise ExerciseFailed(
                 EXERCISE, f"your function raised {state['error']} in DataLoader worker "
-                          f"{a['worker']}.",
-                expected="it to return None after limiting the pools",
+                          f"{a['worker']} ({method}; a budget of {budget} CPUs, {workers} workers).",
+                expected="it to return None after sizing the pools",
                 seen=state.get("traceback", state["error"]).strip(),
                 hint="the traceback shows the line of your function that failed; a worker "
-                     "runs your function with the notebook's imports (under fork), so import "
-                     "what it uses (cv2, threadpoolctl, torch) in the notebook.")
+                     "imports your module, so import there everything the function uses.")
+    expect = 1 if method == "fork" else max(1, budget // workers)
+    clamp = _clamp(method, budget, workers)
     for a in answers:
         nonzero = a["state"].get("cv2_nonzero", [])
         if method == "fork" and nonzero:
             calls = ", ".join(a["state"].get("cv2_calls", []))
             raise ExerciseFailed(
                 EXERCISE, f"deadlock risk: cv2.setNumThreads({nonzero[0]!r}) in a forked worker.",
-                expected="cv2.setNumThreads(0) in workers (0 = run sequentially)",
+                expected="cv2.setNumThreads(0) in forked workers (0 = run sequentially)",
                 seen=f"your function called cv2.setNumThreads({calls}) in worker {a['worker']}; "
                      f"it returned this time",
-                hint=("this process had used OpenCV's pool before the workers were forked. A "
-                      "forked worker has the pool's bookkeeping but not its threads, and "
+                hint=(clamp + "This process had used OpenCV's pool before the workers were forked. "
+                      "A forked worker has the pool's bookkeeping but not its threads, and "
                       "setNumThreads(1) (any size but 0) stops and joins those threads: in "
                       "the course's measurements it hangs in 9 out of 10 forks. "
                       "cv2.setNumThreads(0) runs OpenCV sequentially without touching the pool "
                       "and is safe under every start method."))
-    worst = max(answers, key=lambda a: ThreadPools.from_dict(a["pools"]).total_max)
-    pools = ThreadPools.from_dict(worst["pools"])
-    before = ThreadPools.from_dict(worst["state"]["before"])
-    after = ThreadPools.from_dict(worst["state"]["after"])
-    if pools.limited_to(1):
-        return pools, {"before": before.to_dict(), "after": after.to_dict(),
-                       "raised": list(worst["state"].get("raised", [])),
-                       "not_checked": _started_at_one(before)}
 
-    over = _over(pools)
+    worst = max(answers, key=lambda a: sum(v != expect for v in
+                                           ThreadPools.from_dict(a["pools"]).pools.values()))
+    pools, before, after = (ThreadPools.from_dict(d) for d in (worst["pools"], worst["state"]["before"],
+                                                                worst["state"]["after"]))
+    report = {"start_method": method, "cpu_budget": budget, "num_workers": workers, "expected": expect,
+              "pools": pools.to_dict(), "raised": list(worst["state"].get("raised", [])),
+              "not_checked": _not_shown(before, expect)}
+    wrong = {k: v for k, v in pools.pools.items() if v != expect}
+    if not wrong:
+        return report
+    seen = (f"in worker {worst['worker']} ({method}), before your function: {_pools_text(before)}; "
+            f"while it loaded a sample: {_pools_text(pools)}")
+    if expect > 1:
+        _share_failure(wrong, seen, budget, workers, expect, len(pools.pools))
+    over = {name: k for name, k in pools.pools.items() if k > 1}
     unchanged = {k: v for k, v in over.items() if before.pools.get(k) == v}
     env_set = sorted(v for v in THREAD_ENV_VARS
                      if worst["state"]["env_after"].get(v) != worst["state"]["env_before"].get(v))
-    seen = (f"in worker {worst['worker']}, before your function: {_pools_text(before)}; "
-            f"while it loaded a sample: {_pools_text(pools)}")
     changed = {k for k in before.pools if before.pools[k] != after.pools.get(k)}
     if env_set and not changed:
         raise ExerciseFailed(
@@ -526,7 +508,7 @@ def _judge(answers: list[dict], method: str) -> tuple[ThreadPools, dict]:
                   "size, its threads were not copied; spawn and forkserver workers, or fork "
                   "workers of a process that had not used OpenCV yet, start a real pool of "
                   f"that size.) Limit those too, with {_FIX}."))
-    hints = []
+    hints = [clamp.strip()] if clamp else []
     if any(name == "OpenCV" for name in over):
         hints.append("OpenCV is not a pool threadpoolctl can see: OpenCV has its own thread "
                      "setting (look up which value means 'sequential': 1 can deadlock in a "
@@ -545,78 +527,94 @@ def _judge(answers: list[dict], method: str) -> tuple[ThreadPools, dict]:
         expected="every pool at 1 thread", seen=seen, hint="; ".join(hints) + ".")
 
 
-@grader(EXERCISE)
-def grade_worker_init(answer: Callable[[int], Any], *, num_workers: int = 2,
-                      timeout_s: float = 20.0, start_method: str | None = None,
-                      fresh_check: bool | None = None) -> CheckResult:
-    """Run ``answer`` as the worker_init_fn of real DataLoader workers and inspect their pools.
+def _share_failure(wrong: dict[str, int], seen: str, budget: int, workers: int, expect: int,
+                   pools: int) -> None:
+    """Raise the failure of a fresh worker whose pools are not at its share, ``expect`` > 1."""
+    share = f"a budget of {budget} CPUs over {workers} workers leaves each worker {expect}"
+    low = len(wrong) == pools and all(v < expect for v in wrong.values())
+    high = all(v > expect for v in wrong.values())
+    hints = []
+    if low and set(wrong.values()) == {1}:
+        hints.append("1 thread per pool is lesson 02's setting, for num_workers near the cores; "
+                     "with fewer workers than the budget each may run more. A worker can ask "
+                     "torch.utils.data.get_worker_info() how many workers its loader has, and a "
+                     "fresh (spawn or forkserver) worker can grow its pools safely")
+    elif low or high:
+        hints.append("all the workers run at once, so their pools add up: each gets the budget "
+                     "divided by the number of workers, rounded down (and at least 1)")
+    else:
+        if wrong.get("OpenCV") == 1:
+            hints.append("OpenCV reads 1 after setNumThreads(0), which means 'sequential'; for "
+                         "more threads it takes the number itself, which is safe in a fresh worker")
+        if any(k not in ("OpenCV", "torch intra-op") for k in wrong):
+            hints.append("threadpoolctl sizes every BLAS/OpenMP pool; the limit must outlast your "
+                         "function, so no with-block")
+        if "torch intra-op" in wrong:
+            hints.append("torch.set_num_threads sizes torch's pool")
+    what = ("every pool ran fewer threads than" if low else "more threads than" if high else
+            f"{', '.join(f'{k} {v}' for k, v in wrong.items())}: not at")
+    raise ExerciseFailed(EXERCISE, f"{what} the worker's share: {share}.",
+                         expected=f"every pool at {expect} threads ({budget} // {workers})",
+                         seen=seen, hint="; ".join(hints) + ".")
 
-    ``start_method``: None picks 'fork' where it exists (the answer may be a notebook
-    function), else 'spawn' (the source is sent when the function cannot be pickled).
-    ``timeout_s`` is the DataLoader timeout in seconds: a worker that does not answer in time
-    fails the check with the place it was stuck. ``fresh_check``: also run the answer in
-    'forkserver' workers (fresh pools) when it can be sent there; None = when it can.
+
+@grader(EXERCISE)
+def grade_worker_init(answer: Callable[[int], Any], *, timeout_s: float = 20.0,
+                      runs: tuple = RUNS) -> CheckResult:
+    """Run ``answer(cpu_budget)`` as the worker_init_fn of real DataLoader workers for each of
+    ``runs`` (:data:`RUNS`; fork runs are skipped where there is no fork) and inspect their pools.
+
+    ``timeout_s``: the DataLoader timeout in seconds (fresh workers get at least 60 s to start);
+    a worker that does not answer in time fails the check with the place it was stuck.
     """
     if not callable(answer):
         raise ExerciseFailed(EXERCISE, "the answer is not a function.",
-                             expected="a function limit_worker_threads(worker_id)",
+                             expected="a function make_budget_init(cpu_budget)",
                              seen=f"{type(answer).__name__}: {answer!r}")
-    refuse_course_helper(EXERCISE, answer, _COURSE_LIMITERS,
-                         write="in limit_worker_threads, bring each library's pool in the worker "
-                               "down to 1 thread with that library's own call")
+    refuse_course_helper(EXERCISE, answer, _COURSE_LIMITERS, write=_WRITE)
     try:
-        inspect.signature(answer).bind(0)
+        inspect.signature(answer).bind(7)
     except TypeError:
-        raise ExerciseFailed(EXERCISE, "a worker_init_fn is called with one argument, the "
-                                       "worker id.",
-                             expected="def limit_worker_threads(worker_id): ...",
-                             seen=f"{getattr(answer, '__name__', answer)}{inspect.signature(answer)}")
+        raise ExerciseFailed(EXERCISE, "make_budget_init is called with one argument, the CPU "
+                                       "budget.", expected="def make_budget_init(cpu_budget): ...",
+                             seen=f"{getattr(answer, '__name__', answer)}{inspect.signature(answer)}") from None
     except ValueError:
         pass  # builtins without a signature: let the real call decide
     methods = multiprocessing.get_all_start_methods()
-    method = start_method or ("fork" if "fork" in methods else "spawn")
-    if method not in methods:
-        raise ValueError(f"start_method={start_method!r} is not available here; use one of {methods}.")
-    sendable = _sendable(answer)
-    init: Callable[[int], Any] = answer
-    if method != "fork" and not sendable:
-        init = _shipped(answer)
-
+    fresh = "forkserver" if "forkserver" in methods else "spawn"
+    plan = [(fresh if m == "fresh" else m, int(b), int(w)) for m, b, w in runs]
+    if any(m not in methods + ["fork"] for m, _, _ in plan):
+        raise ValueError(f"runs={runs!r}: a start method is not available here; use {methods} or 'fresh'.")
+    skipped = any(m not in methods for m, _, _ in plan)
+    plan = [p for p in plan if p[0] in methods]
+    reports = []
     opencv_before = _use_parent_pools()
     try:
-        try:
-            answers = _run_in_workers(init, method, num_workers, timeout_s)
-        except _Hung as hung:
-            raise _hung_failure(hung, timeout_s) from None
-        pools, details = _judge(answers, method)
-        fresh_note = ""
-        do_fresh = sendable if fresh_check is None else fresh_check
-        if do_fresh and method == "fork" and "forkserver" in methods:
+        for method, budget, workers in plan:
+            init = _init_for(answer, budget)
+            wait = timeout_s if method == "fork" else max(timeout_s, 60.0)
             try:
-                fresh = _run_in_workers(answer, "forkserver", 1, max(timeout_s, 60.0))
+                answers = _run_in_workers(init, method, workers, wait)
             except _Hung as hung:
-                raise _hung_failure(hung, max(timeout_s, 60.0)) from None
-            fresh_pools, _ = _judge(fresh, "forkserver")
-            details["forkserver"] = fresh_pools.to_dict()
-            fresh_note = f" Also in a fresh forkserver worker: {_pools_text(fresh_pools)}."
+                raise _hung_failure(hung, wait, _clamp(method, budget, workers)) from None
+            reports.append(_judge(answers, method, budget, workers))
     finally:
         _restore_opencv(opencv_before)
-    details["start_method"] = method
-    if method == "fork" and not sendable:
-        where = " It ran under fork. " + _WHY_FORK
-    elif method == "fork":
-        where = " It is importable, so it also works in spawn and forkserver workers."
-    else:
-        where = f" It ran under {method}."
-    summary = (f"in {num_workers} real DataLoader workers ({method}, after this process had used "
-               f"OpenCV, BLAS and torch) every pool ran 1 thread: {_pools_text(pools)}."
-               + fresh_note + where)
-    if details["raised"]:
-        summary += (f" On this machine {', '.join(details['raised'])} started at 1 thread (as "
-                    f"on a machine with one CPU): the grader raised them to 2 in each worker before your function "
-                    f"ran, so that limiting them shows.")
-    if details["not_checked"]:
-        summary += (f" NOT checked: {', '.join(details['not_checked'])} already ran 1 thread "
-                    f"before your function, and the grader could not raise them, so this machine "
-                    f"cannot show whether your function limits them.")
-    return CheckResult(EXERCISE, summary, details)
+    summary = ("in real DataLoader workers (forked ones after this process had used OpenCV, BLAS "
+               "and torch), " + "; ".join(
+                   f"{r['start_method']}, budget {r['cpu_budget']} over {r['num_workers']} workers: every "
+                   f"pool at {r['expected']} ({_pools_text(ThreadPools.from_dict(r['pools']))})"
+                   for r in reports) + ".")
+    raised = sorted({p for r in reports if r["expected"] == 1 for p in r["raised"]})
+    not_checked = sorted({f"{p} ({r['start_method']}, {r['expected']})" for r in reports
+                          for p in r["not_checked"]})
+    if raised:
+        summary += (f" On this machine {', '.join(raised)} started at 1 thread (as on one CPU): the "
+                    f"grader raised them to 2 in each worker before your function, so that "
+                    f"limiting them shows.")
+    if not_checked:
+        summary += (f" NOT checked: {', '.join(not_checked)} already had the expected number of "
+                    f"threads before your function, so this machine cannot show that it set them.")
+    if skipped:
+        summary += " This platform has no 'fork': the rule for forked workers was not checked."
+    return CheckResult(EXERCISE, summary, {"runs": reports, "raised": raised, "not_checked": not_checked})

@@ -1,12 +1,16 @@
 """Lesson 07's launcher: data loading under DistributedDataParallel, ranks started by torchrun.
 
 :func:`launch` starts ``python -m torch.distributed.run --standalone --nproc-per-node N -m
-course_utils.ddp_rank TASK ...`` as a subprocess with a hard timeout (the whole process group is
-killed on timeout), collects each rank's result (a JSON file per rank in a temporary folder) and
+course_utils.ddp_rank TASK ...`` as a subprocess with a hard timeout (torchrun's process group and every
+rank, each in a session of its own, are killed on timeout), collects each rank's result (a JSON file per rank in a temporary folder) and
 returns a :class:`DistributedRun`. A crash, a timeout or a busy port raise
 :class:`DistributedError` with the tail of the ranks' output; nothing waits for ever. Everything
 a rank runs lives in :mod:`course_utils.ddp_rank`. :func:`measure_ddp` times a tiny conv net
 under DDP on the course JPEGs. Nothing happens at import time.
+
+Lesson 07 (notebooks/07_scaling_out.ipynb, section 2) writes the mechanism out in full first:
+its ``run_torchrun`` starts torchrun in its own session, waits with a timeout, kills torchrun's
+group and each rank's when it passes, and reads each rank's output.
 """
 from __future__ import annotations
 
@@ -23,6 +27,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
+
+import psutil
 
 from ..bench import Measurement
 from ..checks import check_int, check_seconds
@@ -130,7 +136,14 @@ def _tail(text: str, chars: int = _TAIL_CHARS) -> str:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    """End torchrun and every rank/worker it started (its own process group/session)."""
+    """End torchrun and every rank/worker it started.
+
+    torchrun starts each rank in a session of its own, so killing torchrun's process group
+    does not reach the ranks: their pids are read first (psutil) and each is killed too."""
+    try:
+        ranks = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
+    except psutil.Error:
+        ranks = []
     if proc.poll() is None:
         try:
             if os.name == "posix":
@@ -149,17 +162,21 @@ def _kill_group(proc: subprocess.Popen) -> None:
         except (ProcessLookupError, PermissionError):
             pass
         proc.wait(timeout=10)
-    if os.name == "posix":  # ranks that outlived the agent
+    for rank in ranks:  # ranks (and their workers) that outlived the agent
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
+            rank.kill()
+        except psutil.Error:
             pass
+    psutil.wait_procs(ranks, timeout=5)
 
 
 def launch(task: str, config: Mapping | None = None, *, nproc: int = 2, timeout_s: float = 120,
            backend: str | None = None, port: int | None = None, env: Mapping | None = None,
            pythonpath: Sequence[str] = (), progress: bool = False) -> DistributedRun:
     """Run ``task`` of :mod:`course_utils.ddp_rank` on ``nproc`` ranks with torchrun; wait.
+
+    Lesson 07 shows this launcher in full (its ``run_torchrun``); this version adds the tasks,
+    JSON results per rank, the backend choice, SIGTERM before SIGKILL and :class:`DistributedError`.
 
     ``python -m torch.distributed.run --standalone --nproc-per-node NPROC -m
     course_utils.ddp_rank TASK --config FILE --out DIR`` runs in its own process group.
