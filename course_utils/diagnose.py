@@ -451,7 +451,8 @@ def add_command(sub: Any) -> None:
                    help="a .py file or importable module, a colon, and the function that returns "
                         "(loader, step)")
     p.add_argument("--budget", type=float, default=60.0, metavar="SECONDS",
-                   help="wall-clock seconds for all measurements (default 60)")
+                   help="wall-clock seconds for the measurements (default 60); building your "
+                        "loader comes before it")
     p.add_argument("--steps", type=int, default=200, help="at most this many timed steps per run "
                                                           "(default 200)")
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
@@ -472,9 +473,14 @@ def run_command(args: Any) -> int:
     if args.steps < 1:
         return fail(f"--steps {args.steps} must be 1 or more; pass e.g. --steps 200.")
     try:
+        t0 = time.perf_counter()
         loader, step = build_loop(load_target(args.target), args.target.rpartition(":")[2])
+        built_s = time.perf_counter() - t0
         result = diagnose(loader, step, budget_s=args.budget, max_steps=args.steps,
                           target=args.target, progress=not args.no_progress)
+        result.notes.append(f"importing the module and {args.target.rpartition(':')[2]}() took "
+                            f"{built_s:.1f} s before the --budget of {args.budget:g} s began; "
+                            f"worker start-ups inside the runs may also overrun it a little.")
     except DiagnoseError as exc:
         return fail(str(exc))
     except KeyboardInterrupt:

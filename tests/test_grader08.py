@@ -1,0 +1,269 @@
+"""Exercise 08 grader: right answers pass; plausible wrong answers fail with their message."""
+from __future__ import annotations
+
+import pytest
+
+from course_utils.grading import CheckResult, ExerciseFailed, check, exercise_ids
+from course_utils.graders import ex08_stall
+from course_utils.graders.ex08_stall import (NEXT_NAME, STALL, WAIT, _reference_bottleneck,
+                                             _reference_fraction, real_traces, synthetic_cases,
+                                             synthetic_trace)
+
+pytestmark = pytest.mark.timeout(300)
+
+
+# --- right answers (the solution notebook's, and another way to write it) -----------------------
+
+def data_wait_fraction(events, warmup_steps=1):
+    """The solution notebook's answer."""
+    complete = [e for e in events if e.get("ph") == "X"]
+    steps = sorted((e for e in complete if e["name"].startswith("ProfilerStep#")), key=lambda e: e["ts"])
+    counted = steps[warmup_steps:]
+    if not counted:
+        raise ValueError(f"warmup_steps={warmup_steps} leaves none of the {len(steps)} steps; pass fewer.")
+    wait = sum(e["dur"] for e in complete if e["name"] in ("fetch", "h2d copy")
+               and any(s["ts"] <= e["ts"] < s["ts"] + s["dur"] for s in counted))
+    return wait / sum(s["dur"] for s in counted)
+
+
+def bottleneck(events, warmup_steps=1, threshold=0.10):
+    """The solution notebook's answer."""
+    return "data" if data_wait_fraction(events, warmup_steps) > threshold else "compute"
+
+
+def by_step_number(events, warmup_steps=1):
+    """Right too: steps ordered by their number, the window from first start to last end."""
+    steps = {int(e["name"].split("#")[1]): e for e in events
+             if e.get("ph") == "X" and e.get("name", "").startswith("ProfilerStep#")}
+    kept = [steps[k] for k in sorted(steps)[warmup_steps:]]
+    lo, hi = kept[0]["ts"], kept[-1]["ts"] + kept[-1]["dur"]
+    wait = sum(e["dur"] for e in events if e.get("ph") == "X"
+               and e.get("name") in ("fetch", "h2d copy") and lo <= e["ts"] < hi)
+    return wait / (hi - lo)
+
+
+@pytest.fixture(scope="module")
+def traces():
+    return real_traces()      # profiled once per test process (cached)
+
+
+def test_registered():
+    assert {WAIT, STALL} <= set(exercise_ids())
+
+
+@pytest.mark.parametrize("answer", [data_wait_fraction, by_step_number], ids=lambda f: f.__name__)
+def test_right_fractions_pass(answer, traces):
+    result = check(WAIT, answer)
+    assert isinstance(result, CheckResult) and "PASSED" in str(result)
+
+
+def test_right_bottleneck_passes(traces):
+    result = check(STALL, bottleneck)
+    assert "PASSED" in str(result)
+    assert any("sleeps 30 ms per batch" in label and label.endswith(": data")
+               for label in result.details["labels"])
+    assert any("takes 50 ms" in label and label.endswith(": compute") for label in result.details["labels"])
+
+
+def test_the_real_loops_have_the_answers_they_were_built_for(traces):
+    data, compute = traces
+    assert data["answer"] > 0.5, data["answer"]            # the worker sleeps, the step is instant
+    assert compute["answer"] < 0.10, compute["answer"]     # the batches are ready, the step sleeps
+    steps = [e for e in data["events"] if e.get("name", "").startswith("ProfilerStep#")]
+    assert len(steps) == 9                                 # 8 steps + the one with the start-up
+    assert any("DataLoader" in e.get("name", "") and e["name"].endswith("__next__")
+               for e in data["events"])
+
+
+def test_synthetic_traces_look_like_real_ones_and_have_distinct_mistakes():
+    for case in synthetic_cases():
+        assert _reference_fraction(case["events"], case["warmup_steps"]) == pytest.approx(case["answer"])
+        assert case["mistakes"], case["name"]
+    events = synthetic_trace([(4, 1, 5, 2)] * 3)
+    names = {e["name"] for e in events}
+    assert {"fetch", "h2d copy", "step", NEXT_NAME, "ProfilerStep#2", "process_name"} <= names
+    assert any("dur" not in e for e in events)             # metadata, instant and flow events
+    assert _reference_fraction(events, 0) == pytest.approx(5 / 12)
+    assert _reference_bottleneck(events, 0, 0.5) == "compute"
+
+
+# --- wrong fractions -------------------------------------------------------------------------
+
+def _complete(events):
+    return [e for e in events if e.get("ph") == "X"]
+
+
+def _steps_by_ts(events):
+    return sorted((e for e in _complete(events) if e["name"].startswith("ProfilerStep#")),
+                  key=lambda e: e["ts"])
+
+
+def _wait_in(events, counted, names=("fetch", "h2d copy")):
+    return sum(e["dur"] for e in _complete(events) if e["name"] in names
+               and any(s["ts"] <= e["ts"] < s["ts"] + s["dur"] for s in counted))
+
+
+def ignores_warmup(events, warmup_steps=1):
+    counted = _steps_by_ts(events)
+    return _wait_in(events, counted) / sum(s["dur"] for s in counted)
+
+
+def counts_the_step(events, warmup_steps=1):
+    counted = _steps_by_ts(events)[warmup_steps:]
+    return _wait_in(events, counted, ("fetch", "h2d copy", "step")) / sum(s["dur"] for s in counted)
+
+
+def fetch_only(events, warmup_steps=1):
+    counted = _steps_by_ts(events)[warmup_steps:]
+    return _wait_in(events, counted, ("fetch",)) / sum(s["dur"] for s in counted)
+
+
+def marked_spans_as_time(events, warmup_steps=1):
+    counted = _steps_by_ts(events)[warmup_steps:]
+    return _wait_in(events, counted) / _wait_in(events, counted, ("fetch", "h2d copy", "step"))
+
+
+def counts_next_too(events, warmup_steps=1):
+    counted = _steps_by_ts(events)[warmup_steps:]
+    names = ("fetch", "h2d copy") + tuple(e["name"] for e in _complete(events) if "__next__" in e["name"])
+    return _wait_in(events, counted, names) / sum(s["dur"] for s in counted)
+
+
+def sorts_by_name(events, warmup_steps=1):
+    counted = sorted((e for e in _complete(events) if e["name"].startswith("ProfilerStep#")),
+                     key=lambda e: e["name"])[warmup_steps:]
+    return _wait_in(events, counted) / sum(s["dur"] for s in counted)
+
+
+def list_order(events, warmup_steps=1):
+    counted = [e for e in _complete(events) if e["name"].startswith("ProfilerStep#")][warmup_steps:]
+    return _wait_in(events, counted) / sum(s["dur"] for s in counted)
+
+
+def percent(events, warmup_steps=1):
+    return 100 * data_wait_fraction(events, warmup_steps)
+
+
+def crashes_on_metadata(events, warmup_steps=1):
+    steps = sorted((e for e in events if e["name"].startswith("ProfilerStep#") or e["dur"] >= 0),
+                   key=lambda e: e["ts"])
+    return len(steps) / 1.0
+
+
+def returns_a_string(events, warmup_steps=1):
+    return f"{data_wait_fraction(events, warmup_steps):.0%}"
+
+
+def wrong_signature(events):
+    return data_wait_fraction(events, 1)
+
+
+@pytest.mark.parametrize("answer, message", [
+    (ignores_warmup, "counts the warm-up steps"),
+    (counts_the_step, "counted the training step"),
+    (fetch_only, "left out the copy"),
+    (marked_spans_as_time, "divided by the marked spans"),
+    (counts_next_too, "__next__ span as well"),
+    (sorts_by_name, "sort as text"),
+    (list_order, "order the trace lists them"),
+    (percent, "percentage"),
+    (crashes_on_metadata, "ph == 'X'"),
+    (returns_a_string, "must return one number"),
+    (wrong_signature, "calling your function failed"),
+], ids=lambda v: getattr(v, "__name__", "msg"))
+def test_wrong_fractions_fail_with_a_teaching_message(answer, message):
+    with pytest.raises(ExerciseFailed) as info:
+        check(WAIT, answer, real=False)
+    text = str(info.value)
+    assert message in text, text
+    assert "hint" in text or "expected" in text
+
+
+def test_a_fraction_that_ignores_warmup_fails_on_the_real_compute_bound_loop(traces):
+    """The real loops catch it too: there the start-up sits inside the first step's fetch."""
+    data, compute = traces
+    assert _reference_fraction(compute["events"], 0) > compute["answer"]
+
+    def right_on_synthetic_only(events, warmup_steps=1):
+        synthetic = any(e.get("pid") == 4242 for e in events)     # synthetic_trace's process id
+        return data_wait_fraction(events, warmup_steps) if synthetic else ignores_warmup(events)
+
+    with pytest.raises(ExerciseFailed, match="a loop profiled here"):
+        check(WAIT, right_on_synthetic_only)
+
+
+# --- wrong bottlenecks ---------------------------------------------------------------------------
+
+def inverted(events, warmup_steps=1, threshold=0.10):
+    return "compute" if data_wait_fraction(events, warmup_steps) > threshold else "data"
+
+
+def fixed_threshold(events, warmup_steps=1, threshold=0.10):
+    return "data" if data_wait_fraction(events, warmup_steps) > 0.10 else "compute"
+
+
+def warmup_counted(events, warmup_steps=1, threshold=0.10):
+    return "data" if ignores_warmup(events) > threshold else "compute"
+
+
+def diagnose_words(events, warmup_steps=1, threshold=0.10):
+    return bottleneck(events, warmup_steps, threshold) + "-bound"
+
+
+def always_data(events, warmup_steps=1, threshold=0.10):
+    return "data"
+
+
+@pytest.mark.parametrize("answer, message", [
+    (inverted, "the wrong bottleneck"),
+    (fixed_threshold, "use the `threshold` argument"),
+    (warmup_counted, "skip the warm-up steps"),
+    (diagnose_words, "exactly 'data' or 'compute'"),
+    (always_data, "the wrong bottleneck"),
+], ids=lambda v: getattr(v, "__name__", "msg"))
+def test_wrong_bottlenecks_fail_with_a_teaching_message(answer, message):
+    with pytest.raises(ExerciseFailed) as info:
+        check(STALL, answer, real=False)
+    assert message in str(info.value), str(info.value)
+
+
+def test_the_stubs_are_not_done_yet():
+    def stub(events, warmup_steps=1, threshold=0.10):
+        raise NotImplementedError("Exercise: replace this line with your code (see the instructions above).")
+
+    for exercise in (WAIT, STALL):
+        with pytest.raises(ExerciseFailed, match="not done yet"):
+            check(exercise, stub, real=False)
+
+
+def test_not_a_function():
+    with pytest.raises(ExerciseFailed, match="not a function"):
+        check(WAIT, 0.3)
+
+
+# --- the grader's reference is refused ------------------------------------------------------------
+
+def built_on_the_reference(events, warmup_steps=1):
+    return ex08_stall._reference_fraction(events, warmup_steps)
+
+
+@pytest.mark.parametrize("exercise, answer, seen", [
+    (WAIT, _reference_fraction, "`_reference_fraction` itself"),
+    (STALL, _reference_bottleneck, "`_reference_bottleneck` itself"),
+    (WAIT, built_on_the_reference, "`built_on_the_reference` uses it"),
+])
+def test_the_reference_is_refused(exercise, answer, seen):
+    with pytest.raises(ExerciseFailed) as info:
+        check(exercise, answer, real=False)
+    err = info.value
+    assert "course's own" in err.problem and seen in err.seen, str(err)
+    assert "write the mechanism yourself" in err.hint
+
+
+def test_hints_do_not_print_the_solution_lines():
+    for answer in (ignores_warmup, counts_the_step, fetch_only, sorts_by_name):
+        with pytest.raises(ExerciseFailed) as info:
+            check(WAIT, answer, real=False)
+        text = str(info.value)
+        for line in ("[warmup_steps:]", "key=lambda e: e[\"ts\"]", "s[\"ts\"] <= e[\"ts\"]"):
+            assert line not in text, text
