@@ -30,7 +30,7 @@ import os
 import cv2
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from .data import CommonRecipeTransform, JpegDataset
 from .machine import usable_cpus
@@ -53,6 +53,20 @@ class TransformedDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[Any, int]:
         image, label = self.base[index]
         return self.transform(image), label
+
+
+def uint8_batch(n: int, size: int) -> tuple[torch.Tensor, np.ndarray]:
+    """An empty (n, size, size, 3) uint8 batch: the tensor and a NumPy view to fill in place.
+
+    Inside a DataLoader worker it is allocated in shared memory, as ``default_collate`` does:
+    a batch in ordinary memory is copied into shared memory when the worker sends it (about
+    0.3 ms per 224 px image on the course machine), one allocated there is sent as it is."""
+    if get_worker_info() is not None:
+        storage = torch.UntypedStorage._new_shared(n * size * size * 3)
+        tensor = torch.empty(0, dtype=torch.uint8).set_(storage).view(n, size, size, 3)
+    else:
+        tensor = torch.empty((n, size, size, 3), dtype=torch.uint8)
+    return tensor, tensor.numpy()
 
 
 def keep_batch(batch: Any) -> Any:
@@ -120,11 +134,11 @@ class BatchedJpegDataset(Dataset):
         cv2.cvtColor(small, cv2.COLOR_BGR2RGB, dst=out)
 
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = np.empty((len(indices), self.size, self.size, 3), dtype=np.uint8)
+        images, batch = uint8_batch(len(indices), self.size)
         for slot, index in enumerate(indices):
             self._decode_into(index, batch[slot])
         labels = torch.as_tensor([int(self.base.labels[i]) for i in indices], dtype=torch.int64)
-        return torch.from_numpy(batch).permute(0, 3, 1, 2), labels
+        return images.permute(0, 3, 1, 2), labels
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         images, labels = self.__getitems__([index])

@@ -41,7 +41,7 @@ from torchvision import datasets, transforms
 from .checks import check_int
 from .files import image_files, reduced_decode_flag
 from .machine import usable_cpus
-from .pipelines import keep_batch
+from .pipelines import keep_batch, uint8_batch
 from .threads import make_worker_init
 
 PathLike = Union[str, os.PathLike]
@@ -140,11 +140,11 @@ class BatchedJpegFiles(_JpegFiles):
         cv2.cvtColor(small, cv2.COLOR_BGR2RGB, dst=out)
 
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = np.empty((len(indices), self.size, self.size, 3), dtype=np.uint8)
+        images, batch = uint8_batch(len(indices), self.size)      # shared memory in a worker
         for slot, index in enumerate(indices):
             self._decode_into(index, batch[slot])
         labels = torch.as_tensor(self.labels[np.asarray(indices)], dtype=torch.int64)
-        return torch.from_numpy(batch).permute(0, 3, 1, 2), labels
+        return images.permute(0, 3, 1, 2), labels
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         images, labels = self.__getitems__([index])

@@ -77,3 +77,10 @@ def test_loaders_name_bad_arguments(folder, tmp_path):
     loader = tuned_files_loader(root, batch_size=4, size=16, num_workers=0)
     assert next(iter(loader))[0].shape == (4, 3, 16, 16)
     assert np.isin(next(iter(loader))[1].numpy(), np.arange(10)).all()
+
+
+def test_worker_batches_in_shared_memory_equal_the_main_process_ones(folder):
+    _, root = folder
+    here = next(iter(files_loader(BatchedJpegFiles(root, 32), batch_size=5, num_workers=0, shuffle=False)))
+    there = next(iter(files_loader(BatchedJpegFiles(root, 32), batch_size=5, num_workers=2, shuffle=False)))
+    assert torch.equal(here[0], there[0]) and torch.equal(here[1], there[1])
