@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .config import QUICK_ENV
 
@@ -56,8 +56,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    """Tune a loader; bad input gives one line on stderr and exit status 2, never a traceback."""
-    from .tuning import MIN_BUDGET_S, folder_for_tuning, tune_loader
+    """Tune a loader; bad input gives one line on stderr and exit status 2, never a traceback;
+    Ctrl-C gives one line (the best setting measured so far) and exit status 130."""
+    from .tuning import MIN_BUDGET_S, TuningInterrupted
 
     def fail(message: str) -> int:
         print(f"python -m course_utils tune: error: {message}", file=sys.stderr)
@@ -70,6 +71,22 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     if args.budget < MIN_BUDGET_S:
         return fail(f"--budget {args.budget:g} is too small to try anything; pass --budget "
                     f"{MIN_BUDGET_S:g} or more, e.g. --budget 60.")
+    if not (0 <= args.step_ms < float("inf")):
+        return fail(f"--step-ms {args.step_ms:g} must be 0 or more (milliseconds your training "
+                    f"step takes per batch); pass e.g. --step-ms 50.")
+    try:
+        return _tune(args, fail)
+    except TuningInterrupted as exc:
+        print(f"python -m course_utils tune: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("python -m course_utils tune: interrupted; no result to show.", file=sys.stderr)
+    return 130
+
+
+def _tune(args: argparse.Namespace, fail: Callable[[str], int]) -> int:
+    """The body of ``tune`` (Ctrl-C is handled by :func:`_cmd_tune`)."""
+    from .tuning import folder_for_tuning, tune_loader
+
     data = None
     if args.folder is not None:
         from pathlib import Path
@@ -96,6 +113,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     try:
         result = tune_loader(data, budget_s=args.budget, batch_size=args.batch_size,
                              size=args.size, n_images=args.images,
+                             step_s=args.step_ms / 1e3 if args.step_ms else None,
+                             epoch_samples=args.epoch_images,
                              compare_with_baselines=not args.no_compare,
                              progress=not args.no_progress)
     except (ValueError, TypeError, FileNotFoundError) as exc:
@@ -111,12 +130,17 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    return value
+def _number_of(unit: str) -> Callable[[str], float]:
+    """An argparse type: a float, or an error that names the unit."""
+    def parse(text: str) -> float:
+        try:
+            return float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of {unit}") from None
+    return parse
+
+
+_seconds, _milliseconds = _number_of("seconds"), _number_of("milliseconds")
 
 
 def _positive_int(text: str) -> int:
@@ -182,12 +206,15 @@ def build_parser() -> argparse.ArgumentParser:
                                    "persistent_workers, pin_memory (CUDA only) and threads per "
                                    "worker for a folder of your images (decoded with OpenCV, "
                                    "resized to --size, kept uint8; damaged files are skipped "
-                                   "and listed) within --budget seconds, "
+                                   "and listed) within --budget seconds, with your training "
+                                   "step (--step-ms) consuming each batch, "
                                    "compare the best with the common recipe and DataLoader "
-                                   "defaults side by side, and print the DataLoader call to "
-                                   "paste. Without FOLDER (or with --course-data) it tunes the "
-                                   "course's JPEG dataset.",
-                       epilog="examples: python -m course_utils tune ~/photos --budget 60\n"
+                                   "defaults side by side (the same score), recommend the "
+                                   "winner and print its DataLoader call to paste (plain "
+                                   "PyTorch, and the course's version). Ctrl-C stops with the "
+                                   "best setting measured so far. Without FOLDER (or with "
+                                   "--course-data) it tunes the course's JPEG dataset.",
+                       epilog="examples: python -m course_utils tune ~/photos --budget 60 --step-ms 50\n"
                               "          python -m course_utils tune --course-data --budget 60",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("folder", nargs="?", metavar="FOLDER", default=None,
@@ -203,6 +230,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="images are resized to SIZE x SIZE pixels (default 224)")
     p.add_argument("--images", type=_positive_int, default=None,
                    help="course data only: number of images (default 2000, or 200 in quick mode)")
+    p.add_argument("--step-ms", type=_milliseconds, default=0.0, metavar="MS",
+                   help="your training step's time per batch, in milliseconds: each batch is "
+                        "consumed by a sleep that long (a GPU step that leaves the CPU free), "
+                        "so loading that overlaps the step is scored right (default 0: the "
+                        "loader alone)")
+    p.add_argument("--epoch-images", type=_positive_int, default=None, metavar="N",
+                   help="images per epoch of your training, for the start-up share of the score "
+                        "(default: the dataset's length)")
     p.add_argument("--no-compare", action="store_true",
                    help="skip the side-by-side comparison (the whole budget goes to the search)")
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON")

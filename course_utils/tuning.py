@@ -3,7 +3,8 @@
 :func:`tune_loader` searches the loader settings that matter — ``num_workers``, ``batch_size``,
 ``prefetch_factor``, ``persistent_workers``, ``pin_memory`` (only where CUDA exists) and the
 thread limit per worker — with a **coordinate search** whose structure is fixed, then measures
-the best settings found side by side with the common recipe and with DataLoader defaults.
+the best settings found side by side with the common recipe and with DataLoader defaults, and
+recommends the side by side's winner: when a baseline wins, the result says so and recommends it.
 
 The search, in order (each stage starts from the best settings found so far):
 
@@ -13,31 +14,44 @@ The search, in order (each stage starts from the best settings found so far):
 2. ``batch_size``: a ladder of doublings up from the starting batch size, then halvings down;
    each direction stops at the first rung below :data:`LADDER_FALL_FRACTION` of the best.
 3. ``prefetch_factor`` (1, then 4; 2 is the default already measured) and
-   ``persistent_workers=True`` — only when the best has workers.
-4. ``pin_memory=True`` — only where CUDA exists (there, every trial also copies each batch to
-   the GPU, since pinning only pays off in that copy); then more threads per worker, only where
+   ``persistent_workers=True`` (with the best worker count when the best has none).
+4. ``pin_memory=True`` — only where CUDA exists (there, every batch is also copied to the GPU,
+   since pinning only pays off in that copy); then more threads per worker, only where
    ``num_workers x threads`` still fits in the usable CPUs.
 
-What one trial measures (with :func:`~course_utils.bench.measure_loader`): a short **probe**
-window (:data:`PROBE_FRACTION` of a full window) and, unless the probe's score is below
-:data:`PROBE_THRESHOLD` of the best score so far (early stopping: a hopeless setting is not
-timed fully), a full window; each window starts after an untimed warm-up. It also records the
-**start-up**: seconds from ``iter(loader)`` to the first batch (fresh workers, or for
-``persistent_workers`` the restart of the living ones at the second epoch).
+**What is measured**, the same way in the search and in the side by side: *windows*
+(:mod:`course_utils.tuning_window`): a fresh ``iter(loader)`` (its **start-up**: seconds to the
+first batch), a warm-up, then N timed batches, each handed to the **consumer** before the next
+is pulled. The consumer is the training step: ``step_s`` seconds of sleep per batch (a GPU step
+that leaves the CPU free: loading in workers overlaps it, loading in the main process adds to
+it), or ``step(batch)`` called for real; with neither, nothing (the loader alone). A trial is a
+probe window (:data:`PROBE_FRACTION` of a full one) and, unless the probe scores below
+:data:`PROBE_THRESHOLD` of the best so far (early stopping), a full window; a side-by-side row
+is one window per round, rounds interleaved.
 
-The **score** is samples per second over one epoch of the dataset, start-up included:
-``epoch_samples / (startup + (epoch_samples - batch_size) / steady samples/s)``. It is what a
-training epoch sees: ``persistent_workers`` only shows its worth here, and for a big dataset the
-score tends to the steady rate. CPU seconds per sample (whole process tree) come from the same
-measurements.
+**The score** (:func:`~course_utils.tuning_result.epoch_score`) of a setting with batch size
+``B``, steady rate ``r`` (samples/s over its windows, consumer included) and start-up ``s`` (the
+median over its windows), for an epoch of ``E`` samples (``epoch_samples``, default the
+dataset's length)::
+
+    score = E / (s + (E - B) / r)        samples per second over one epoch
+
+``s`` is what every epoch pays: without ``persistent_workers``, fresh workers each epoch (with
+``num_workers=0``, the first batch made in the main process); with ``persistent_workers`` the
+workers start once per run, so an epoch pays only their restart (measured at the second epoch:
+the first start, paid once per run, is left out). CPU seconds per sample (whole process tree)
+come from the same windows.
 
 The budget (seconds, wall time) covers everything: the search gets ``1 - COMPARE_SHARE`` of it
 and the comparison the rest. A trial starts only when its estimated time (from the rates
-measured so far) fits in what is left of the search budget, so the search overruns by at most
-one trial's estimation error; every window is a bounded number of batches and every worker has a
-``timeout``. What the budget did not reach is listed in :attr:`TuningResult.not_tried`.
+measured so far) fits in what is left of the search budget; every window is a bounded number of
+batches and every worker has a ``timeout``. What the budget did not reach is listed in
+:attr:`TuningResult.not_tried`.
 
-Nothing happens at import time.
+Ctrl-C stops the run: every worker the tuner started is shut down (in ``finally`` blocks), and
+:class:`~course_utils.tuning_result.TuningInterrupted` (a KeyboardInterrupt) carries what was
+measured until then. Workers start with SIGINT blocked and ignore it, so a Ctrl-C that a
+terminal sends to every process reaches only the main process. Nothing happens at import time.
 """
 from __future__ import annotations
 
@@ -47,44 +61,35 @@ import multiprocessing
 import numbers
 import os
 import time
-import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-import torch
-from torch.utils.data import DataLoader, Dataset, RandomSampler
+from torch.utils.data import DataLoader, Dataset
 
-from .bench import Comparison, Measurement, compare, measure_loader
-from .device import move_to_device
+from .bench import Comparison, Measurement, compare
 from .config import pick
 from .data import CommonRecipeTransform, ImageFolderDataset, JpegDataset, ToTensorUint8
 from .machine import machine_summary, start_method, usable_cpus
-from .pipelines import (BatchedJpegDataset, TransformedDataset, common_recipe_loader, keep_batch,
-                        common_recipe_process_settings)
+from .pipelines import (BatchedJpegDataset, TransformedDataset, common_recipe_loader,
+                        common_recipe_process_settings, keep_batch)
 from .scaling import default_worker_counts
-from .tuning_result import (COMPARE_SHARE, DEFAULTS_LABEL, LADDER_FALL_FRACTION, LADDER_FALLS, PROBE_FRACTION, PROBE_THRESHOLD, RECIPE_LABEL, TUNED_LABEL, LoaderSettings, Trial, TuningResult)
+from .tuning_result import (COMPARE_SHARE, DEFAULTS_LABEL, LADDER_FALL_FRACTION, LADDER_FALLS,
+                            PROBE_FRACTION, PROBE_THRESHOLD, RECIPE_LABEL, TUNED_LABEL,
+                            LoaderSettings, Trial, TuningInterrupted, TuningResult, epoch_score)
+from .tuning_window import (WORKER_TIMEOUT_S, Timed, consumer_device, make_consumer,
+                            measure_window, pooled, quiet_loader_warnings, rebuilt,
+                            warmup_batches)
 
-__all__ = [
-    "LoaderSettings",
-    "Trial",
-    "TuningResult",
-    "tune_loader",
-    "PROBE_FRACTION",
-    "PROBE_THRESHOLD",
-    "LADDER_FALL_FRACTION",
-    "LADDER_FALLS",
-    "COMPARE_SHARE",
-    "MIN_BUDGET_S",
-    "MIN_FOLDER_IMAGES",
-]
+__all__ = ["LoaderSettings", "Trial", "TuningResult", "TuningInterrupted", "tune_loader",
+           "epoch_score", "PROBE_FRACTION", "PROBE_THRESHOLD", "LADDER_FALL_FRACTION",
+           "LADDER_FALLS", "COMPARE_SHARE", "MIN_BUDGET_S", "MIN_FOLDER_IMAGES", "WORKER_TIMEOUT_S"]
 
 #: smallest budget that can try anything (the first trial starts workers-free, a few batches)
 MIN_BUDGET_S = 2.0
 #: a folder needs this many readable images (the smallest batch size the ladder tries)
 MIN_FOLDER_IMAGES = 8
-#: seconds a DataLoader waits for one batch from a worker before it gives up (a hung worker)
-WORKER_TIMEOUT_S = 120
 
 
 # --------------------------------------------------------------------------------------
@@ -101,6 +106,7 @@ class _Pipeline:
     code_imports: list[str]
     size: int
     notes: list[str] = field(default_factory=list)   # e.g. damaged files skipped
+    baseline_code: tuple[str, list[str]] = ("dataset", [])   # the baselines' dataset, as code
 
 
 def _check_size(size: Any) -> int:
@@ -125,7 +131,7 @@ def folder_for_tuning(data: ImageFolderDataset, where: str) -> ImageFolderDatase
 
 
 def _pipeline(data: Any, size: int, n_images: int | None, progress: bool = True) -> _Pipeline:
-    imports = ["from torch.utils.data import DataLoader"]
+    loader_import = "from torch.utils.data import DataLoader"
     if data is None:
         data = JpegDataset(n=pick(full=2000, quick=200) if n_images is None else n_images,
                            progress=None if progress else False)
@@ -144,92 +150,34 @@ def _pipeline(data: Any, size: int, n_images: int | None, progress: bool = True)
         if data.damaged:
             notes.append(f"{data.damaged_summary()}; they were left out")
     if isinstance(data, JpegDataset) and data.transform is None:
+        recipe = (f"TransformedDataset(dataset, CommonRecipeTransform({size}))",
+                  [loader_import, "from course_utils.data import CommonRecipeTransform",
+                   "from course_utils.pipelines import TransformedDataset"])
         return _Pipeline(BatchedJpegDataset(data, size), keep_batch, data, data.describe(),
                          f"BatchedJpegDataset(dataset, size={size})",
-                         imports + ["from course_utils import keep_batch, make_worker_init",
-                                    "from course_utils.pipelines import BatchedJpegDataset"],
-                         size)
+                         [loader_import, "from course_utils import keep_batch, make_worker_init",
+                          "from course_utils.pipelines import BatchedJpegDataset"],
+                         size, baseline_code=recipe)
     if isinstance(data, ImageFolderDataset) and data.transform is None:
         skip = ", skip_damaged=True" if data.damaged else ""
+        folder = f"ImageFolderDataset({str(data.root)!r}, transform="
+        recipe = (f"{folder}CommonRecipeTransform({size}){skip})",
+                  [loader_import, "from course_utils.data import CommonRecipeTransform, "
+                                  "ImageFolderDataset"])
         return _Pipeline(data.with_transform(ToTensorUint8(size)), None, data, data.describe(),
-                         f"ImageFolderDataset({str(data.root)!r}, "
-                         f"transform=ToTensorUint8({size}){skip})",
-                         imports + ["from course_utils import ToTensorUint8, make_worker_init",
-                                    "from course_utils.data import ImageFolderDataset"], size, notes)
+                         f"{folder}ToTensorUint8({size}){skip})",
+                         [loader_import, "from course_utils import ToTensorUint8, make_worker_init",
+                          "from course_utils.data import ImageFolderDataset"], size, notes,
+                         recipe)
     if isinstance(data, Dataset) or (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
         describe = getattr(data, "describe", None)
         text = describe() if callable(describe) else f"{type(data).__name__} of {len(data)} items"
         return _Pipeline(data, None, None, text, "dataset",
-                         imports + ["from course_utils import make_worker_init"], size, notes)
+                         [loader_import, "from course_utils import make_worker_init"], size, notes,
+                         ("dataset", [loader_import]))
     raise TypeError(f"data must be None (the course's JPEG dataset), a folder of images (str or "
                     f"Path), a JpegDataset, an ImageFolderDataset or a map-style Dataset; got "
                     f"{type(data).__name__}.")
-
-
-def _loader(dataset: Dataset, s: LoaderSettings, collate_fn: Callable | None,
-            samples: int) -> DataLoader:
-    """A DataLoader with settings ``s`` whose every epoch draws at least ``samples`` samples
-    (a RandomSampler runs through several shuffles of a small dataset), so a window of any
-    length fits in one epoch; the time per batch is what ``shuffle=True`` would give."""
-    kwargs = s.loader_kwargs()
-    kwargs.pop("shuffle")
-    sampler = RandomSampler(dataset, num_samples=max(len(dataset), int(samples)))
-    return DataLoader(dataset, sampler=sampler, collate_fn=collate_fn,
-                      timeout=WORKER_TIMEOUT_S if s.num_workers else 0, **kwargs)
-
-
-def _resampled(loader: DataLoader, samples: int) -> DataLoader:
-    """The same DataLoader (dataset, batch size, workers, collate, pinning, worker init,
-    prefetch, persistence, start method), with a RandomSampler drawing ``samples`` per epoch."""
-    kwargs: dict[str, Any] = dict(batch_size=loader.batch_size, num_workers=loader.num_workers,
-                                  collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
-                                  drop_last=loader.drop_last)
-    if loader.num_workers:
-        kwargs.update(worker_init_fn=loader.worker_init_fn,
-                      prefetch_factor=loader.prefetch_factor,
-                      persistent_workers=loader.persistent_workers,
-                      multiprocessing_context=loader.multiprocessing_context,
-                      timeout=loader.timeout or WORKER_TIMEOUT_S)
-    sampler = RandomSampler(loader.dataset, num_samples=max(len(loader.dataset), int(samples)))
-    return DataLoader(loader.dataset, sampler=sampler, **kwargs)
-
-
-class _Timed:
-    """A loader seen through a proxy that records the start-up of every epoch and, when
-    ``device`` is given, copies each batch there (synchronised, so the copy is in the time)."""
-
-    def __init__(self, loader: DataLoader, device: Any = None) -> None:
-        self._loader = loader
-        self._device = device
-        self.startups: list[float] = []
-
-    def __len__(self) -> int:
-        return len(self._loader)
-
-    def __getattr__(self, name: str) -> Any:  # num_workers, prefetch_factor, batch_size, ...
-        return getattr(self.__dict__["_loader"], name)
-
-    def __iter__(self) -> "_TimedIter":
-        t0 = time.perf_counter()
-        return _TimedIter(self, iter(self._loader), t0)
-
-
-class _TimedIter:
-    def __init__(self, owner: _Timed, inner: Any, t0: float) -> None:
-        self.owner, self.inner, self.t0, self.first = owner, inner, t0, True
-
-    def __iter__(self) -> "_TimedIter":
-        return self
-
-    def __next__(self) -> Any:
-        batch = next(self.inner)
-        if self.owner._device is not None:
-            batch = move_to_device(batch, self.owner._device)
-            torch.cuda.synchronize()
-        if self.first:
-            self.owner.startups.append(time.perf_counter() - self.t0)
-            self.first = False
-        return batch
 
 
 # --------------------------------------------------------------------------------------
@@ -270,9 +218,11 @@ class _Search:
     """The state of one tuning run (kept out of the public API)."""
 
     def __init__(self, pipe: _Pipeline, *, budget_s: float, search_s: float, epoch_samples: int,
-                 device: Any, progress: bool) -> None:
+                 device: Any, consumer: tuple[Callable[[Any], Any] | None, str],
+                 progress: bool) -> None:
         self.pipe, self.budget_s, self.search_s = pipe, budget_s, search_s
         self.epoch_samples, self.device = epoch_samples, device
+        self.consumer, self.consumer_text = consumer
         self.t_start = time.perf_counter()
         self.trials: list[Trial] = []
         self.tried: dict[LoaderSettings, Trial] = {}
@@ -287,29 +237,23 @@ class _Search:
         self.bar = tqdm(total=round(budget_s, 1), disable=not progress, desc="tuning",
                         unit="s", bar_format="{desc}: {n:.0f}/{total:.0f} s |{bar}| {postfix}")
 
-    # -- time --------------------------------------------------------------------------
     def elapsed(self) -> float:
         return time.perf_counter() - self.t_start
 
-    def _tick(self, text: str) -> None:
+    def tick(self, text: str) -> None:
         self.bar.n = min(self.bar.total, round(self.elapsed(), 1))
         self.bar.set_postfix_str(text[:60], refresh=False)
         self.bar.refresh()
 
-    # -- one trial ---------------------------------------------------------------------
     @property
     def best_trial(self) -> Trial | None:
         full = [t for t in self.trials if t.complete and t.score is not None]
         return max(full, key=lambda t: t.score) if full else None
 
-    def _score(self, rate: float, startup: float, batch_size: int) -> float:
-        rest = max(0, self.epoch_samples - batch_size)
-        return self.epoch_samples / (startup + rest / rate) if rate > 0 else 0.0
-
-    def _plan(self, s: LoaderSettings) -> tuple[int, int, int]:
+    def plan(self, s: LoaderSettings) -> tuple[int, int, int]:
         """(warm-up, probe, full) batches for ``s``: the warm-up covers every batch the workers
         hold in flight; the full window lasts about ``trial_s`` at the best rate so far."""
-        warm = max(2, s.num_workers * (s.prefetch_factor or 2))
+        warm = warmup_batches(s.num_workers, s.prefetch_factor)
         if self.rate_est is None:   # the first trial calibrates: a few batches
             return warm, 2, 4
         full = max(2, round(self.rate_est * self.trial_s / s.batch_size))
@@ -331,46 +275,37 @@ class _Search:
         if self.out_of_budget:
             self.not_tried.append(f"{stage}: {s.label()}")
             return None
-        plan = self._plan(s)
+        plan = self.plan(s)
         left = self.search_s - self.elapsed()
         if self.trials and (left <= 0 or self.estimate_s(s, plan) > left):
             self.out_of_budget = True
             self.not_tried.append(f"{stage}: {s.label()}")
             return None
         warm, probe, full = plan
-        loader = _loader(self.pipe.dataset, s, self.pipe.collate_fn,
-                         (warm + max(probe, full)) * s.batch_size)
-        timed = _Timed(loader, self.device)
+        loader = DataLoader(self.pipe.dataset, collate_fn=self.pipe.collate_fn,
+                            **s.loader_kwargs())
+        timed = Timed(rebuilt(loader), self.device, self.consumer)
         t0 = time.perf_counter()
         trial = Trial(len(self.trials) + 1, stage, s, "full")
         try:
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=".*pin_memory.*")
-                warnings.filterwarnings("ignore", message="This DataLoader will create")
-                if s.persistent_workers:   # start the workers once: the probe sees epoch 2
-                    first = iter(timed)
-                    next(first)
-                    del first
-                m1 = measure_loader(timed, batches=probe, warmup_batches=warm, repeats=1,
-                                    label=s.label(), progress=False)
-                score1 = self._score(m1.samples_per_s, timed.startups[-1], s.batch_size)
+            with quiet_loader_warnings():
+                parts = [measure_window(timed, warm, probe, s.label())]
+                score1 = pooled(parts, s.label(), s.batch_size, self.epoch_samples)[2]
                 best = self.best_trial
                 if best is not None and score1 < PROBE_THRESHOLD * best.score:
-                    trial.status, measurement = "stopped after probe", m1
+                    trial.status = "stopped after probe"
                 else:
-                    m2 = measure_loader(timed, batches=full, warmup_batches=warm, repeats=1,
-                                        label=s.label(), progress=False)
-                    measurement = Measurement.merge([m1, m2])
-            trial.measurement = measurement
-            trial.startup_s = timed.startups[-1]
-            trial.score = self._score(measurement.samples_per_s, trial.startup_s, s.batch_size)
+                    parts.append(measure_window(timed, warm, full, s.label()))
+            trial.measurement, trial.startup_s, trial.score = pooled(
+                parts, s.label(), s.batch_size, self.epoch_samples)
         except Exception as exc:  # one broken setting must not end the search
             if not self.trials:
                 raise
             trial.status = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
         finally:
+            timed.close()      # every worker ends now (Ctrl-C included), not at the next trial
             del timed, loader
-            gc.collect()   # ends persistent workers now, not during the next trial
+            gc.collect()
         trial.seconds = time.perf_counter() - t0
         self.trials.append(trial)
         self.tried[s] = trial
@@ -380,7 +315,7 @@ class _Search:
             if s.num_workers and trial.startup_s is not None and not s.persistent_workers:
                 self.startup_est = max(self.startup_est * 0.5, trial.startup_s)
         best = self.best_trial
-        self._tick(f"best {best.settings.label()}: {best.score:,.0f}/s" if best else "")
+        self.tick(f"best {best.settings.label()}: {best.score:,.0f}/s" if best else "")
         return trial
 
     def ladder(self, stage: str, start: LoaderSettings, key: str, values: Sequence[int],
@@ -411,53 +346,162 @@ class _Search:
         best = self.best_trial
         return fallback if best is None else best.settings
 
-
-def _interleaved_comparison(entries: list[tuple[str, DataLoader, Any]], left_s: float,
-                            rounds: int, device: Any, clock: Callable[[], float]) -> Comparison:
-    """Measure each (label, loader, context manager class) once per round, rounds interleaved.
-
-    Round 1 times 2 batches of each loader after its own warm-up (every batch the workers hold
-    in flight) and gives each loader's rate; the later rounds give every loader a window of the
-    same length in seconds, sized so that all rounds fit in ``left_s`` (at least one batch)."""
-    t0 = clock()
-    runs: dict[str, list[Measurement]] = {label: [] for label, _, _ in entries}
-    loaders = {}
-    for label, loader, _ in entries:
-        warm = max(2, loader.num_workers * (loader.prefetch_factor or 2))
-        loaders[label] = (warm, _resampled(loader, 10**7))
-    for r in range(rounds):
-        if r == 0:
-            window_s = 0.0
+    def stages(self, start: LoaderSettings, worker_counts: list[int], batch_sizes: list[int],
+               usable: int) -> None:
+        """The four stages of the module docstring, in order."""
+        self.ladder("num_workers", start, "num_workers", worker_counts, LADDER_FALLS)
+        best = self.best_settings(start)
+        self.ladder("batch_size", best, "batch_size",
+                    [b for b in batch_sizes if b > best.batch_size], 1)
+        self.ladder("batch_size", self.best_settings(best), "batch_size",
+                    [b for b in reversed(batch_sizes) if b < best.batch_size], 1)
+        best = self.best_settings(start)
+        with_workers = [t for t in self.trials if t.settings.num_workers and t.score]
+        if best.num_workers:
+            for pf in (1, 4):
+                self.run("prefetch/persistent", best.replace(prefetch_factor=pf))
+            best = self.best_settings(best)
+            self.run("prefetch/persistent", best.replace(persistent_workers=True))
+        elif with_workers:
+            # workers may have lost only by their start-up: persistent ones pay it once a run,
+            # so the worker count with the best steady rate (full trials first) goes persistent
+            w = max(with_workers, key=lambda t: (t.complete, t.samples_per_s)).settings.num_workers
+            self.run("prefetch/persistent", best.replace(num_workers=w, persistent_workers=True))
+            self.skipped.append(f"prefetch/persistent: prefetch_factor (the best had no "
+                                f"workers; persistent_workers was tried with {w})")
         else:
-            spent_per_round = (clock() - t0) / r   # warm-ups and start-ups, mostly
-            if r >= 2 and left_s - (clock() - t0) < spent_per_round:
-                break   # two rounds at least (interleaved); more only while the budget lasts
-            window_s = max(0.0, (left_s - (clock() - t0)) / (rounds - r) - spent_per_round)
-            window_s /= len(entries)
-        for label, _, context in entries:
-            warm, loader = loaders[label]
-            rate = runs[label][0].samples_per_s if runs[label] else 0.0
-            batches = max(2 if r == 0 else 1, round(window_s * rate / loader.batch_size))
-            with context():
-                runs[label].append(measure_loader(
-                    _Timed(loader, device), batches=batches, warmup_batches=warm, repeats=1,
-                    label=label, progress=False))
-    merged = [Measurement.merge(runs[label], label=label) for label, _, _ in entries]
-    labels = [label for label, _, _ in entries]
-    return compare(merged, baseline=RECIPE_LABEL if RECIPE_LABEL in labels else 0)
+            self.skipped.append("prefetch/persistent: prefetch_factor and persistent_workers "
+                                "(they need num_workers >= 1; no trial had workers)")
+        best = self.best_settings(start)
+        if self.device is not None:
+            self.run("pin_memory/threads", best.replace(pin_memory=True))
+        else:
+            self.skipped.append("pin_memory/threads: pin_memory=True (no CUDA device here: "
+                                "pinning is a CPU copy that only pays off in a later "
+                                "host-to-GPU copy)")
+        best = self.best_settings(start)
+        if best.num_workers and 2 * best.num_workers <= usable:
+            context = None
+            if start_method() == "fork" and "forkserver" in multiprocessing.get_all_start_methods():
+                context = "forkserver"   # more than 1 thread in a forked worker can hang
+            for threads in range(2, usable // best.num_workers + 1):
+                self.run("pin_memory/threads",
+                         best.replace(threads_per_worker=threads, multiprocessing_context=context))
+        elif best.num_workers:
+            self.skipped.append(f"pin_memory/threads: more than 1 thread per worker "
+                                f"({best.num_workers} workers x 2 threads would exceed the "
+                                f"{usable} usable CPUs)")
+        else:
+            self.skipped.append("pin_memory/threads: threads per worker (the best had no "
+                                "workers)")
 
 
-class _nothing:
-    def __enter__(self) -> None:
+# --------------------------------------------------------------------------------------
+# the side by side
+# --------------------------------------------------------------------------------------
+
+class _SideBySide:
+    """Defaults vs common recipe vs tuned, measured like the search (the same windows,
+    consumer and score), one window per row per round, rounds interleaved."""
+
+    def __init__(self, pipe: _Pipeline, tuned: LoaderSettings, batch_size: int,
+                 notes: list[str]) -> None:
+        self.entries: list[tuple[str, DataLoader, Callable[[], Any]]] = []
+        if pipe.base is not None:
+            recipe = common_recipe_loader(pipe.base, batch_size=batch_size, size=pipe.size)
+            defaults = DataLoader(TransformedDataset(pipe.base, CommonRecipeTransform(pipe.size)),
+                                  batch_size=batch_size, shuffle=True)
+            self.entries += [(DEFAULTS_LABEL, defaults, nullcontext),
+                             (RECIPE_LABEL, recipe, common_recipe_process_settings)]
+        else:
+            self.entries.append((DEFAULTS_LABEL, DataLoader(pipe.dataset, batch_size=batch_size,
+                                                            shuffle=True), nullcontext))
+            notes.append("the common recipe needs images as HxWx3 uint8 arrays (a JpegDataset "
+                         "or ImageFolderDataset without a transform); compared with defaults only")
+        tuned_loader = DataLoader(pipe.dataset, collate_fn=pipe.collate_fn, **tuned.loader_kwargs())
+        self.entries.append((TUNED_LABEL, tuned_loader, nullcontext))
+        self.settings = {label: LoaderSettings.of(loader) for label, loader, _ in self.entries}
+        self.settings[TUNED_LABEL] = tuned
+        self.runs: dict[str, list[tuple[Measurement, float]]] = {k: [] for k in self.settings}
+
+    def measure(self, search: _Search, min_batches: int) -> None:
+        """Round 1 gives each row ``min_batches`` timed batches (and its rate); later rounds
+        give every row a window of the same length in seconds, sized so that the rounds fit in
+        the budget left (two rounds at least)."""
+        rounds, t0 = pick(full=4, quick=3), search.elapsed()
+        left_s = max(0.0, search.budget_s - t0)
+        timed: dict[str, Timed] = {}
+        try:
+            with quiet_loader_warnings():
+                timed.update((label, Timed(rebuilt(loader), search.device, search.consumer))
+                             for label, loader, _ in self.entries)
+                for r in range(rounds):
+                    window_s = 0.0
+                    if r:
+                        spent_per_round = (search.elapsed() - t0) / r   # warm-ups, start-ups
+                        if r >= 2 and left_s - (search.elapsed() - t0) < spent_per_round:
+                            break
+                        window_s = max(0.0, (left_s - (search.elapsed() - t0)) / (rounds - r)
+                                       - spent_per_round) / len(self.entries)
+                    for label, _, context in self.entries:
+                        t, parts = timed[label], self.runs[label]
+                        rate = pooled(parts, label, 1, 1)[0].samples_per_s if parts else 0.0
+                        batches = max(min_batches, round(window_s * rate / t.batch_size))
+                        with context():
+                            parts.append(measure_window(t, warmup_batches(
+                                t.num_workers, t.prefetch_factor), batches, label))
+                        search.tick(f"side by side, round {r + 1}: {label}")
+        finally:
+            for t in timed.values():
+                t.close()
+            gc.collect()
+
+    def summary(self, epoch_samples: int) -> tuple[Comparison, dict, dict] | None:
+        """(Comparison, score per row, start-up per row); None until every row has a window."""
+        if not all(self.runs.values()):
+            return None
+        rows, scores, startups = [], {}, {}
+        for label, parts in self.runs.items():
+            m, startups[label], scores[label] = pooled(
+                parts, label, self.settings[label].batch_size, epoch_samples)
+            rows.append(m)
+        return compare(rows, baseline=RECIPE_LABEL if RECIPE_LABEL in scores else 0), scores, \
+            startups
+
+
+def _result(search: _Search, pipe: _Pipeline, side: _SideBySide | None, notes: list[str],
+            search_s: float) -> TuningResult | None:
+    """What was measured (None: no trial complete); the side by side's winner is recommended."""
+    best_trial = search.best_trial
+    if best_trial is None:
         return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
+    summary = side.summary(search.epoch_samples) if side is not None else None
+    comparison, scores, startups = summary if summary else (None, {}, {})
+    candidates = dict(side.settings) if summary else {TUNED_LABEL: best_trial.settings}
+    winner = max(scores, key=scores.get) if scores else TUNED_LABEL
+    code_dataset, code_imports = (pipe.code_dataset, pipe.code_imports) \
+        if winner == TUNED_LABEL else pipe.baseline_code
+    notes = list(notes)
+    if winner == RECIPE_LABEL:
+        notes.append("the common recipe ran as it is written: torch.set_num_threads(1) and "
+                     "OMP/MKL/OPENBLAS_NUM_THREADS=1 set after import, in the main process")
+    if search.out_of_budget:
+        notes.append(f"the budget ran out after {len(search.trials)} trials; a larger budget_s "
+                     f"tries the settings listed under 'Not tried'")
+    return TuningResult(best=candidates[winner], best_trial=best_trial, trials=search.trials,
+                        not_tried=search.not_tried, skipped=search.skipped,
+                        comparison=comparison, budget_s=search.budget_s,
+                        elapsed_s=search.elapsed(), search_s=search_s,
+                        epoch_samples=search.epoch_samples, dataset=pipe.description,
+                        machine=machine_summary(), code_dataset=code_dataset,
+                        code_imports=code_imports, notes=notes, winner=winner, scores=scores,
+                        startups=startups, candidates=candidates, consumer=search.consumer_text)
 
 
 def tune_loader(data: Any = None, *, budget_s: float = 60.0, batch_size: int | None = None,
                 size: int = 224, worker_counts: Sequence[int] | None = None,
                 batch_sizes: Sequence[int] | None = None, epoch_samples: int | None = None,
+                step_s: float | None = None, step: Callable[[Any], Any] | None = None,
                 n_images: int | None = None, compare_with_baselines: bool = True,
                 device: Any = "auto", progress: bool = True) -> TuningResult:
     """Find fast DataLoader settings for ``data`` on this machine within ``budget_s`` seconds.
@@ -473,11 +517,16 @@ def tune_loader(data: Any = None, *, budget_s: float = 60.0, batch_size: int | N
     (default: doublings and halvings of ``batch_size`` from 8 to 512; pass ``[batch_size]`` to
     keep it fixed, e.g. when your model needs it). ``worker_counts``: the num_workers ladder
     (default 0 .. 2 x usable CPUs). ``epoch_samples``: the epoch length the score assumes
-    (default: the dataset's length). ``device``: "auto" (CUDA when available: batches are
-    copied there and ``pin_memory`` is tried), None/"cpu" (no copy, no pin_memory), or a device.
+    (default: the dataset's length). ``step_s``: seconds your training step takes per batch;
+    each batch is then consumed by a sleep that long (a GPU step that leaves the CPU free), so
+    loading that overlaps the step is scored as a training loop sees it. ``step``: instead, a
+    function called on each batch for real (your training step; its CPU time counts).
+    ``device``: "auto" (CUDA when available: batches are copied there before the step and
+    ``pin_memory`` is tried), None/"cpu" (no copy, no pin_memory), or a device.
 
-    The search and its early stopping are described in the module docstring. Returns a
-    :class:`TuningResult`.
+    The search, the windows and the score are described in the module docstring. Returns a
+    :class:`TuningResult` whose ``best`` is the side by side's winner. Ctrl-C raises
+    :class:`TuningInterrupted` (``.result``: what was measured so far), workers shut down.
     """
     budget_s = _check_budget(budget_s)
     size = _check_size(size)
@@ -490,27 +539,16 @@ def tune_loader(data: Any = None, *, budget_s: float = 60.0, batch_size: int | N
     batch_size = int(batch_size)
     worker_counts = _check_int_list("worker_counts", worker_counts, 0)
     batch_sizes = _check_int_list("batch_sizes", batch_sizes, 1)
-    if n_images is not None and (isinstance(n_images, bool) or not isinstance(n_images, numbers.Integral)
-                                 or n_images < 1):
-        raise ValueError(f"n_images must be a positive int, got {n_images!r}; pass e.g. n_images=500.")
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else None
-    if device is not None and torch.device(device).type == "cpu":
-        device = None
-    if device is not None and torch.device(device).type != "cuda":
-        raise ValueError(f"device={device!r}: the tuner copies batches to a CUDA device only; "
-                         f"pass device='auto', 'cuda' or None.")
-    if device is not None and not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} asks for CUDA but torch.cuda.is_available() is "
-                         f"False here; pass device=None.")
+    consumer = make_consumer(step_s, step)
+    for name, value in (("n_images", n_images), ("epoch_samples", epoch_samples)):
+        if value is not None and (isinstance(value, bool) or not isinstance(
+                value, numbers.Integral) or value < 1):
+            raise ValueError(f"{name} must be a positive int, got {value!r}; pass e.g. "
+                             f"{name}=500.")
+    device = consumer_device(device)
 
     pipe = _pipeline(data, size, n_images, progress)
     n = len(pipe.dataset)
-    if epoch_samples is None:
-        epoch_samples = n
-    elif isinstance(epoch_samples, bool) or not isinstance(epoch_samples, numbers.Integral) \
-            or epoch_samples < 1:
-        raise ValueError(f"epoch_samples must be a positive int, got {epoch_samples!r}.")
     if n < 2 * batch_size and batch_sizes is None:
         batch_size = max(1, n // 4)
     usable = usable_cpus()
@@ -525,114 +563,38 @@ def tune_loader(data: Any = None, *, budget_s: float = 60.0, batch_size: int | N
 
     search_s = budget_s * (1 - COMPARE_SHARE) if compare_with_baselines else budget_s
     search = _Search(pipe, budget_s=budget_s, search_s=search_s,
-                     epoch_samples=int(epoch_samples), device=device, progress=progress)
+                     epoch_samples=int(epoch_samples or n), device=device, consumer=consumer,
+                     progress=progress)
     notes: list[str] = list(pipe.notes)
+    side: _SideBySide | None = None
+    stage, search_elapsed = "search", None
     try:
         start = LoaderSettings(num_workers=worker_counts[0], batch_size=batch_size)
-        # 1. num_workers ladder
-        search.ladder("num_workers", start, "num_workers", worker_counts, LADDER_FALLS)
-        # 2. batch size: up, then down
-        best = search.best_settings(start)
-        ups = [b for b in batch_sizes if b > best.batch_size]
-        downs = [b for b in reversed(batch_sizes) if b < best.batch_size]
-        search.ladder("batch_size", best, "batch_size", ups, 1)
-        search.ladder("batch_size", search.best_settings(best), "batch_size", downs, 1)
-        # 3. prefetch_factor and persistent_workers
-        best = search.best_settings(start)
-        with_workers = [t for t in search.trials if t.settings.num_workers and t.score]
-        if best.num_workers:
-            for pf in (1, 4):
-                search.run("prefetch/persistent", best.replace(prefetch_factor=pf))
-            best = search.best_settings(best)
-            search.run("prefetch/persistent", best.replace(persistent_workers=True))
-        elif with_workers:
-            # workers may have lost only by their start-up: persistent workers pay it once
-            w = max(with_workers, key=lambda t: t.score).settings.num_workers
-            search.run("prefetch/persistent", best.replace(num_workers=w,
-                                                           persistent_workers=True))
-            search.skipped.append(f"prefetch/persistent: prefetch_factor (the best had no "
-                                  f"workers; persistent_workers was tried with {w})")
-        else:
-            search.skipped.append("prefetch/persistent: prefetch_factor and persistent_workers "
-                                  "(they need num_workers >= 1; no trial had workers)")
-        # 4. pin_memory, threads per worker
-        best = search.best_settings(start)
-        if device is not None:
-            search.run("pin_memory/threads", best.replace(pin_memory=True))
-        else:
-            search.skipped.append("pin_memory/threads: pin_memory=True (no CUDA device here: "
-                                  "pinning is a CPU copy that only pays off in a later "
-                                  "host-to-GPU copy)")
-        best = search.best_settings(start)
-        if best.num_workers and 2 * best.num_workers <= usable:
-            context = None
-            if start_method() == "fork" and "forkserver" in multiprocessing.get_all_start_methods():
-                context = "forkserver"   # more than 1 thread in a forked worker can hang
-            for threads in range(2, usable // best.num_workers + 1):
-                search.run("pin_memory/threads",
-                           best.replace(threads_per_worker=threads, multiprocessing_context=context))
-        elif best.num_workers:
-            search.skipped.append(f"pin_memory/threads: more than 1 thread per worker "
-                                  f"({best.num_workers} workers x 2 threads would exceed the "
-                                  f"{usable} usable CPUs)")
-        else:
-            search.skipped.append("pin_memory/threads: threads per worker (the best had no "
-                                  "workers)")
+        search.stages(start, worker_counts, batch_sizes, usable)
         search_elapsed = search.elapsed()
         best_trial = search.best_trial
         if best_trial is None:
             failed = [t.status for t in search.trials]
             raise RuntimeError(f"no setting could be measured fully: {failed}; check that the "
                                f"dataset can be read (try dataset[0]).")
-
-        # side-by-side comparison, in what is left of the budget
-        comparison = None
         if compare_with_baselines:
-            comparison = _compare(pipe, best_trial, search, batch_size, device, notes)
+            stage = "side-by-side comparison"
+            with quiet_loader_warnings():
+                side = _SideBySide(pipe, best_trial.settings, batch_size, notes)
+            side.measure(search, min_batches=max(2, search.plan(best_trial.settings)[1]))
             over = search.elapsed() - budget_s
             if over > 0.1 * budget_s:
                 notes.append(f"the side-by-side comparison ran {over:.0f} s past the budget: "
                              f"it needs two interleaved rounds, each with the baselines' "
                              f"warm-up, however slow they are")
+    except KeyboardInterrupt:
+        search.bar.leave = False
+        if search_elapsed is None:
+            search_elapsed = search.elapsed()
+        partial = _result(search, pipe, side, notes + [f"interrupted during the {stage}"],
+                          search_elapsed)
+        raise TuningInterrupted(partial, search.elapsed(), stage) from None
     finally:
         search.bar.close()
-
-    if search.out_of_budget:
-        notes.append(f"the budget ran out after {len(search.trials)} trials; a larger budget_s "
-                     f"tries the settings listed under 'Not tried'")
-    return TuningResult(best=best_trial.settings, best_trial=best_trial, trials=search.trials,
-                        not_tried=search.not_tried, skipped=search.skipped,
-                        comparison=comparison, budget_s=budget_s, elapsed_s=search.elapsed(),
-                        search_s=search_elapsed, epoch_samples=int(epoch_samples),
-                        dataset=pipe.description, machine=machine_summary(),
-                        code_dataset=pipe.code_dataset, code_imports=pipe.code_imports,
-                        notes=notes)
-
-
-def _compare(pipe: _Pipeline, best_trial: Trial, search: _Search, batch_size: int,
-             device: Any, notes: list[str]) -> Comparison:
-    """Defaults vs common recipe vs tuned, repeats interleaved, sized to the budget left."""
-    s = best_trial.settings
-    rounds = pick(full=4, quick=3)
-    left = max(0.0, search.budget_s - search.elapsed())
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*pin_memory.*")
-        warnings.filterwarnings("ignore", message="This DataLoader will create")
-        entries: list[tuple[str, Any, Any]] = []
-        if pipe.base is not None:
-            recipe = common_recipe_loader(pipe.base, batch_size=batch_size, size=pipe.size)
-            defaults = DataLoader(TransformedDataset(pipe.base, CommonRecipeTransform(pipe.size)),
-                                  batch_size=batch_size, shuffle=True)
-            entries += [(DEFAULTS_LABEL, defaults, _nothing),
-                        (RECIPE_LABEL, recipe, common_recipe_process_settings)]
-        else:
-            entries.append((DEFAULTS_LABEL, DataLoader(pipe.dataset, batch_size=batch_size,
-                                                       shuffle=True), _nothing))
-            notes.append("the common recipe needs images as HxWx3 uint8 arrays (a JpegDataset "
-                         "or ImageFolderDataset without a transform); compared with defaults only")
-        entries.append((TUNED_LABEL, _loader(pipe.dataset, s, pipe.collate_fn, 0), _nothing))
-        try:
-            return _interleaved_comparison(entries, left, rounds, device, search.elapsed)
-        finally:
-            del entries
-            gc.collect()
+        gc.collect()
+    return _result(search, pipe, side, notes, search_elapsed)

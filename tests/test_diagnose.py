@@ -12,15 +12,22 @@ from course_utils.__main__ import main
 from course_utils.diagnose import DiagnoseError, build_loop, load_target
 
 
-def _no_children_left() -> None:
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _no_children_left(before: set[int]) -> None:
+    """Nothing diagnose started is still running (a forkserver or resource tracker that another
+    test started earlier in this process may be, and is not diagnose's)."""
     assert not multiprocessing.active_children()
-    left = [p for p in psutil.Process().children(recursive=True)
-            if "resource_tracker" not in " ".join(p.cmdline())]   # multiprocessing's own helper
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before
+            and "resource_tracker" not in " ".join(p.cmdline())]   # multiprocessing's own helper
     assert not left, [p.cmdline() for p in left]
 
 
 @pytest.mark.timeout(240)
 def test_data_bound_example_is_data_bound_with_measured_fixes(tmp_path, capsys):
+    before = _children()
     out = tmp_path / "d.json"
     assert main(["diagnose", "course_utils.examples.data_bound:make_loop", "--budget", "8",
                  "--steps", "40", "--no-progress", "--json", str(out)]) == 0
@@ -36,7 +43,7 @@ def test_data_bound_example_is_data_bound_with_measured_fixes(tmp_path, capsys):
     assert set(result["wait_tail_s"]) == {"p50", "p95", "p99"}
     text = capsys.readouterr().out
     assert "DATA-BOUND" in text and "measured on the same loop" in text
-    _no_children_left()
+    _no_children_left(before)
 
 
 @pytest.mark.timeout(240)
@@ -78,6 +85,7 @@ def raises():
 
 @pytest.mark.timeout(240)
 def test_a_file_target_with_its_own_dataset_runs_under_spawn(tmp_path, capsys):
+    before = _children()
     script = tmp_path / "learner_train.py"
     script.write_text(textwrap.dedent(SCRIPT))
     out = tmp_path / "s.json"
@@ -86,7 +94,7 @@ def test_a_file_target_with_its_own_dataset_runs_under_spawn(tmp_path, capsys):
     result = json.loads(out.read_text())
     assert result["start_method"] == "spawn" and result["verdict"] in ("data-bound", "compute-bound")
     assert len(result["worker_threads"]) == 1
-    _no_children_left()
+    _no_children_left(before)
 
 
 @pytest.mark.parametrize("target, message", [

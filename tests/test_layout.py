@@ -80,7 +80,7 @@ def test_the_check_finds_a_cycle():
 #: other module may pass 600 lines.
 MAX_LINES = 600
 STILL_TOO_LONG = {
-    "course_utils/bench.py": 1008, "course_utils/tuning.py": 638,
+    "course_utils/bench.py": 1008,
     "course_utils/transforms.py": 811, "course_utils/data.py": 807,
     "course_utils/threads.py": 649, "course_utils/graders/ex02_worker_init.py": 620,
 }

@@ -1,20 +1,36 @@
-"""The loader tuner: budget, early stopping, result consistency, image folders, CLI errors.
+"""The loader tuner: budget, early stopping, result consistency (the search and the side by side
+score alike; the side by side's winner is recommended), the consumer (training step), the code
+to paste (plain torch and the course's), Ctrl-C, image folders, CLI errors.
 
-Tiny datasets and budgets keep every test to seconds; no timing claim is asserted.
+Tiny datasets and budgets keep every test to seconds; no timing claim is asserted (the one
+overlap test rests on sleeps, with a 2x margin).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import cv2
 import matplotlib
+import psutil
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
+import course_utils.tuning as tuning
 from course_utils import JpegDataset, tune_loader
 from course_utils.__main__ import main
-from course_utils.tuning import PROBE_THRESHOLD, LoaderSettings, TuningResult
+from course_utils.data import LatencyDataset
+from course_utils.tuning import (PROBE_THRESHOLD, LoaderSettings, TuningInterrupted, TuningResult,
+                                 epoch_score)
+
+from _helpers import ROOT
 
 matplotlib.use("Agg")
 pytestmark = pytest.mark.timeout(240)
@@ -45,17 +61,36 @@ def test_result_is_consistent(result):
     assert isinstance(result, TuningResult)
     assert isinstance(result.best, LoaderSettings)
     assert result.best_trial in result.trials and result.best_trial.complete
-    assert result.best == result.best_trial.settings
     complete = [t for t in result.trials if t.complete]
     assert result.best_trial.score == max(t.score for t in complete)
+    # the side by side decides: its best row is recommended, never a worse one
+    assert result.scores[result.winner] == max(result.scores.values())
+    assert result.best == result.candidates[result.winner]
+    assert result.candidates["tuned"] == result.best_trial.settings
     # every trial's settings appear in the table, in order
     table = result.table()
     for t in result.trials:
         assert t.settings.label() in table
-    assert "<- best" in table
+    assert "<- best of the search" in table
     text = str(result)
-    assert "Code to paste" in text and "pin_memory" in text
+    assert "Code to paste" in text and "pin_memory" in text and "Recommended:" in text
+    assert "<- recommended" in result.side_by_side()
     assert [t.index for t in result.trials] == list(range(1, len(result.trials) + 1))
+
+
+def test_search_and_side_by_side_use_one_score(result):
+    """Every trial and every side-by-side row: epoch_score of its own rate and start-up."""
+    e = result.epoch_samples
+    for t in result.trials:
+        if t.measurement is not None:
+            assert t.score == pytest.approx(epoch_score(t.samples_per_s, t.startup_s,
+                                                        t.settings.batch_size, e))
+    for m in result.comparison.rows:
+        assert result.scores[m.label] == pytest.approx(epoch_score(
+            m.samples_per_s, result.startups[m.label], result.candidates[m.label].batch_size, e))
+    assert result.consumer.startswith("none")
+    assert epoch_score(100.0, 1.0, 10, 110) == pytest.approx(110 / 2.0)
+    assert epoch_score(0.0, 1.0, 10, 110) == 0.0
 
 
 def test_pin_memory_skip_is_explained_without_cuda(result):
@@ -66,35 +101,104 @@ def test_pin_memory_skip_is_explained_without_cuda(result):
 
 
 def test_code_to_paste_builds_the_best_loader(result, small_jpegs):
-    code = result.code()
+    code = result.code_course()
     assert "DataLoader(" in code and f"batch_size={result.best.batch_size}" in code
-    if result.best.num_workers:
+    if result.best.num_workers and result.best.threads_per_worker:
         assert f"worker_init_fn=make_worker_init({result.best.threads_per_worker})" in code
+    assert result.code_plain() in result.code() and code in result.code()
     scope = {"dataset": small_jpegs}
-    exec(code.replace("size=32", "size=32"), scope)
+    exec(code, scope)
     loader = scope["loader"]
     assert isinstance(loader, DataLoader)
     assert loader.batch_size == result.best.batch_size
     assert loader.num_workers == result.best.num_workers
-    images, labels = next(iter(loader))
-    assert images.dtype == torch.uint8 and tuple(images.shape[1:]) == (3, 32, 32)
+    if result.winner == "tuned":
+        images, labels = next(iter(loader))
+        assert images.dtype == torch.uint8 and tuple(images.shape[1:]) == (3, 32, 32)
+
+
+_PLAIN_SCRIPT = """
+import sys
+sys.modules["course_utils"] = None          # the pasted code must not need the course
+import threadpoolctl
+import torch
+from torch.utils.data import Dataset
+
+
+class Toy(Dataset):
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        blas = [p["num_threads"] for p in threadpoolctl.threadpool_info()] or [1]
+        return torch.tensor([torch.get_num_threads(), max(blas)]), i
+
+
+dataset = Toy()
+{code}
+
+if __name__ == "__main__":
+    threads, labels = next(iter(loader))
+    print("threads", sorted(set(threads[:, 0].tolist())), sorted(set(threads[:, 1].tolist())),
+          "batch", len(labels), "workers", loader.num_workers)
+"""
+
+
+@pytest.mark.parametrize("settings", [
+    LoaderSettings(num_workers=0, batch_size=4),
+    LoaderSettings(num_workers=2, batch_size=4, persistent_workers=True, pin_memory=True),
+    LoaderSettings(num_workers=1, batch_size=4, threads_per_worker=2,
+                   multiprocessing_context="spawn"),
+    LoaderSettings(num_workers=4, batch_size=4, threads_per_worker=None),
+])
+def test_plain_code_needs_no_course_utils(result, settings, monkeypatch):
+    r = dataclasses.replace(result, best=settings)
+    code = r.code_plain()
+    assert "course_utils" not in code and "make_worker_init" not in code
+    monkeypatch.setitem(sys.modules, "course_utils", None)    # importing it would fail now
+    scope = {"dataset": list(range(8))}
+    exec(compile(code, "<pasted>", "exec"), scope)
+    loader = scope["loader"]
+    assert (loader.batch_size, loader.num_workers) == (settings.batch_size, settings.num_workers)
+    limited = bool(settings.num_workers and settings.threads_per_worker is not None)
+    assert ("def worker_init_fn" in code) == limited
+    assert (loader.worker_init_fn is not None) == limited
+    assert f"num_workers={settings.num_workers}" in r.code()       # code() shows both versions
+    assert ("make_worker_init" in r.code_course()) == limited
+
+
+def test_plain_code_limits_threads_in_real_workers(result, tmp_path):
+    """The pasted plain code, run as a script with course_utils blocked: workers at 1 thread."""
+    r = dataclasses.replace(result, best=LoaderSettings(num_workers=2, batch_size=4))
+    script = tmp_path / "pasted.py"
+    script.write_text(_PLAIN_SCRIPT.format(code=r.code_plain()), encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "threads [1] [1] batch 4 workers 2" in proc.stdout, proc.stdout
 
 
 def test_comparison_ratios_are_computed(result):
     rows = [m.label for m in result.comparison.rows]
     assert rows == ["defaults", "common recipe", "tuned"]
-    tuned = result.comparison.row("tuned").samples_per_s
     assert result.speedup_vs_recipe == pytest.approx(
+        result.scores["tuned"] / result.scores["common recipe"])
+    tuned = result.comparison.row("tuned").samples_per_s
+    assert result.ratio("common recipe", "samples_per_s") == pytest.approx(
         tuned / result.comparison.row("common recipe").samples_per_s)
     assert all(len(m.times_s) >= 2 for m in result.comparison.rows)   # interleaved rounds
+    assert result.candidates["common recipe"] == LoaderSettings(
+        num_workers=4, batch_size=8, pin_memory=True, threads_per_worker=None)
+    assert result.candidates["defaults"] == LoaderSettings(num_workers=0, batch_size=8)
 
 
 def test_to_dict_is_json(result):
     data = json.loads(json.dumps(result.to_dict()))
-    assert data["best"] == result.best.to_dict()
+    assert data["best"] == result.best.to_dict() and data["winner"] == result.winner
     assert len(data["trials"]) == len(result.trials)
     assert data["thresholds"]["probe_threshold"] == PROBE_THRESHOLD
-    assert "DataLoader(" in data["code"]
+    assert "DataLoader(" in data["code"] and "course_utils" not in data["code_plain"]
+    assert set(data["scores"]) == {"defaults", "common recipe", "tuned"}
 
 
 def test_plot_returns_a_figure_with_machine_and_settings(result):
@@ -115,23 +219,20 @@ def test_tiny_budget_stops_early_and_says_what_was_skipped(small_jpegs):
     assert r.trials, "the first trial always runs"
     assert r.not_tried, "a 2 s budget cannot try every setting"
     assert "Not tried (budget ran out)" in str(r)
-    assert r.comparison is None
+    assert r.comparison is None and r.winner == "tuned" and "no side by side" in r.verdict()
     # the search starts a trial only while time is left: at most one trial past the budget
     assert r.search_s <= r.budget_s + max(t.seconds for t in r.trials) + 1.0
 
 
 def test_early_stopping_marks_probes(monkeypatch, small_jpegs):
-    """A probe far below the best is not timed fully (a fake clock makes w=1 look slow)."""
-    import course_utils.tuning as tuning
+    """A probe far below the best is not timed fully (a fake score makes workers look slow)."""
+    real = tuning.pooled
 
-    real = tuning._Search._score
-    calls = []
+    def slow_workers(parts, label, batch_size, epoch_samples):
+        m, startup, score = real(parts, label, batch_size, epoch_samples)
+        return m, startup, score * (1.0 if label.startswith("w=0") else 0.1)
 
-    def slow_workers(self, rate, startup, batch_size):
-        calls.append(rate)
-        return real(self, rate, startup, batch_size) * (0.1 if self.trials else 1.0)
-
-    monkeypatch.setattr(tuning._Search, "_score", slow_workers)
+    monkeypatch.setattr(tuning, "pooled", slow_workers)
     r = tune_loader(small_jpegs, budget_s=8, size=32, batch_size=8, worker_counts=[0, 1, 2],
                     batch_sizes=[8], compare_with_baselines=False, progress=False)
     assert r.trials[0].complete
@@ -141,16 +242,200 @@ def test_early_stopping_marks_probes(monkeypatch, small_jpegs):
     assert r.best == r.trials[0].settings
 
 
+def test_a_baseline_that_wins_is_recommended(monkeypatch, small_jpegs):
+    """Force the common recipe to win the side by side: it is recommended, said so, and its
+    code is the code to paste; the search's best is still reported."""
+    real = tuning.pooled
+
+    def recipe_wins(parts, label, batch_size, epoch_samples):
+        m, startup, score = real(parts, label, batch_size, epoch_samples)
+        return m, startup, 1e9 if label == "common recipe" else score
+
+    monkeypatch.setattr(tuning, "pooled", recipe_wins)
+    r = tune_loader(small_jpegs, budget_s=4, size=32, batch_size=8, worker_counts=[0],
+                    batch_sizes=[8], progress=False)
+    assert r.winner == "common recipe"
+    assert r.best == r.candidates["common recipe"] == LoaderSettings(
+        num_workers=4, batch_size=8, pin_memory=True, threads_per_worker=None)
+    assert r.best_trial.settings == r.candidates["tuned"] == LoaderSettings(0, 8)
+    assert r.speedup_vs_recipe < 1
+    text = str(r)
+    assert "Recommended: the common recipe (w=4 bs=8 pf=2 unlimited pin" in text
+    assert "beat the tuned setting (w=0 bs=8" in text
+    plain, course = r.code_plain(), r.code_course()
+    assert "num_workers=4" in plain and "pin_memory=True" in plain and "worker_init" not in plain
+    assert "TransformedDataset(dataset, CommonRecipeTransform(32))" in course
+    assert "make_worker_init" not in course and "keep_batch" not in course
+    scope = {"dataset": small_jpegs}
+    exec(course, scope)
+    assert scope["loader"].num_workers == 4 and scope["loader"].dataset[0][0].dtype == torch.float32
+
+
 def test_image_folder_works(image_folder):
     r = tune_loader(image_folder, budget_s=5, size=32, batch_size=8, worker_counts=[0, 1],
                     batch_sizes=[8], progress=False)
     assert "ImageFolderDataset" in r.dataset
-    assert f"ImageFolderDataset({str(image_folder)!r}" in r.code()
+    assert f"ImageFolderDataset({str(image_folder)!r}" in r.code_course()
     scope: dict = {}
-    exec(r.code(), scope)
+    exec(r.code_course(), scope)
     images, labels = next(iter(scope["loader"]))
-    assert images.dtype == torch.uint8 and tuple(images.shape[1:]) == (3, 32, 32)
+    expected = torch.uint8 if r.winner == "tuned" else torch.float32   # the recipe: float32
+    assert images.dtype == expected and tuple(images.shape[1:]) == (3, 32, 32)
 
+
+# ---- the consumer (training step) -----------------------------------------------------------
+
+def test_a_sleeping_step_bounds_every_rate(small_jpegs):
+    """Each timed batch is followed by the step, so no setting can beat batch / step_s."""
+    r = tune_loader(small_jpegs, budget_s=4, size=32, batch_size=8, worker_counts=[0, 1],
+                    batch_sizes=[8], step_s=0.04, compare_with_baselines=False, progress=False)
+    assert "40 ms training step per batch (a sleep" in r.consumer and r.consumer in str(r)
+    measured = [t for t in r.trials if t.measurement is not None]
+    assert measured and all(t.samples_per_s <= 8 / 0.04 * 1.001 for t in measured)
+
+
+def test_a_step_function_is_called_on_every_batch(small_jpegs):
+    seen = []
+
+    def train_step(batch):
+        images, labels = batch
+        seen.append((images.dtype, images.shape[0]))
+
+    r = tune_loader(small_jpegs, budget_s=3, size=32, batch_size=8, worker_counts=[0],
+                    batch_sizes=[8], step=train_step, compare_with_baselines=False,
+                    progress=False)
+    assert r.consumer.startswith("train_step(batch)")
+    timed = sum(round(m.items_per_repeat / 8) * m.repeats for m in
+                (t.measurement for t in r.trials) if m is not None)
+    assert len(seen) >= timed > 0 and set(seen) == {(torch.uint8, 8)}
+
+
+def test_loading_that_overlaps_the_step_wins():
+    """Latency-bound loading (10 ms per sample, sleeps) and an 80 ms step per batch of 8: in
+    the main process they add up (160 ms per batch), in workers they overlap (80 ms), so the
+    tuner must not pick num_workers=0."""
+    data = LatencyDataset(n=64, latency_s=0.01, item_shape=(3, 8, 8))
+    r = tune_loader(data, budget_s=8, batch_size=8, worker_counts=[0, 1, 2], batch_sizes=[8],
+                    step_s=0.08, epoch_samples=10**6, compare_with_baselines=False,
+                    progress=False)
+    assert r.epoch_samples == 10**6
+    assert r.best.num_workers >= 1, r.table()
+
+
+@pytest.mark.parametrize("kwargs, error, word", [
+    ({"step_s": -1}, ValueError, "step_s"),
+    ({"step_s": float("nan")}, ValueError, "step_s"),
+    ({"step_s": "50"}, ValueError, "step_s"),
+    ({"step": 3}, TypeError, "step must be a function"),
+    ({"step_s": 0.1, "step": print}, ValueError, "not both"),
+    ({"epoch_samples": 0}, ValueError, "epoch_samples"),
+])
+def test_bad_consumer_arguments(kwargs, error, word, small_jpegs):
+    with pytest.raises(error, match=word):
+        tune_loader(small_jpegs, budget_s=5, progress=False, **kwargs)
+
+
+# ---- Ctrl-C ---------------------------------------------------------------------------------
+
+def _children() -> set[int]:
+    """Live descendants, less multiprocessing's own helpers (the resource tracker and the
+    forkserver, which live as long as this process; a forkserver's workers do count)."""
+    me, alive = psutil.Process(), set()
+    for p in me.children(recursive=True):
+        try:
+            helper = p.ppid() == me.pid and any(
+                "resource_tracker import" in a or "forkserver import" in a for a in p.cmdline())
+            if p.status() != psutil.STATUS_ZOMBIE and not helper:
+                alive.add(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def _interrupt_second_trial(monkeypatch):
+    """measure_window raises KeyboardInterrupt in the second trial, its workers running."""
+    real, calls = tuning.measure_window, []
+
+    def interrupting(timed, warm, batches, label):
+        calls.append(label)
+        if len(calls) == 3:            # trial 1 had a probe and a full window
+            it = iter(timed)
+            next(it)                   # workers started, batches in flight, `it` kept alive
+            raise KeyboardInterrupt
+        return real(timed, warm, batches, label)
+
+    monkeypatch.setattr(tuning, "measure_window", interrupting)
+
+
+def test_ctrl_c_stops_cleanly_with_the_best_so_far(monkeypatch, small_jpegs):
+    before, mp_before = _children(), set(multiprocessing.active_children())
+    _interrupt_second_trial(monkeypatch)
+    with pytest.raises(TuningInterrupted) as info:
+        tune_loader(small_jpegs, budget_s=20, size=32, batch_size=8, worker_counts=[0, 2],
+                    batch_sizes=[8], progress=False)
+    assert isinstance(info.value, KeyboardInterrupt)
+    partial = info.value.result
+    assert len(partial.trials) == 1 and partial.best == LoaderSettings(0, 8)
+    assert partial.comparison is None and "interrupted during the search" in partial.notes
+    line = str(info.value)
+    assert "\n" not in line and "best measured so far: w=0 bs=8 ->" in line
+    assert "samples/s per epoch" in line and "CPU ms/sample" in line
+    # no worker left behind, although the interrupted frame still holds its iterator
+    assert not set(multiprocessing.active_children()) - mp_before
+    assert not _children() - before
+
+
+def test_cli_ctrl_c_prints_one_line_exit_130(monkeypatch, image_folder, capsys):
+    before = _children()
+    _interrupt_second_trial(monkeypatch)
+    code = main(["tune", str(image_folder), "--budget", "20", "--size", "32", "--batch-size",
+                 "8", "--no-progress"])
+    assert code == 130
+    out = capsys.readouterr()
+    assert out.out == "" and "Traceback" not in out.err
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("python -m course_utils tune: interrupted")
+    assert "best measured so far: w=0 bs=" in lines[0]
+    assert not _children() - before
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX process groups and signals")
+def test_real_ctrl_c_in_a_terminal():
+    """SIGINT to the whole process group (what a terminal does), after the first trial: one
+    line, exit 130, no process of the group left (the workers get the signal too)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "course_utils", "tune", "--images", "64", "--size", "32",
+         "--batch-size", "8", "--budget", "60"], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, start_new_session=True, env={**os.environ, "COURSE_QUICK": "1"})
+    seen, t0 = b"", time.monotonic()
+    try:
+        while b"best w=" not in seen and time.monotonic() - t0 < 90:   # the bar: a trial done
+            chunk = os.read(proc.stderr.fileno(), 4096)
+            if not chunk:
+                break
+            seen += chunk
+        assert b"best w=" in seen, seen.decode(errors="replace")
+        time.sleep(0.5)                         # inside the next trial, most likely
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    err = (seen + err).decode(errors="replace")
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    last = err.replace("\r", "\n").strip().splitlines()[-1]
+    assert last.startswith("python -m course_utils tune: interrupted during the"), err
+    for _ in range(20):   # multiprocessing's helpers (resource tracker, forkserver) end too
+        left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True)
+        if not left.stdout.strip():
+            break
+        time.sleep(0.5)
+    assert left.stdout.strip() == "", f"processes left in the group: {left.stdout}"
+
+
+# ---- bad input ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs, word", [
     ({"budget_s": 0}, "budget_s"),
@@ -180,10 +465,15 @@ def test_bad_data(tmp_path):
 def test_settings_validate():
     assert LoaderSettings(num_workers=2).prefetch_factor == 2
     assert LoaderSettings(num_workers=0, prefetch_factor=4).prefetch_factor is None
+    assert LoaderSettings(num_workers=2, threads_per_worker=None).loader_kwargs().get(
+        "worker_init_fn") is None
+    assert "unlimited" in LoaderSettings(num_workers=2, threads_per_worker=None).label()
     with pytest.raises(ValueError, match="num_workers"):
         LoaderSettings(num_workers=-1)
     with pytest.raises(ValueError, match="persistent_workers"):
         LoaderSettings(num_workers=0, persistent_workers=True)
+    with pytest.raises(ValueError, match="threads_per_worker"):
+        LoaderSettings(num_workers=1, threads_per_worker=0)
 
 
 # ---- command line ---------------------------------------------------------------------------
@@ -194,6 +484,7 @@ def test_cli_help(capsys):
     assert info.value.code == 0
     out = capsys.readouterr().out
     assert "FOLDER" in out and "--budget" in out and "--course-data" in out
+    assert "--step-ms" in out and "--epoch-images" in out
 
 
 @pytest.mark.parametrize("args, word", [
@@ -201,6 +492,8 @@ def test_cli_help(capsys):
     (["tune", "--budget", "0"], "--budget"),
     (["tune", "--budget", "-3"], "--budget"),
     (["tune", "--budget", "0.5"], "too small"),
+    (["tune", "--step-ms", "-5"], "--step-ms"),
+    (["tune", "--step-ms", "inf"], "--step-ms"),
 ])
 def test_cli_errors_are_one_line_exit_2(args, word, capsys):
     assert main(args) == 2
@@ -218,8 +511,10 @@ def test_cli_empty_folder_and_both_sources(tmp_path, capsys):
 def test_cli_tunes_a_folder(image_folder, tmp_path, capsys):
     out_json = tmp_path / "r.json"
     code = main(["tune", str(image_folder), "--budget", "4", "--size", "32", "--batch-size", "8",
-                 "--no-compare", "--no-progress", "--json", str(out_json)])
+                 "--no-compare", "--no-progress", "--json", str(out_json), "--step-ms", "5",
+                 "--epoch-images", "5000"])
     assert code == 0
     out = capsys.readouterr().out
-    assert "loader = DataLoader(" in out
-    assert json.loads(out_json.read_text())["best"]["batch_size"] >= 1
+    assert "loader = DataLoader(" in out and "5 ms training step per batch" in out
+    data = json.loads(out_json.read_text())
+    assert data["best"]["batch_size"] >= 1 and data["epoch_samples"] == 5000
