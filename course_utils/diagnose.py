@@ -420,6 +420,11 @@ def diagnose(loader: Any, step: Callable, *, budget_s: float = 60.0, max_steps: 
                     continue
                 fixed = time_loop(rebuild(loader, **kwargs), step, max_steps=max_steps,
                                   seconds=min(left, 0.15 * budget_s), label=change, tick=bar.update)
+                base_step, fixed_step = (sum(t.step_s) / max(1, t.steps) for t in (loop, fixed))
+                if fixed_step > 1.5 * base_step and fixed.steps:
+                    notes.append(f"with {change} the step itself took {fixed_step / base_step:.1f}x as long "
+                                 f"({base_step * 1e3:.1f} -> {fixed_step * 1e3:.1f} ms): the workers and the "
+                                 f"step's threads share {usable_cpus()} CPUs (lesson 02)")
                 suggestions.append({"change": change, "seconds_per_step": fixed.seconds_per_step,
                                     "data_wait_fraction": fixed.wait_fraction,
                                     "gain": loop.seconds_per_step / fixed.seconds_per_step
