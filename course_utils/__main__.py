@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Callable, Sequence
+import time
+from typing import Any, Callable, Sequence
 
 from .config import QUICK_ENV
 
@@ -43,15 +44,20 @@ def _cmd_grade(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _print_and_save(result: Any, json_path: str | None) -> None:
+    """Print a result; with ``--json PATH`` also write its ``to_dict()`` there."""
+    print(result)
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as fh:
+            json.dump(result.to_dict(), fh, indent=2, default=str)
+        print(f"wrote {json_path}")
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from .benchmark import run_benchmark
     result = run_benchmark(n=args.images, batch_size=args.batch_size, repeats=args.repeats,
                            storage=not args.no_storage, progress=not args.no_progress)
-    print(result)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(result.to_dict(), fh, indent=2, default=str)
-        print(f"wrote {args.json}")
+    _print_and_save(result, args.json)
     return 0
 
 
@@ -119,14 +125,39 @@ def _tune(args: argparse.Namespace, fail: Callable[[str], int]) -> int:
                              progress=not args.no_progress)
     except (ValueError, TypeError, FileNotFoundError) as exc:
         return fail(str(exc).splitlines()[0])
-    print(result)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(result.to_dict(), fh, indent=2, default=str)
-        print(f"wrote {args.json}")
+    _print_and_save(result, args.json)
     if args.plot:
         result.plot().savefig(args.plot, dpi=100)
         print(f"wrote {args.plot}")
+    return 0
+
+
+def _cmd_diagnose(args: argparse.Namespace) -> int:
+    """``diagnose``: one line and exit 2 on bad input, exit 130 on Ctrl-C."""
+    from .diagnose import DiagnoseError, build_loop, diagnose, load_target
+
+    def fail(message: str, code: int = 2) -> int:
+        print(f"python -m course_utils diagnose: error: {message}", file=sys.stderr)
+        return code
+
+    if not args.budget > 0:
+        return fail(f"--budget {args.budget:g} must be more than 0 seconds; pass e.g. --budget 60.")
+    if args.steps < 1:
+        return fail(f"--steps {args.steps} must be 1 or more; pass e.g. --steps 200.")
+    try:
+        t0 = time.perf_counter()
+        loader, step = build_loop(load_target(args.target), args.target.rpartition(":")[2])
+        built_s = time.perf_counter() - t0
+        result = diagnose(loader, step, budget_s=args.budget, max_steps=args.steps,
+                          target=args.target, progress=not args.no_progress)
+        result.notes.append(f"importing the module and {args.target.rpartition(':')[2]}() took "
+                            f"{built_s:.1f} s before the --budget of {args.budget:g} s began; "
+                            f"worker start-ups inside the runs may also overrun it a little.")
+    except DiagnoseError as exc:
+        return fail(str(exc))
+    except KeyboardInterrupt:
+        return fail("interrupted (Ctrl-C); no workers left running.", 130)
+    _print_and_save(result, args.json)
     return 0
 
 
@@ -245,8 +276,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=_cmd_tune)
 
-    from .diagnose import add_command   # its own module: the CLI's other commands load lazily too
-    add_command(sub)
+    p = sub.add_parser(
+        "diagnose", help="is your training loop waiting for data, and why? (MODULE:FUNCTION)",
+        description="FUNCTION() must return (loader, step), where step(batch) runs one training "
+                    "step. diagnose times your loop within --budget seconds (the wait for each "
+                    "batch and the step), the step alone on a cached batch, the loader alone, the "
+                    "threads inside its workers and the start method; says data-bound or "
+                    "compute-bound; and, when data-bound, tries the cheap fixes (more workers, a "
+                    "thread limit in the workers, pin_memory on CUDA) on the same loop and prints "
+                    "each one's measured gain.",
+        epilog="examples: python -m course_utils diagnose train.py:make_loop --budget 60\n"
+               "          python -m course_utils diagnose course_utils.examples.data_bound:make_loop",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("target", metavar="MODULE:FUNCTION",
+                   help="a .py file or importable module, a colon, and the function that returns "
+                        "(loader, step)")
+    p.add_argument("--budget", type=float, default=60.0, metavar="SECONDS",
+                   help="wall-clock seconds for the measurements (default 60); building your "
+                        "loader comes before it")
+    p.add_argument("--steps", type=int, default=200, help="at most this many timed steps per run "
+                                                          "(default 200)")
+    p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_diagnose)
     return parser
 
 
