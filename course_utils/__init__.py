@@ -2,8 +2,8 @@
 
 The package holds what the notebooks cannot: the code DataLoader workers must import (datasets,
 transforms, the thread limiter: :mod:`course_utils.data`, :mod:`course_utils.threads`), the one
-timing engine (:mod:`course_utils.bench`), the device helpers (:mod:`course_utils.device`), the
-machine report, plots and the exercise graders. Each lesson writes the mechanism it teaches in its
+timing engine (:mod:`course_utils.bench`) and its results (:mod:`course_utils.measurement`), the
+device helpers (:mod:`course_utils.device`), the machine report, plots and the exercise graders. Each lesson writes the mechanism it teaches in its
 own cells first; the helpers here say in their docstrings which lesson shows them. Bigger
 measurement harnesses live in :mod:`course_utils.lessons`, named like the notebooks.
 
@@ -13,11 +13,12 @@ seeding, no printing.
 """
 from __future__ import annotations
 
-from .bench import compare, measure, measure_data_wait, measure_loader
+from .bench import measure, measure_data_wait, measure_loader
 from .config import mode_banner, pick
 from .data import ArrayDataset, CommonRecipeTransform, JpegDataset, LatencyDataset, ToTensorUint8
 from .grading import ExerciseFailed, check
 from .machine import accelerator, default_device, doctor, machine_summary, usable_cpus
+from .measurement import compare
 from .pipelines import keep_batch
 from .plots import figure_title, plot_measurements
 from .start_methods import start_method

@@ -97,7 +97,7 @@ def _tune(args: argparse.Namespace, fail: Callable[[str], int]) -> int:
     if args.folder is not None:
         from pathlib import Path
 
-        from .data import ImageFolderDataset
+        from .image_folder import ImageFolderDataset
         folder = Path(args.folder).expanduser()
         if not folder.exists():
             return fail(f"FOLDER {args.folder!r} does not exist; pass the folder that holds your "

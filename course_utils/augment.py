@@ -53,7 +53,8 @@ import torch
 import torch.nn.functional as F
 
 from .device import constants_on
-from .transforms import IMAGENET_MEAN, IMAGENET_STD, PerProcessRandom
+from .image_ops import IMAGENET_MEAN, IMAGENET_STD
+from .transforms import PerProcessRandom
 
 __all__ = [
     "GRAY_WEIGHTS",

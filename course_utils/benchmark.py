@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ContextManager
 
-from .bench import Comparison, Measurement, compare, measure_loader
+from .bench import measure_loader
+from .measurement import Comparison, Measurement, compare
 from .checks import check_int
 from .config import pick
 from .data import JpegDataset

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+import operator
+from typing import Any, Callable, Optional
 
-__all__ = ["WrongType", "check_int", "check_seconds", "check_fraction"]
+__all__ = ["WrongType", "check_int", "check_seconds", "check_fraction", "check_index", "check_transform"]
 
 
 class WrongType(TypeError, ValueError):
@@ -25,8 +26,9 @@ def _prefix(where: str) -> str:
 
 
 def check_int(name: str, value: Any, minimum: int, where: str = "", hint: str = "", *,
-              allow_none: bool = False) -> int | None:
-    """``value`` as an int >= ``minimum`` (None passes through when ``allow_none``)."""
+              allow_none: bool = False, maximum: int | None = None) -> int | None:
+    """``value`` as an int >= ``minimum`` (and <= ``maximum`` when given; None passes through
+    when ``allow_none``)."""
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -36,6 +38,9 @@ def check_int(name: str, value: Any, minimum: int, where: str = "", hint: str = 
     if value < minimum:
         raise ValueError(f"{_prefix(where)}{name}={value!r} is too small: {name} must be "
                          f">= {minimum}.{hint}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{_prefix(where)}{name}={value!r} is too large: {name} must be "
+                         f"<= {maximum}.{hint}")
     return int(value)
 
 
@@ -61,3 +66,26 @@ def check_fraction(name: str, value: Any, where: str = "") -> float:
         raise ValueError(f"{_prefix(where)}{name}={value!r} must be in (0, 1], e.g. 0.9 for "
                          f"'within 90 % of the best'.")
     return value
+
+
+def check_index(i: Any, n: int, where: str) -> int:
+    """A sample index of a dataset of ``n`` samples (negative counts from the end); an
+    IndexError when it is out of range, so ``for x in dataset`` stops as Python expects."""
+    try:
+        i = operator.index(i)
+    except TypeError:
+        raise TypeError(f"{where}: index must be an int, got {i!r} ({type(i).__name__}).") from None
+    if i < 0:
+        i += n
+    if not 0 <= i < n:
+        raise IndexError(f"{where}: index {i} is out of range for a dataset of {n} samples.")
+    return i
+
+
+def check_transform(transform: Any, where: str) -> Optional[Callable]:
+    """A dataset's ``transform``: a callable or None."""
+    if transform is not None and not callable(transform):
+        raise TypeError(f"{where}: transform must be callable or None, got {transform!r}; "
+                        f"pass e.g. CommonRecipeTransform() (a class from course_utils, so "
+                        f"workers can unpickle it).")
+    return transform

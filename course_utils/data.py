@@ -10,7 +10,8 @@ Datasets
                                 the light case.
     :class:`LatencyDataset`     sleeps per sample (and once per process at start-up): the
                                 storage/network-bound case.
-    :class:`ImageFolderDataset` a folder of the learner's own images.
+
+(A folder of the learner's own images is :class:`course_utils.image_folder.ImageFolderDataset`.)
 
 Every dataset keeps its data in NumPy arrays (one buffer + offsets, never a Python list of
 objects), so reading it in a forked worker does not copy pages ("copy-on-read").
@@ -22,14 +23,11 @@ Transforms (picklable classes, not lambdas)
 """
 from __future__ import annotations
 
-import copy
 import functools
 import math
 import numbers
-import operator
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
@@ -40,25 +38,15 @@ import psutil
 import torch
 from torch.utils.data import Dataset
 
+from .checks import check_index, check_int, check_seconds, check_transform
 from .config import pick
 
 __all__ = [
-    "sample_photo",
-    "decode_jpeg",
-    "ram_budget_bytes",
-    "RamBudgetError",
-    "JpegDataset",
-    "ArrayDataset",
-    "LatencyDataset",
-    "ImageFolderDataset",
-    "CommonRecipeTransform",
-    "ToTensorUint8",
-    "IMAGE_EXTENSIONS",
-    "image_damage",
+    "sample_photo", "decode_jpeg", "ram_budget_bytes", "RamBudgetError", "JpegDataset",
+    "ArrayDataset", "LatencyDataset", "CommonRecipeTransform", "ToTensorUint8",
 ]
 
 PHOTO_NAME = "grace_hopper.jpg"
-IMAGE_EXTENSIONS: tuple[str, ...] = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 _N_CLASSES = 10
 _MB = 1e6
 
@@ -66,33 +54,6 @@ _MB = 1e6
 # --------------------------------------------------------------------------------------------
 # small validation helpers (errors name the argument and say what to do)
 # --------------------------------------------------------------------------------------------
-
-def _as_int(name: str, value: Any, *, lo: int | None = None, hi: int | None = None,
-            where: str = "") -> int:
-    """Return ``value`` as a Python int, or raise a TypeError/ValueError naming ``name``."""
-    prefix = f"{where}: " if where else ""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{prefix}{name} must be a whole number, got {value!r} "
-                        f"({type(value).__name__}); pass an int such as {lo if lo is not None else 1}.")
-    value = int(value)
-    if lo is not None and value < lo:
-        raise ValueError(f"{prefix}{name}={value} is too small; pass an int >= {lo}.")
-    if hi is not None and value > hi:
-        raise ValueError(f"{prefix}{name}={value} is too large; pass an int <= {hi}.")
-    return value
-
-
-def _as_seconds(name: str, value: Any, *, where: str) -> float:
-    """Return ``value`` as a finite float >= 0 (seconds), or raise naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{where}: {name} must be a number of seconds, got {value!r} "
-                        f"({type(value).__name__}); pass e.g. {name}=0.005.")
-    value = float(value)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{where}: {name}={value!r} must be a finite number of seconds >= 0; "
-                         f"pass 0 to switch it off.")
-    return value
-
 
 def _as_shape(name: str, value: Any, *, where: str) -> tuple[int, ...]:
     """Return ``value`` as a tuple of positive ints, or raise naming ``name``."""
@@ -113,26 +74,6 @@ def _as_shape(name: str, value: Any, *, where: str) -> tuple[int, ...]:
         out.append(int(d))
     return tuple(out)
 
-
-def _check_transform(transform: Any, where: str) -> Optional[Callable]:
-    if transform is not None and not callable(transform):
-        raise TypeError(f"{where}: transform must be callable or None, got {transform!r}; "
-                        f"pass e.g. CommonRecipeTransform() (a class from course_utils, so "
-                        f"workers can unpickle it).")
-    return transform
-
-
-def _index(i: Any, n: int, where: str) -> int:
-    """Normalise a sample index (negative indices count from the end), IndexError if out of range."""
-    try:
-        i = operator.index(i)
-    except TypeError:
-        raise TypeError(f"{where}: index must be an int, got {i!r} ({type(i).__name__}).") from None
-    if i < 0:
-        i += n
-    if not 0 <= i < n:
-        raise IndexError(f"{where}: index {i} is out of range for a dataset of {n} samples.")
-    return i
 
 
 # --------------------------------------------------------------------------------------------
@@ -305,15 +246,15 @@ class JpegDataset(Dataset):
         where = "JpegDataset"
         if n is None:
             n = pick(full=2000, quick=200)
-        self.n = _as_int("n", n, lo=1, where=where)
-        self.min_side = _as_int("min_side", min_side, lo=16, hi=4096, where=where)
-        self.max_side = _as_int("max_side", max_side, lo=16, hi=4096, where=where)
+        self.n = check_int("n", n, 1, where)
+        self.min_side = check_int("min_side", min_side, 16, where, maximum=4096)
+        self.max_side = check_int("max_side", max_side, 16, where, maximum=4096)
         if self.min_side > self.max_side:
             raise ValueError(f"{where}: min_side={self.min_side} is larger than "
                              f"max_side={self.max_side}; pass min_side <= max_side.")
-        self.quality = _as_int("quality", quality, lo=1, hi=100, where=where)
-        self.seed = _as_int("seed", seed, lo=0, where=where)
-        self.transform = _check_transform(transform, where)
+        self.quality = check_int("quality", quality, 1, where, maximum=100)
+        self.seed = check_int("seed", seed, 0, where)
+        self.transform = check_transform(transform, where)
 
         photo = _photo_bgr()
         rng = np.random.default_rng(self.seed)
@@ -352,7 +293,7 @@ class JpegDataset(Dataset):
 
     def encoded(self, i: int) -> np.ndarray:
         """The JPEG bytes of sample ``i``: a read-only uint8 view into :attr:`buffer` (no copy)."""
-        i = _index(i, self.n, "JpegDataset.encoded")
+        i = check_index(i, self.n, "JpegDataset.encoded")
         view = self.buffer[self.offsets[i]:self.offsets[i + 1]]
         view.flags.writeable = False
         return view
@@ -361,7 +302,7 @@ class JpegDataset(Dataset):
         return self.n
 
     def __getitem__(self, i: int) -> tuple[Any, int]:
-        i = _index(i, self.n, "JpegDataset")
+        i = check_index(i, self.n, "JpegDataset")
         image = decode_jpeg(self.buffer[self.offsets[i]:self.offsets[i + 1]])
         if self.transform is not None:
             image = self.transform(image)
@@ -435,8 +376,8 @@ class ArrayDataset(Dataset):
         if self.dtype not in _ARRAY_DTYPES:
             raise TypeError(f"{where}: dtype={self.dtype} is not supported; pass one of "
                             f"{', '.join(str(d) for d in _ARRAY_DTYPES)} (np.uint8 is the default).")
-        self.seed = _as_int("seed", seed, lo=0, where=where)
-        self.transform = _check_transform(transform, where)
+        self.seed = check_int("seed", seed, 0, where)
+        self.transform = check_transform(transform, where)
         try:
             self.budget_bytes = ram_budget_bytes(ram_fraction)
         except (TypeError, ValueError) as exc:
@@ -463,7 +404,7 @@ class ArrayDataset(Dataset):
                 n = int(fits)
             else:
                 n = default_n
-        self.n = _as_int("n", n, lo=1, where=where)
+        self.n = check_int("n", n, 1, where)
         need = self.n * self.item_nbytes
         if need > self.budget_bytes:
             raise RamBudgetError(
@@ -485,7 +426,7 @@ class ArrayDataset(Dataset):
         return self.n
 
     def __getitem__(self, i: int) -> tuple[Any, int]:
-        i = _index(i, self.n, "ArrayDataset")
+        i = check_index(i, self.n, "ArrayDataset")
         x = torch.from_numpy(self.data[i])
         if self.transform is not None:
             x = self.transform(x)
@@ -524,9 +465,9 @@ class LatencyDataset(Dataset):
         where = "LatencyDataset"
         if n is None:
             n = pick(full=2000, quick=200)
-        self.n = _as_int("n", n, lo=1, where=where)
-        self.latency_s = _as_seconds("latency_s", latency_s, where=where)
-        self.startup_s = _as_seconds("startup_s", startup_s, where=where)
+        self.n = check_int("n", n, 1, where)
+        self.latency_s = check_seconds("latency_s", latency_s, where)
+        self.startup_s = check_seconds("startup_s", startup_s, where)
         self.item_shape = _as_shape("item_shape", item_shape, where=where)
         self._started_pid: Optional[int] = None  # process that has paid startup_s
 
@@ -534,7 +475,7 @@ class LatencyDataset(Dataset):
         return self.n
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        i = _index(i, self.n, "LatencyDataset")
+        i = check_index(i, self.n, "LatencyDataset")
         pid = os.getpid()
         if self._started_pid != pid:
             if self.startup_s > 0:
@@ -559,196 +500,6 @@ class LatencyDataset(Dataset):
 
 
 # --------------------------------------------------------------------------------------------
-# ImageFolderDataset
-# --------------------------------------------------------------------------------------------
-
-_CHECK_THREADS = 8   # image_damage runs this many files at once (OpenCV releases the GIL)
-
-
-def _jpeg_is_truncated(buf: bytes) -> bool:
-    """True when the JPEG in ``buf`` stops before the end-of-image marker of its main image.
-
-    The header segments are walked by their lengths up to the first start-of-scan (so an EXIF
-    thumbnail, a whole JPEG inside a header, is stepped over); the main image's end marker is
-    the first one after that (data appended after it, e.g. a motion photo's video, is ignored).
-    """
-    pos = 2
-    while pos + 4 <= len(buf):
-        if buf[pos] != 0xFF:
-            return False                      # not a structure this reads: the decoder judges
-        marker = buf[pos + 1]
-        if marker == 0xFF:                    # fill byte
-            pos += 1
-        elif marker == 0xDA:                  # start of scan
-            return buf.find(b"\xff\xd9", pos) < 0
-        elif marker == 0xD9:
-            return False
-        elif 0xD0 <= marker <= 0xD7 or marker == 0x01:
-            pos += 2
-        else:
-            pos += 2 + int.from_bytes(buf[pos + 2:pos + 4], "big")
-    return True                               # the file ends inside its headers
-
-
-def image_damage(file: Union[str, os.PathLike]) -> Optional[str]:
-    """Why ``file`` cannot be used as an image, in a few words, or None when it is fine.
-
-    A cheap check, meant for scanning a folder once: the file is read, a JPEG must reach its
-    end-of-image marker (a truncated download or copy does not), and OpenCV must decode it
-    (JPEGs at 1/8 scale, several times cheaper than a full decode).
-    """
-    try:
-        buf = Path(file).read_bytes()
-    except OSError as exc:
-        return f"cannot be read: {exc.strerror or exc}"
-    if not buf:
-        return "empty file"
-    flag = cv2.IMREAD_COLOR
-    if buf[:3] == b"\xff\xd8\xff":
-        if _jpeg_is_truncated(buf):
-            return "truncated JPEG"
-        flag = cv2.IMREAD_REDUCED_COLOR_8
-    try:
-        img = cv2.imdecode(np.frombuffer(buf, dtype=np.uint8), flag)
-    except cv2.error:
-        img = None
-    return None if img is not None and img.size else "OpenCV cannot decode it"
-
-
-class ImageFolderDataset(Dataset):
-    """The learner's own images: every image file under ``path`` (recursive), decoded with OpenCV.
-
-    Files are found recursively (hidden files and folders such as ``.ipynb_checkpoints`` are
-    skipped) and sorted by path. A file's label is the index of its immediate parent folder's
-    name among the sorted class names (:attr:`classes`); images directly in ``path`` belong to
-    class ``"."``, so a flat folder has every label 0. Paths are kept in a NumPy string array
-    (copy-on-read safe).
-
-    ``ds[i]`` returns ``(image, label)``: (H, W, 3) uint8 RGB (grey and alpha images are
-    converted), or ``transform(image)`` when a transform is given. A file OpenCV cannot decode
-    raises a ValueError that names it.
-
-    ``skip_damaged=True`` checks every file once while the folder is scanned
-    (:func:`image_damage`: truncated JPEGs, files that are not images) and leaves the damaged
-    ones out, so a DataLoader's workers never meet one; :attr:`damaged` lists them as
-    ``(path, why)`` (it is empty, and :attr:`checked` False, without the check). The dataset
-    may then hold fewer images than the folder, even none.
-    """
-
-    def __init__(self, path: Union[str, os.PathLike], transform: Optional[Callable] = None,
-                 extensions: Sequence[str] = IMAGE_EXTENSIONS, *,
-                 skip_damaged: bool = False) -> None:
-        where = f"ImageFolderDataset(path={str(path)!r})"
-        if isinstance(extensions, str):
-            extensions = (extensions,)
-        exts = []
-        for e in extensions:
-            if not isinstance(e, str) or not e.strip("."):
-                raise ValueError(f"{where}: extensions must be file endings such as "
-                                 f"('.jpg', '.png'), got {extensions!r}.")
-            e = e.lower()
-            exts.append(e if e.startswith(".") else "." + e)
-        if not exts:
-            raise ValueError(f"{where}: extensions is empty; pass e.g. {IMAGE_EXTENSIONS}.")
-        self.extensions = tuple(exts)
-        self.transform = _check_transform(transform, "ImageFolderDataset")
-
-        root = Path(path).expanduser()
-        if not root.exists():
-            raise FileNotFoundError(f"{where}: no such folder; pass the folder that holds your "
-                                    f"images.")
-        if not root.is_dir():
-            raise NotADirectoryError(f"{where}: this is a file, not a folder; pass the folder "
-                                     f"that holds your images (e.g. {str(root.parent)!r}).")
-        self.root = root
-
-        files: list[Path] = []
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-            for name in filenames:
-                if not name.startswith(".") and os.path.splitext(name)[1].lower() in self.extensions:
-                    files.append(Path(dirpath) / name)
-        if not files:
-            raise ValueError(f"{where}: no images found (searched all sub-folders for files "
-                             f"ending in {', '.join(self.extensions)}); put your images there or "
-                             f"pass extensions=... to match your files.")
-        files.sort(key=lambda p: p.relative_to(root).as_posix())
-        self.checked: bool = bool(skip_damaged)
-        self.damaged: list[tuple[str, str]] = []
-        if skip_damaged:
-            log = cv2.utils.logging
-            level = log.getLogLevel()
-            log.setLogLevel(log.LOG_LEVEL_ERROR)   # damaged files are summed up in self.damaged
-            try:
-                with ThreadPoolExecutor(min(_CHECK_THREADS, os.cpu_count() or 1)) as pool:
-                    why = list(pool.map(image_damage, files))
-            finally:
-                log.setLogLevel(level)
-            self.damaged = [(str(p), w) for p, w in zip(files, why) if w is not None]
-            files = [p for p, w in zip(files, why) if w is None]
-
-        def class_of(p: Path) -> str:
-            return "." if p.parent == root else p.parent.name
-
-        self.classes: list[str] = sorted({class_of(p) for p in files})
-        index = {c: k for k, c in enumerate(self.classes)}
-        self.paths: np.ndarray = np.array([str(p) for p in files])  # fixed-width str array
-        self.labels: np.ndarray = np.array([index[class_of(p)] for p in files], dtype=np.int64)
-
-    def __len__(self) -> int:
-        return int(self.paths.shape[0])
-
-    def __getitem__(self, i: int) -> tuple[Any, int]:
-        i = _index(i, len(self), "ImageFolderDataset")
-        file = str(self.paths[i])
-        try:
-            raw = np.fromfile(file, dtype=np.uint8)
-        except OSError as exc:
-            raise ValueError(f"ImageFolderDataset: could not read {file!r} ({exc}); check the "
-                             f"file exists and is readable, or remove it from the folder.") from exc
-        try:
-            img = cv2.imdecode(raw, cv2.IMREAD_COLOR) if raw.size else None
-        except cv2.error:
-            img = None
-        if img is None:
-            raise ValueError(f"ImageFolderDataset: OpenCV could not decode {file!r} (sample {i}); "
-                             f"the file is damaged or not really an image. Remove it or convert "
-                             f"it (e.g. to .jpg or .png), or pass skip_damaged=True to leave "
-                             f"damaged files out.")
-        image = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
-        if self.transform is not None:
-            image = self.transform(image)
-        return image, int(self.labels[i])
-
-    def with_transform(self, transform: Optional[Callable]) -> "ImageFolderDataset":
-        """The same files and labels (no new scan or check), read through ``transform``."""
-        clone = copy.copy(self)
-        clone.transform = _check_transform(transform, "ImageFolderDataset.with_transform")
-        return clone
-
-    def damaged_summary(self, first: int = 3) -> str:
-        """One line: how many damaged files were skipped and the first few (relative paths)."""
-        if not self.damaged:
-            return "no damaged files skipped" if self.checked else "files not checked"
-        shown = ", ".join(f"{os.path.relpath(p, self.root)} ({why})"
-                          for p, why in self.damaged[:first])
-        more = f" and {len(self.damaged) - first} more" if len(self.damaged) > first else ""
-        return f"skipped {len(self.damaged)} damaged file(s): {shown}{more}"
-
-    def describe(self) -> str:
-        """One line: number of images and classes, and the folder."""
-        skipped = f" ({len(self.damaged)} damaged files skipped)" if self.damaged else ""
-        return (f"ImageFolderDataset: {len(self)} images in {len(self.classes)} class(es) "
-                f"{self.classes[:5]}{'...' if len(self.classes) > 5 else ''} under "
-                f"{str(self.root)!r}{skipped}")
-
-    def __repr__(self) -> str:
-        check = ", skip_damaged=True" if self.checked else ""
-        return (f"ImageFolderDataset(path={str(self.root)!r}, transform={self.transform!r}, "
-                f"extensions={self.extensions!r}{check})")
-
-
-# --------------------------------------------------------------------------------------------
 # transforms
 # --------------------------------------------------------------------------------------------
 
@@ -764,7 +515,7 @@ def _check_image(image: Any, where: str) -> np.ndarray:
 
 
 def _check_size(obj: Any, where: str) -> None:
-    object.__setattr__(obj, "size", _as_int("size", obj.size, lo=1, hi=8192, where=where))
+    object.__setattr__(obj, "size", check_int("size", obj.size, 1, where, maximum=8192))
 
 
 @dataclass(frozen=True)

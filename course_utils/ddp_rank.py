@@ -86,7 +86,7 @@ def _bench(cfg: dict, rank: int, world: int, local_rank: int, backend: str) -> d
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DataLoader, DistributedSampler
 
-    from .bench import _TreeMonitor
+    from .process_tree import TreeMonitor
     from .data import JpegDataset, ToTensorUint8
     from .threads import make_worker_init, thread_pools
 
@@ -127,7 +127,7 @@ def _bench(cfg: dict, rank: int, world: int, local_rank: int, backend: str) -> d
     it = iter(loader)
     for _ in range(warm):
         step(next(it))
-    monitor = _TreeMonitor()
+    monitor = TreeMonitor()
     dist.barrier()  # every rank starts the clock together
     before = monitor.snapshot(fresh=True)
     t0 = time.perf_counter()

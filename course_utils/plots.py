@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from .bench import METRICS, Comparison, Measurement
 from .machine import machine_summary
+from .measurement import METRICS, Comparison, Measurement
 
 __all__ = ["figure_title", "plot_measurements", "plot_curve"]
 
@@ -99,7 +99,7 @@ def plot_measurements(measurements: Sequence[Any], *, metric: str = "samples_per
     memory are single totals and have no error bar. Values are written next to the bars, with
     the ratio to row ``baseline`` when one is given. The title holds ``title`` (default: the
     metric), the machine and the settings shared by all bars. Returns the Axes.
-    ``measurements`` may also be a :class:`course_utils.bench.Comparison`: its rows, with its
+    ``measurements`` may also be a :class:`course_utils.measurement.Comparison`: its rows, with its
     baseline unless ``baseline`` is given.
     """
     if isinstance(measurements, Comparison):

@@ -13,10 +13,10 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
-from .bench import _fmt_time
 from .checks import check_int
 from .config import pick
 from .device import move_to_device, resolve_device, synchronize, tensors_of
+from .measurement import _fmt_time
 
 __all__ = [
     "DevicePrefetcher",

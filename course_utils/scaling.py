@@ -25,10 +25,11 @@ from typing import Any, Iterator, Optional
 import numpy as np
 from torch.utils.data import DataLoader, Dataset
 
-from .bench import Measurement, measure_loader
+from .bench import measure_loader
 from .checks import check_fraction, check_int, check_seconds
 from .config import pick
 from .machine import usable_cpus
+from .measurement import Measurement
 from .plots import figure_title
 
 

@@ -13,31 +13,10 @@ Every DataLoader worker calls ``torch.set_num_threads(1)`` before it runs your c
 other pools keep their size. This module lets you *see* that (:func:`thread_pools`,
 :func:`pools_in_workers`) and fix it (:class:`limit_threads`, :func:`make_worker_init`).
 
-Fork safety (measured with opencv-python 5.0 / torch 2.13 CPU on Linux, and the reason for
-some of the choices below):
-
-* OpenCV (pthreads backend): ``cv2.setNumThreads(1)`` *shrinks* the pool, which joins the
-  pool's worker threads. In a process created by ``fork`` from a parent that had used
-  OpenCV, those threads do not exist (fork copies only the calling thread) and the call hangs
-  (in ``pthread_cond_destroy``) most of the time. ``cv2.setNumThreads(0)`` means "run
-  sequentially" (``cv2.getNumThreads()`` then reads 1) and does not touch the pool's
-  threads, so this module always uses 0 to ask OpenCV for one thread.
-* torch's OpenMP runtime (GNU libgomp) is not fork-safe: in a forked child of a parent that
-  had used it, a parallel region with more than one thread hangs. One thread is fine (the
-  DataLoader sets 1 in every worker). Setting more than one thread in such a child is refused
-  with a clear error instead of a hang later.
-* OpenBLAS resets its pool at fork by itself: limiting it is safe everywhere.
-* Limiting must never hang a forked worker, even when the parent had other threads running
-  at fork time (a psutil sampler, tqdm's monitor, DataLoader queue feeders, library pools):
-  fork copies their locks in whatever state they were, and nothing releases them in the
-  child. :class:`WorkerThreadLimiter` therefore does as little as possible in a forked
-  worker, in the safest order, and under a watchdog; see its ``__call__`` for the details
-  and the evidence.
-* A reading is not a running thread: in a forked worker whose parent had already used
-  OpenCV, ``cv2.getNumThreads()`` still reads the parent's value, but the pool's threads were
-  not copied and OpenCV does not start new ones: the worker has one OS thread. If the
-  parent had not used OpenCV yet, or under spawn/forkserver, the worker starts a real pool.
-  ``ThreadPools.os_threads`` shows the difference.
+Whether a limit is safe depends on how the process started (fork copies a parent's pool
+bookkeeping but not its threads): :mod:`course_utils.fork_safety` holds that bookkeeping and
+the evidence behind the choices here (OpenCV is always asked for 0 threads, "sequential";
+more than one thread is refused in a forked child of a busy parent).
 """
 from __future__ import annotations
 
@@ -55,17 +34,13 @@ import threadpoolctl
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
+from .checks import check_int, check_seconds
+from .fork_safety import count_os_threads, is_fork_child, refuse_unsafe_fork, watch_forks
 from .start_methods import resolve_context
 
 __all__ = [
-    "ThreadPools",
-    "thread_pools",
-    "limit_threads",
-    "WorkerThreadLimiter",
-    "make_worker_init",
-    "pools_in_workers",
-    "THREAD_ENV_VARS",
-    "is_torch_openmp",
+    "ThreadPools", "thread_pools", "limit_threads", "WorkerThreadLimiter", "make_worker_init",
+    "pools_in_workers", "THREAD_ENV_VARS", "is_torch_openmp",
 ]
 
 #: Environment variables that size thread pools of libraries loaded *after* they are set
@@ -81,121 +56,6 @@ THREAD_ENV_VARS = (
 )
 
 _BLAS_KEYS = ("user_api", "internal_api", "num_threads", "filepath", "prefix", "version")
-
-# --------------------------------------------------------------------------------------
-# fork bookkeeping
-# --------------------------------------------------------------------------------------
-# The pid of the process that imported this module. In a child created by fork the module
-# is inherited, so os.getpid() differs; after spawn (or in a fresh forkserver child of a
-# server that never imported us) the module is imported anew and they are equal.
-_IMPORT_PID = os.getpid()
-# Number of OS threads in the parent right before the fork that created this process, as
-# recorded by the at-fork hook (None when the hook was not registered before that fork).
-_threads_at_fork: int | None = None
-_fork_hook_registered = False
-
-
-def _count_os_threads() -> int | None:
-    """OS threads of this process (Linux: /proc/self/task; elsewhere psutil); None if unknown."""
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        pass
-    try:
-        import psutil
-
-        return int(psutil.Process().num_threads())
-    except Exception:  # pragma: no cover - platform dependent
-        return None
-
-
-_opencv_ready_for_fork = False
-
-
-def _prepare_opencv_for_fork() -> None:
-    """In the parent, before fork: finish OpenCV's lazy one-time initialisation here.
-
-    ``cv::setNumThreads`` reaches two function-local statics: the parallel-backend object
-    (created on first use by a plugin search: a directory scan of the cv2 package, logging,
-    C++ exception handling) and the pthreads ``ThreadPool`` singleton (mutex init, reading
-    cgroup CPU limits). Once both exist, ``cv2.setNumThreads(0)`` is two stores to plain ints:
-    no lock, no system call (checked by disassembling opencv-python 5.0's
-    ``cv::setNumThreads`` / ``parallel_pthreads_set_threads_num``; see strace evidence in
-    :meth:`WorkerThreadLimiter.__call__`). A parent that imported cv2 but never ran a parallel
-    OpenCV call would leave that initialisation to every forked child, where any lock another
-    parent thread held at fork time stays held forever. Doing it here, once, on the forking
-    thread of the parent, removes that path from the children. The value is set to what it
-    already is, so nothing changes; when OpenCV reads <= 1 it is already sequential and the
-    child never calls ``setNumThreads`` at all (see :func:`_set_opencv_threads`).
-    """
-    global _opencv_ready_for_fork
-    if _opencv_ready_for_fork:
-        return
-    cv2 = sys.modules.get("cv2")
-    if cv2 is None or not hasattr(cv2, "setNumThreads"):
-        return  # not imported (or half imported): nothing of OpenCV's exists to copy
-    current = int(cv2.getNumThreads())  # creates the ThreadPool singleton
-    if current > 1:
-        cv2.setNumThreads(current)  # same value: creates the backend object, changes nothing
-    _opencv_ready_for_fork = True
-
-
-def _record_threads_before_fork() -> None:
-    global _threads_at_fork
-    try:
-        _prepare_opencv_for_fork()
-    except Exception:  # pragma: no cover - a fork hook must never raise
-        pass
-    try:
-        _threads_at_fork = _count_os_threads()
-    except Exception:  # pragma: no cover - a fork hook must never raise
-        _threads_at_fork = None
-
-
-def _is_fork_child() -> bool:
-    """True in a process created by fork from the process that imported this module."""
-    return os.getpid() != _IMPORT_PID
-
-
-def _watch_forks() -> None:
-    """Register (once, lazily, never at import) the hook that records the parent's threads."""
-    global _fork_hook_registered
-    if not _fork_hook_registered and hasattr(os, "register_at_fork"):
-        os.register_at_fork(before=_record_threads_before_fork)
-        _fork_hook_registered = True
-
-
-def _pools_may_be_fork_copies() -> bool:
-    """True when this process is a fork of a parent that had live threads at fork time.
-
-    Then the OpenMP / OpenCV pool bookkeeping here describes threads that do not exist in
-    this process, and resizing those pools (other than down to "sequential") can hang.
-    """
-    if os.getpid() == _IMPORT_PID:
-        return False  # imported here: fresh interpreter (spawn/forkserver) or main process
-    if _threads_at_fork is not None:
-        return _threads_at_fork > 1
-    # The hook was not registered before the fork: ask whether the parent has threads now
-    # (a forkserver server has one, a notebook kernel that used its pools has many).
-    try:
-        import psutil
-
-        return psutil.Process(os.getppid()).num_threads() > 1
-    except Exception:
-        return True  # cannot tell: assume the unsafe case
-
-
-def _refuse_unsafe_fork(n: int, what: str) -> None:
-    if n > 1 and _pools_may_be_fork_copies():
-        raise RuntimeError(
-            f"{what} asked for {n} threads per pool, but this process was started with the "
-            f"'fork' start method from a process whose thread pools were already running. "
-            f"fork copies the pools' bookkeeping but not their threads: torch's OpenMP pool "
-            f"and OpenCV's pool can hang on their next parallel call if resized here. "
-            f"Use 1 thread in forked workers, or start the workers with "
-            f"multiprocessing_context='forkserver' (or 'spawn') to give each of them {n}."
-        )
-
 
 # --------------------------------------------------------------------------------------
 # small helpers
@@ -336,7 +196,7 @@ def thread_pools() -> ThreadPools:
 
     Inside a DataLoader worker this reports that worker's pools (and its ``worker_id``).
     """
-    _watch_forks()
+    watch_forks()
     opencv = _get_opencv_threads()  # imports cv2 first, so threadpoolctl also sees its BLAS
     info = get_worker_info()
     return ThreadPools(
@@ -346,7 +206,7 @@ def thread_pools() -> ThreadPools:
         blas=_blas_pools(),
         pid=os.getpid(),
         worker_id=None if info is None else int(info.id),
-        os_threads=_count_os_threads(),
+        os_threads=count_os_threads(),
     )
 
 
@@ -366,7 +226,7 @@ class limit_threads(contextlib.ContextDecorator):
 
     Nothing happens at construction (so decorating a function at import time changes no
     pool); the limits apply while the block or decorated call runs. In a process forked from
-    a parent with running pools, ``n > 1`` is refused (see the module docstring).
+    a parent with running pools, ``n > 1`` is refused (see :mod:`course_utils.fork_safety`).
     """
 
     def __init__(self, n: int = 1) -> None:
@@ -383,8 +243,8 @@ class limit_threads(contextlib.ContextDecorator):
                 "this limit_threads object is already active; create a new one for each "
                 "with-block (e.g. `with limit_threads(1):`)."
             )
-        _watch_forks()
-        _refuse_unsafe_fork(self.n, f"limit_threads({self.n})")
+        watch_forks()
+        refuse_unsafe_fork(self.n, f"limit_threads({self.n})")
         saved_torch = torch.get_num_threads()
         saved_opencv = _get_opencv_threads()
         _set_opencv_threads(self.n)  # first, as in WorkerThreadLimiter (before BLAS threads)
@@ -467,7 +327,7 @@ class WorkerThreadLimiter:
             seed = int(seed)
         self.seed = seed
         self.set_env = bool(set_env)
-        _watch_forks()
+        watch_forks()
 
     def __call__(self, worker_id: int) -> None:
         """Limit this worker's pools. In a forked worker this is done so it cannot hang.
@@ -482,7 +342,8 @@ class WorkerThreadLimiter:
           system call (disassembly; ``strace`` shows no syscall between two markers around
           the call). Only OpenCV's *first* call in a process does work (plugin search: three
           directory scans of the cv2 package; cgroup CPU-limit files; ThreadPool creation).
-          :func:`_prepare_opencv_for_fork` now does that in the parent, before fork.
+          :func:`~course_utils.fork_safety.prepare_opencv_for_fork` does that in the parent,
+          before fork.
         * The Python binding releases and retakes the GIL around the call, and the call
           allocates an argument tuple, which can start a garbage collection. A collection in a
           forked child runs the finalizers of garbage inherited from the parent (old
@@ -505,8 +366,8 @@ class WorkerThreadLimiter:
           DataLoader reports a dead worker instead of waiting for ever.
         """
         n = self.n_threads
-        _refuse_unsafe_fork(n, f"make_worker_init(n_threads={n})")
-        forked = _is_fork_child()
+        refuse_unsafe_fork(n, f"make_worker_init(n_threads={n})")
+        forked = is_fork_child()
         with _init_watchdog(forked):
             if forked:
                 gc.freeze()  # no finalizer of anything inherited from the parent runs here
@@ -589,13 +450,9 @@ def pools_in_workers(
     worker id. ``timeout_s`` bounds the wait for each worker's answer (seconds); a stuck
     worker raises RuntimeError instead of hanging.
     """
-    if isinstance(num_workers, bool) or not isinstance(num_workers, numbers.Integral) or num_workers < 1:
-        raise ValueError(
-            f"num_workers must be an int >= 1 (worker processes to probe), got {num_workers!r}; "
-            f"with num_workers=0 there are no workers: call thread_pools() instead."
-        )
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not timeout_s > 0:
-        raise ValueError(f"timeout_s must be a number of seconds > 0, got {timeout_s!r}.")
+    num_workers = check_int("num_workers", num_workers, 1, "pools_in_workers",
+                            " With num_workers=0 there are no workers: call thread_pools() instead.")
+    timeout_s = check_seconds("timeout_s", timeout_s, "pools_in_workers", positive=True)
     if worker_init_fn is not None and not callable(worker_init_fn):
         raise TypeError(
             f"worker_init_fn must be None or a callable taking worker_id, got {worker_init_fn!r}."
@@ -603,8 +460,7 @@ def pools_in_workers(
     context, method = resolve_context(multiprocessing_context)
     if worker_init_fn is not None:
         _check_sendable(worker_init_fn, method)
-    _watch_forks()
-    num_workers = int(num_workers)
+    watch_forks()
     loader = DataLoader(
         _PoolProbe(num_workers),
         batch_size=None,

@@ -68,10 +68,11 @@ from typing import Any, Callable, Iterable, Sequence
 
 from torch.utils.data import DataLoader, Dataset
 
-from .bench import Comparison, Measurement, compare
 from .config import pick
-from .data import CommonRecipeTransform, ImageFolderDataset, JpegDataset, ToTensorUint8
+from .data import CommonRecipeTransform, JpegDataset, ToTensorUint8
+from .image_folder import ImageFolderDataset
 from .machine import machine_summary, start_method, usable_cpus
+from .measurement import Comparison, Measurement, compare
 from .pipelines import (BatchedJpegDataset, TransformedDataset, common_recipe_loader,
                         common_recipe_process_settings, keep_batch)
 from .scaling import default_worker_counts
@@ -161,14 +162,13 @@ def _pipeline(data: Any, size: int, n_images: int | None, progress: bool = True)
     if isinstance(data, ImageFolderDataset) and data.transform is None:
         skip = ", skip_damaged=True" if data.damaged else ""
         folder = f"ImageFolderDataset({str(data.root)!r}, transform="
+        folder_import = "from course_utils.image_folder import ImageFolderDataset"
         recipe = (f"{folder}CommonRecipeTransform({size}){skip})",
-                  [loader_import, "from course_utils.data import CommonRecipeTransform, "
-                                  "ImageFolderDataset"])
+                  [loader_import, "from course_utils.data import CommonRecipeTransform", folder_import])
         return _Pipeline(data.with_transform(ToTensorUint8(size)), None, data, data.describe(),
                          f"{folder}ToTensorUint8({size}){skip})",
                          [loader_import, "from course_utils import ToTensorUint8, make_worker_init",
-                          "from course_utils.data import ImageFolderDataset"], size, notes,
-                         recipe)
+                          folder_import], size, notes, recipe)
     if isinstance(data, Dataset) or (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
         describe = getattr(data, "describe", None)
         text = describe() if callable(describe) else f"{type(data).__name__} of {len(data)} items"

@@ -15,7 +15,7 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
-from .bench import Comparison, Measurement, _jsonable
+from .measurement import Comparison, Measurement, _jsonable
 from .threads import WorkerThreadLimiter, make_worker_init
 
 __all__ = ["LoaderSettings", "Trial", "TuningResult", "TuningInterrupted", "epoch_score",

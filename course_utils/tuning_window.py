@@ -27,8 +27,9 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from .bench import Measurement, measure_loader
+from .bench import measure_loader
 from .device import move_to_device
+from .measurement import Measurement
 from .tuning_result import epoch_score
 
 #: seconds a DataLoader waits for one batch from a worker before it gives up (a hung worker)

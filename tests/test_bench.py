@@ -17,8 +17,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from course_utils import bench
-from course_utils.bench import (Comparison, DataWait, Measurement, batch_size_of, compare,
-                                measure, measure_data_wait, measure_loader)
+from course_utils.bench import DataWait, batch_size_of, measure, measure_data_wait, measure_loader
+from course_utils.measurement import Comparison, Measurement, compare
 from course_utils.plots import plot_measurements
 
 from _helpers import TinyDataset
@@ -498,7 +498,7 @@ def test_asking_for_cuda_without_cuda_is_a_clear_error():
 
 
 def test_merge_pools_repeats_of_interleaved_runs():
-    from course_utils.bench import Measurement
+    from course_utils.measurement import Measurement
     a = Measurement.from_times("x", [1.0, 2.0], 10, cpu_s_per_sample=0.1, involuntary_ctx_switches=5,
                                peak_uss_bytes=100, machine="m")
     b = Measurement.from_times("x", [3.0], 10, cpu_s_per_sample=0.4, involuntary_ctx_switches=7,

@@ -14,7 +14,7 @@ import torch
 
 from course_utils import tune_loader
 from course_utils.__main__ import main
-from course_utils.data import ImageFolderDataset, image_damage
+from course_utils.image_folder import ImageFolderDataset, image_damage
 from course_utils.tuning import MIN_FOLDER_IMAGES
 
 from _helpers import ROOT

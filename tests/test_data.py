@@ -15,7 +15,6 @@ from course_utils import data
 from course_utils.data import (
     ArrayDataset,
     CommonRecipeTransform,
-    ImageFolderDataset,
     JpegDataset,
     LatencyDataset,
     RamBudgetError,
@@ -24,6 +23,7 @@ from course_utils.data import (
     ram_budget_bytes,
     sample_photo,
 )
+from course_utils.image_folder import ImageFolderDataset
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,9 @@ import threadpoolctl
 
 import course_utils.threads as course_threads
 from course_utils import make_worker_init, measure_loader, thread_pools
-from course_utils.bench import Measurement
 from course_utils.grading import (CheckResult, ExerciseFailed, check, exercise_ids,
                                   refuse_course_helper)
+from course_utils.measurement import Measurement
 from course_utils.threads import WorkerThreadLimiter, limit_threads
 
 

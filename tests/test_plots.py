@@ -10,7 +10,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 
-from course_utils.bench import Measurement  # noqa: E402
+from course_utils.measurement import Measurement  # noqa: E402
 from course_utils.machine import machine_summary  # noqa: E402
 from course_utils.plots import figure_title, plot_curve, plot_measurements  # noqa: E402
 

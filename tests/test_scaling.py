@@ -20,13 +20,13 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler
 
 from course_utils import compare
-from course_utils.bench import Measurement
 from course_utils.lessons.l03_costs import (BurstyLatencyDataset, EpochTaggedDataset, SimulatedStep,
                                             children_uss_bytes, time_epochs, uss_bytes,
                                             worker_startup_time)
 from course_utils.lessons.l03_fetch import BatchedArrayDataset, PerSampleView, gather_batch
 from course_utils.lessons.l03_memory import (RecordArrayDataset, RecordListDataset, WorkerMemory,
                                              make_records, plot_worker_memory, worker_memory)
+from course_utils.measurement import Measurement
 from course_utils.pipelines import keep_batch
 from course_utils.scaling import (CurveShape, WorkerSweep, default_worker_counts, describe_curve,
                                   find_knee, plot_sweeps, sweep_workers)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from course_utils import threads
+from course_utils import fork_safety, threads
 from course_utils.threads import (
     ThreadPools,
     WorkerThreadLimiter,
@@ -180,7 +180,7 @@ def test_worker_init_is_picklable():
 def _child_limits_then_works(queue, worker_id: int) -> None:
     """Runs in a forked child of a process whose pools are busy."""
     try:
-        report = {"fork_copy": threads._pools_may_be_fork_copies()}
+        report = {"fork_copy": fork_safety.pools_may_be_fork_copies()}
         WorkerThreadLimiter(1, seed=7)(worker_id)
         report["pools"] = thread_pools().to_dict()
         _use_every_pool()  # every pool is usable after limiting
@@ -223,7 +223,7 @@ def test_worker_limiter_never_hangs_in_forked_children(busy_parent):
         assert "forkserver" in report["refused"]
     assert reports[0]["draws"] == reports[2]["draws"], "same seed + worker_id -> same streams"
     assert reports[0]["draws"] != reports[1]["draws"], "different workers -> different streams"
-    assert threads._pools_may_be_fork_copies() is False  # the parent is not a fork copy
+    assert fork_safety.pools_may_be_fork_copies() is False  # the parent is not a fork copy
 
 
 # ----------------------------------------------------------------------------- pools_in_workers
@@ -498,8 +498,8 @@ def test_a_stuck_forked_worker_init_ends_the_worker_instead_of_hanging(busy_pare
 
 def test_prepare_opencv_for_fork_changes_nothing():
     before = (cv2.getNumThreads(), thread_pools().opencv)
-    threads._prepare_opencv_for_fork()
-    threads._prepare_opencv_for_fork()
+    fork_safety.prepare_opencv_for_fork()
+    fork_safety.prepare_opencv_for_fork()
     assert (cv2.getNumThreads(), thread_pools().opencv) == before
 
 

@@ -14,10 +14,11 @@ import math
 import numbers
 from typing import Any, Callable, Iterator
 
-from ..bench import Measurement, measure, measure_data_wait, measure_loader
+from ..bench import measure, measure_data_wait, measure_loader
 from ..grading import CheckResult, ExerciseFailed, grader, refuse_course_helper
 from ..lessons.l03_costs import time_epochs
 from ..lessons.l04_copies import time_op
+from ..measurement import Measurement
 from ..scaling import sweep_workers
 
 EXERCISE = "00.time_loader"

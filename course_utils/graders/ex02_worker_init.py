@@ -18,8 +18,10 @@ first); a pool that already had the expected size is named as not checked. The c
 from __future__ import annotations
 
 import faulthandler
+import gc
 import inspect
 import json
+import linecache
 import multiprocessing
 import os
 import pickle
@@ -27,13 +29,18 @@ import re
 import shutil
 import tempfile
 import traceback
+from pathlib import Path
 from typing import Any, Callable
 
+import cv2
 import numpy as np
+import threadpoolctl
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
+from ..data import JpegDataset, decode_jpeg
 from ..grading import CheckResult, ExerciseFailed, grader, refuse_course_helper
+from ..lessons.l02_workload import OpenCVHeavyTransform, forkserver_context
 from ..threads import (THREAD_ENV_VARS, ThreadPools, WorkerThreadLimiter, is_torch_openmp,
                        limit_threads, make_worker_init, thread_pools)
 
@@ -72,9 +79,6 @@ def _raise_small_pools(forked: bool) -> list[str]:
     parent's size, which :func:`_use_parent_pools` set to 2). Without this, on a machine with
     one CPU the pools start at 1 and an answer that does nothing passes. Returns the pools
     raised, by name. Raising a BLAS pool is safe under fork (it starts fresh threads)."""
-    import cv2
-    import threadpoolctl
-
     start = thread_pools().pools
     for lib in threadpoolctl.ThreadpoolController().lib_controllers:
         if lib.user_api == "blas" and (lib.num_threads or 0) < 2:
@@ -89,20 +93,14 @@ class _GradedInit:
 
     def __init__(self, answer: Callable[[int], Any], folder: str, dump_after_s: float,
                  forked: bool) -> None:
-        self.answer, self.folder, self.dump_after_s = answer, folder, dump_after_s
-        self.forked = forked
+        self.answer, self.folder, self.dump_after_s, self.forked = answer, folder, dump_after_s, forked
 
     def __call__(self, worker_id: int) -> None:
-        import gc
-
-        import cv2
-
         if self.forked:  # as make_worker_init does: no finalizer of an inherited object runs
             gc.freeze()  # here (it could block on a lock held at fork time: a rare false hang)
         _STATE.clear()
-        _STATE["raised"] = _raise_small_pools(self.forked)
-        _STATE["before"] = thread_pools().to_dict()
-        _STATE["env_before"] = _env()
+        _STATE.update(raised=_raise_small_pools(self.forked), before=thread_pools().to_dict(),
+                      env_before=_env())
         calls: list = []
         real = cv2.setNumThreads
         log = open(os.path.join(self.folder, f"calls{worker_id}.txt"), "w")
@@ -129,10 +127,8 @@ class _GradedInit:
             cv2.setNumThreads = real
             dump.close()
             log.close()
-        _STATE["after"] = thread_pools().to_dict()
-        _STATE["env_after"] = _env()
-        _STATE["cv2_calls"] = [repr(c) for c in calls]
-        _STATE["cv2_nonzero"] = [c for c in calls if not (isinstance(c, int) and c == 0)]
+        _STATE.update(after=thread_pools().to_dict(), env_after=_env(), cv2_calls=[repr(c) for c in calls],
+                      cv2_nonzero=[c for c in calls if not (isinstance(c, int) and c == 0)])
         with open(os.path.join(self.folder, f"state{worker_id}.json"), "w") as f:
             json.dump({"after": _STATE["after"]}, f)  # read by the grader if the worker hangs later
 
@@ -147,9 +143,6 @@ class _WorkerProbe(Dataset):
         return self.n
 
     def __getitem__(self, index: int) -> dict:
-        from ..data import decode_jpeg
-        from ..lessons.l02_workload import OpenCVHeavyTransform
-
         info = get_worker_info()
         wid = -1 if info is None else info.id
         dump = open(os.path.join(self.folder, f"stack_fetch{wid}.txt"), "w")
@@ -170,6 +163,8 @@ class _WorkerProbe(Dataset):
 # running it
 # --------------------------------------------------------------------------------------
 class _Hung(Exception):
+    """A worker that did not answer in time: where it was stuck, and what it had done."""
+
     def __init__(self, method: str, where: str, stack: str, calls: list[str],
                  after: ThreadPools | None = None) -> None:
         super().__init__(where)
@@ -178,11 +173,8 @@ class _Hung(Exception):
 
 
 def _read(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read()
-    except OSError:
-        return ""
+    """What a worker wrote to ``path`` ("" when it wrote nothing there)."""
+    return Path(path).read_text() if os.path.isfile(path) else ""
 
 
 _FRAME_RE = re.compile(r'File "(?P<file>.+)", line (?P<line>\d+) in (?P<name>\S+)')
@@ -207,8 +199,6 @@ def _stuck_frames(stack: str) -> tuple[str | None, list[str]]:
 
 def _with_code(frame: str) -> str:
     """``frame`` followed by its line of code, when it can be found."""
-    import linecache
-
     m = _FRAME_RE.search(frame)
     if not m:
         return frame
@@ -219,8 +209,6 @@ def _with_code(frame: str) -> str:
 def _use_parent_pools() -> int:
     """Use OpenCV's (>= 2 threads), BLAS's and torch's pools here, as a notebook would have;
     return OpenCV's thread count before, to restore after the check."""
-    import cv2
-
     before = cv2.getNumThreads()
     if before < 2:
         cv2.setNumThreads(2)
@@ -233,10 +221,8 @@ def _use_parent_pools() -> int:
 
 
 def _restore_opencv(before: int) -> None:
-    import cv2
-
-    if before < 2:
-        cv2.setNumThreads(0 if before <= 1 else before)
+    if before < 2:  # _use_parent_pools raised it to 2; 0 is "sequential", which reads 1
+        cv2.setNumThreads(0)
 
 
 def _stop_workers(iterator: Any, kill: bool) -> None:
@@ -265,19 +251,12 @@ def _stop_workers(iterator: Any, kill: bool) -> None:
 def _run_in_workers(init: Callable[[int], Any], method: str, num_workers: int,
                     timeout_s: float) -> list[dict]:
     """Start a real DataLoader with ``init`` as worker_init_fn; one answer per worker."""
-    from ..data import JpegDataset
-
     folder = tempfile.mkdtemp(prefix="ex02_")
     dump_after = max(1.0, 0.75 * timeout_s)
     jpeg = np.array(JpegDataset(n=1, max_side=320).encoded(0))
     graded = _GradedInit(init, folder, dump_after, forked=method == "fork")
-    thread_pools()  # registers course_utils.threads' before-fork hook in this process
-    if method == "forkserver":
-        from ..lessons.l02_workload import forkserver_context
-
-        context = forkserver_context()
-    else:
-        context = multiprocessing.get_context(method)
+    thread_pools()  # registers course_utils.fork_safety's before-fork hook in this process
+    context = forkserver_context() if method == "forkserver" else multiprocessing.get_context(method)
     loader = DataLoader(_WorkerProbe(num_workers, jpeg, folder, dump_after), batch_size=None,
                         num_workers=num_workers, worker_init_fn=graded,
                         multiprocessing_context=context, timeout=timeout_s)

@@ -50,11 +50,12 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler
 from torch.utils.data._utils.collate import default_collate
 
-from ..bench import Measurement, compare, measure_loader
+from ..bench import measure_loader
 from ..config import pick
 from ..data import JpegDataset, ToTensorUint8
 from ..grading import CheckResult, ExerciseFailed, grader, refuse_course_helper
 from ..machine import usable_cpus
+from ..measurement import Measurement, compare
 from ..pipelines import BatchedJpegDataset, keep_batch, tuned_loader
 from ..tuning import WORKER_TIMEOUT_S
 

@@ -20,11 +20,12 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..bench import measure_loader, thread_involuntary_switches
+from ..bench import measure_loader
 from ..checks import check_int, check_seconds
 from ..config import pick, quick_mode
 from ..machine import machine_summary, usable_cpus
 from ..plots import figure_title
+from ..process_tree import thread_involuntary_switches
 from ..start_methods import start_method
 from ..threads import make_worker_init
 from .l02_workload import close_loader, grid_context, opencv_heavy_dataset

@@ -18,10 +18,9 @@ import psutil
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..bench import Measurement
-from ..checks import check_int, check_seconds
+from ..checks import check_index, check_int, check_seconds
 from ..config import pick
-from ..data import _index
+from ..measurement import Measurement
 
 
 __all__ = [
@@ -166,7 +165,7 @@ class EpochTaggedDataset(Dataset):
         return self.n
 
     def __getitem__(self, i: int) -> int:
-        _index(i, self.n, "EpochTaggedDataset")
+        check_index(i, self.n, "EpochTaggedDataset")
         return int(self.epoch)
 
 
@@ -205,7 +204,7 @@ class BurstyLatencyDataset(Dataset):
         return self.n
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        i = _index(i, self.n, "BurstyLatencyDataset")
+        i = check_index(i, self.n, "BurstyLatencyDataset")
         time.sleep(self.slow_s if self.slow[i] else self.latency_s)
         return torch.full(self.item_shape, i % 256, dtype=torch.uint8), i % 10
 

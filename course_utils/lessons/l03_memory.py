@@ -17,9 +17,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..checks import check_int, check_seconds
+from ..checks import check_index, check_int, check_seconds
 from ..config import pick
-from ..data import _index, ram_budget_bytes
+from ..data import ram_budget_bytes
 from ..plots import figure_title
 from ..scaling import _MB, _new_axes
 from ..start_methods import resolve_context
@@ -161,7 +161,7 @@ class RecordArrayDataset(Dataset):
         return len(self.labels)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int, str]:
-        i = _index(i, len(self.labels), "RecordArrayDataset")
+        i = check_index(i, len(self.labels), "RecordArrayDataset")
         start, end = self.path_offsets[i], self.path_offsets[i + 1]
         path = self.path_bytes[start:end].tobytes().decode("utf-8")
         return torch.from_numpy(self.boxes[i].copy()), int(self.labels[i]), path

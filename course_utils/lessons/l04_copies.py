@@ -36,12 +36,12 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..bench import _fmt_time
 from ..checks import check_int
 from ..config import pick
 from ..data import ram_budget_bytes
 from ..device import ALLOWED_DEVICES, resolve_device, synchronize, try_pin
 from ..machine import machine_summary
+from ..measurement import _fmt_time
 from ..plots import figure_title
 
 __all__ = [

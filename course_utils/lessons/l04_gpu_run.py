@@ -10,8 +10,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ..bench import _fmt_time
 from ..config import pick, quick_mode
+from ..measurement import _fmt_time
 from ..prefetch import PrefetchTiming, compare_prefetch
 from ..reference import LESSON04, load_reference, missing_reference_text
 from ..transforms import normalize_batch

@@ -18,11 +18,11 @@ from typing import Any, Callable
 
 import torch
 
-from ..bench import _fmt_time
 from ..checks import check_int
 from ..config import pick
 from ..device import resolve_device, synchronize, try_pin
 from ..machine import machine_summary
+from ..measurement import _fmt_time
 from ..plots import figure_title
 from ..transforms import normalize_batch
 from .l04_copies import MIB, _fmt_bytes, _median, max_transfer_bytes, time_op

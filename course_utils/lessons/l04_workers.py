@@ -18,12 +18,13 @@ from typing import Any, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..bench import Measurement, _fmt_time, measure_loader
+from ..bench import measure_loader
 from ..checks import check_int
 from ..config import pick
 from ..data import ArrayDataset
 from ..device import move_to_device, resolve_device, synchronize
 from ..machine import usable_cpus
+from ..measurement import Measurement, _fmt_time
 from .l04_copies import _median, time_op
 
 __all__ = [
@@ -70,7 +71,7 @@ class _CopyingLoader:
 class PinCost:
     """pin_memory=False vs True in a DataLoader, each batch copied to the device.
 
-    ``measurements``: :meth:`course_utils.bench.Measurement.to_dict` of each loader (samples/s
+    ``measurements``: :meth:`course_utils.measurement.Measurement.to_dict` of each loader (samples/s
     including the synchronised copy; CPU-s/sample of the whole process tree, pin thread
     included). ``memcpy_s_per_batch``: a host memcpy of one batch's bytes — the least that
     pinning a batch costs the pin thread (it copies the batch into page-locked memory).

@@ -30,9 +30,9 @@ from typing import Any, Mapping, Sequence
 
 import psutil
 
-from ..bench import Measurement
 from ..checks import check_int, check_seconds
 from ..config import pick
+from ..measurement import Measurement
 from .l07_sharding import budget
 
 
@@ -307,9 +307,9 @@ def launch(task: str, config: Mapping | None = None, *, nproc: int = 2, timeout_
 class DdpMeasurement:
     """What :func:`measure_ddp` measured on ``nproc`` ranks.
 
-    ``measurement``: a :class:`~course_utils.bench.Measurement` over all ranks (the timed steps
-    split into ``repeats`` chunks; a chunk's time is the slowest rank's; samples are summed over
-    ranks), so ``samples_per_s`` is the whole job's rate and ``cpu_s_per_sample`` the CPU of
+    ``measurement``: a :class:`~course_utils.measurement.Measurement` over all ranks (the timed
+    steps split into ``repeats`` chunks; a chunk's time is the slowest rank's; samples are summed
+    over ranks), so ``samples_per_s`` is the whole job's rate and ``cpu_s_per_sample`` the CPU of
     every rank and its workers per sample. ``wait_fraction``: per rank, the share of its step
     time spent waiting for the next batch. ``pools``: each rank's thread pools during the run;
     ``pools_at_start``: before the rank changed anything (what torchrun gave it).

@@ -1,0 +1,214 @@
+"""CPU time, context switches and memory of this process and its children (DataLoader workers).
+
+:class:`TreeMonitor` is what :mod:`course_utils.bench` (and a DDP rank, :mod:`~.ddp_rank`) reads
+around a timed window: CPU seconds (user + system) and involuntary context switches of the whole
+process tree between two snapshots, and the peak memory of the tree (USS and PSS sums, in bytes)
+sampled by a background thread while the window runs: the operating system's view of a process
+tree, read with :mod:`psutil` and /proc, apart from the clock and the statistics.
+
+The sampler thread samples every 0.1 s, or less often when sampling itself is slow (reading
+USS/PSS of a big process takes milliseconds), so that it stays below a few percent of one core;
+its own CPU time is measured and subtracted from the CPU time reported.
+Nothing happens at import time.
+"""
+from __future__ import annotations
+
+import glob
+import threading
+import time
+from typing import Any
+
+import psutil
+
+__all__ = ["TreeMonitor", "thread_involuntary_switches"]
+
+_Key = tuple  # (pid, create_time)
+
+
+def thread_involuntary_switches(pid: int) -> dict[tuple[int, int], int] | None:
+    """``{(pid, thread id): involuntary context switches}`` for every thread of ``pid``.
+
+    Linux only (reads /proc/PID/task/*/status); None elsewhere. Per thread because
+    ``psutil.Process.num_ctx_switches()`` on Linux reads the main thread only, so the threads
+    of a pool being preempted would go unseen.
+    """
+    out: dict[tuple[int, int], int] = {}
+    paths = glob.glob(f"/proc/{pid}/task/*/status")
+    if not paths:
+        return None
+    for path in paths:
+        try:
+            with open(path) as fh:
+                for line in fh:
+                    if line.startswith("nonvoluntary_ctxt_switches"):
+                        out[(pid, int(path.split("/")[4]))] = int(line.split()[1])
+                        break
+        except (OSError, ValueError):
+            continue  # the thread ended while we read
+    return out
+
+
+def _involuntary_switches(proc: Any) -> int:
+    """Involuntary context switches of all threads of a psutil Process (main thread elsewhere)."""
+    per_thread = thread_involuntary_switches(proc.pid)
+    if per_thread is not None:
+        return sum(per_thread.values())
+    return int(proc.num_ctx_switches().involuntary)
+
+
+class TreeMonitor:
+    """CPU time, involuntary context switches and memory of this process and its children.
+
+    CPU time of the tree at an instant is the sum, over the live processes of the tree, of
+    their own user + system time plus that of their children already reaped (``children_user``,
+    ``children_system``). A worker that exits and is reaped during a window moves its time into
+    its parent's reaped total, so nothing is lost or counted twice; a process born during the
+    window counts from zero.
+
+    ``start()`` lists the tree (cheap snapshots later reuse that list, so the window can start
+    right after warm-up) and starts a daemon thread sampling memory (USS/PSS sums over the
+    tree) every ~0.1 s; ``stop()`` stops it and takes a last sample. The sampler's own CPU time
+    is measured (``time.thread_time``) and subtracted in :meth:`window`.
+    """
+
+    def __init__(self, interval_s: float = 0.1) -> None:
+        self._proc = psutil.Process()
+        self._interval_s = interval_s
+        self._lock = threading.RLock()
+        self._procs: list = [self._proc]
+        self._last_ctx: dict[_Key, int] = {}
+        self._sampler_cpu_s = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._cost_s = 0.0
+        self.ctx_available = True
+        self.peak_uss: int | None = None
+        self.peak_pss: int | None = None
+        self.uss_available = True
+        self.pss_available = True
+
+    # -- process tree --------------------------------------------------------------
+    def _tree(self) -> list:
+        procs = [self._proc]
+        try:
+            procs += self._proc.children(recursive=True)
+        except (psutil.Error, OSError):
+            pass
+        return procs
+
+    def _read_cpu(self, procs: list) -> dict[_Key, tuple[float, int | None]]:
+        snap: dict[_Key, tuple[float, int | None]] = {}
+        for p in procs:
+            try:
+                with p.oneshot():
+                    key = (p.pid, p.create_time())
+                    t = p.cpu_times()
+                    cpu = float(t.user + t.system + getattr(t, "children_user", 0.0)
+                                + getattr(t, "children_system", 0.0))
+                    ctx: int | None = None
+                    if self.ctx_available:
+                        try:
+                            ctx = _involuntary_switches(p)
+                            self._last_ctx[key] = ctx
+                        except (AttributeError, NotImplementedError, psutil.AccessDenied):
+                            self.ctx_available = False
+            except (psutil.NoSuchProcess, psutil.AccessDenied, OSError):
+                continue
+            snap[key] = (cpu, ctx)
+        return snap
+
+    def snapshot(self, fresh: bool = False) -> dict:
+        """CPU readings of the tree now: of the processes listed at :meth:`start` (fast), or
+        of a fresh listing (``fresh=True``, a few ms). Never overlaps a memory sample."""
+        procs = self._tree() if fresh else self._procs
+        with self._lock:
+            snap: dict = self._read_cpu(procs)
+            snap["sampler_cpu_s"] = self._sampler_cpu_s
+        return snap
+
+    def window(self, start: dict, end: dict) -> tuple[float, int | None]:
+        """CPU seconds and involuntary context switches of the tree between two snapshots,
+        without the sampler thread's own CPU time."""
+        start, end = dict(start), dict(end)
+        sampler = end.pop("sampler_cpu_s") - start.pop("sampler_cpu_s")
+        cpu = sum(c for c, _ in end.values()) - sum(c for c, _ in start.values())
+        ctx = 0
+        for key in set(start) | set(end):
+            # a process that vanished: its last seen count; a new one: counted from zero
+            x1 = end[key][1] if key in end else self._last_ctx.get(key)
+            x0 = start[key][1] if key in start else 0
+            if x1 is not None and x0 is not None:
+                ctx += max(0, x1 - x0)
+        return max(0.0, cpu - sampler), (ctx if self.ctx_available else None)
+
+    # -- memory sampler --------------------------------------------------------------
+    def _sample_memory(self, procs: list) -> None:
+        uss = pss = 0
+        for p in procs:
+            try:
+                info = p.memory_full_info()
+            except (psutil.NoSuchProcess, psutil.ZombieProcess):
+                continue
+            except (psutil.AccessDenied, NotImplementedError, AttributeError, OSError):
+                self.uss_available = self.pss_available = False
+                return
+            u = getattr(info, "uss", None)
+            s = getattr(info, "pss", None)
+            if u is None:
+                self.uss_available = False
+            else:
+                uss += int(u)
+            if s is None:
+                self.pss_available = False
+            else:
+                pss += int(s)
+        if self.uss_available:
+            self.peak_uss = uss if self.peak_uss is None else max(self.peak_uss, uss)
+        if self.pss_available:
+            self.peak_pss = pss if self.peak_pss is None else max(self.peak_pss, pss)
+
+    def _sample_once(self) -> None:
+        with self._lock:
+            t0 = time.perf_counter()
+            c0 = time.thread_time()
+            try:
+                procs = self._tree()
+                if self.uss_available or self.pss_available:
+                    self._sample_memory(procs)
+                self._read_cpu(procs)  # remember context switches of processes that may exit
+            except Exception:  # never let the sampler break a measurement
+                pass
+            self._sampler_cpu_s += time.thread_time() - c0
+            self._cost_s = time.perf_counter() - t0
+
+    def _run(self) -> None:
+        # sample less often when sampling is slow, to keep its cost to a few % of one core
+        while not self._stop.wait(max(self._interval_s, 20.0 * self._cost_s)):
+            self._sample_once()
+
+    def list_tree(self) -> list:
+        """The processes of the tree now (a few ms: it scans the process table)."""
+        return self._tree()
+
+    def start(self, procs: list | None = None) -> None:
+        """Remember the tree (``procs`` from :meth:`list_tree`, or listed now), then sample
+        memory every ~0.1 s in a daemon thread until :meth:`stop`."""
+        self.stop()
+        self._procs = self._tree() if procs is None else list(procs)
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="course-utils-tree-sampler",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the sampler thread (if running) and take a last sample."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join(timeout=10.0)
+        self._thread = None
+        self._sample_once()
+
+    def peaks(self) -> tuple[int | None, int | None]:
+        return (self.peak_uss if self.uss_available else None,
+                self.peak_pss if self.pss_available else None)
