@@ -6,7 +6,9 @@ write_image_folder` of the course data):
 
 - **loaders**: the seed recipe and the pytorch/examples ImageNet recipe as written
   (:mod:`course_utils.recipes`), the course's tuned pipeline on the files, and a decode-only
-  pass over the same bytes with the same workers (the decode ceiling). Ratios are to the
+  pass over the same bytes with the same workers (the decode ceiling), and the tuned loader's
+  batches sent with nothing read or decoded (what delivering its pixels costs alone, which the
+  decode ceiling never pays). Ratios are to the
   ImageNet recipe; targets: tuned >= 2x its samples/s and <= 0.5x its CPU-seconds per sample,
   and >= 0.8x the decode-only throughput.
 - **storage** (optional): the tuned pipeline reading the JPEG bytes from RAM, the files with a
@@ -23,14 +25,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ContextManager
 
+import torch
+from torch.utils.data import Dataset
+
 from .bench import measure_loader
-from .measurement import Comparison, Measurement, compare
 from .checks import check_int
 from .config import pick
 from .data import JpegDataset
 from .files import PackedStore, evict_from_page_cache, image_files, write_image_folder
 from .machine import machine_summary
-from .pipelines import seed_recipe_process_settings, tuned_loader
+from .measurement import Comparison, Measurement, compare
+from .pipelines import seed_recipe_process_settings, tuned_loader, uint8_batch
 from .recipes import (DecodeOnlyFiles, files_loader, imagenet_recipe_loader, seed_recipe_loader,
                       tuned_files_loader)
 
@@ -38,10 +43,29 @@ SEED = "seed recipe"
 IMAGENET = "ImageNet recipe"
 TUNED = "tuned (files)"
 DECODE_ONLY = "decode only (files)"
+SHIPPING = "shipping only (no decode)"
 RAM_BYTES = "tuned, JPEG bytes in RAM"
 COLD = "tuned, files, cold page cache"
 MEMMAP = "packed uint8 store, np.memmap"
 RAM_GATHER = "packed uint8 store, gathered from RAM"
+
+
+class ShippingOnly(Dataset):
+    """``n`` samples sent like :class:`~course_utils.recipes.BatchedJpegFiles`'s batches (N x 3 x
+    size x size uint8, allocated the same way), every byte written but nothing read or decoded."""
+
+    def __init__(self, n: int, size: int) -> None:
+        self.n, self.size = check_int("n", n, 1, "ShippingOnly"), check_int("size", size, 1, "ShippingOnly")
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        images, batch = uint8_batch(len(indices), self.size)
+        batch.fill(0)                        # every page touched, as the decode's writes touch them
+        return images.permute(0, 3, 1, 2), torch.zeros(len(indices), dtype=torch.int64)
+
+
 TARGETS = {"speedup": 2.0, "cpu_ratio": 0.5, "decode_share": 0.8, "memmap_share": 0.6}
 
 
@@ -79,6 +103,14 @@ class BenchmarkResult:
             return None
         return self.storage.ratio(MEMMAP) / self.storage.ratio(RAM_GATHER)
 
+    @property
+    def shipping_share(self) -> float | None:
+        """CPU-seconds per sample of sending the tuned loader's batches alone, over the tuned
+        loader's own (the part of it the decode-only ceiling does not pay); None where the CPU
+        clock read nothing (10 ms ticks: a tiny run)."""
+        tuned, shipping = (self.loaders.row(k).cpu_s_per_sample for k in (TUNED, SHIPPING))
+        return shipping / tuned if tuned and shipping is not None else None
+
     def checks(self) -> list[tuple[str, float, str, float, bool]]:
         """(what, measured, comparison, target, met) for each target."""
         rows = [("samples/s, tuned / ImageNet recipe", self.speedup, ">=", self.targets["speedup"]),
@@ -100,6 +132,11 @@ class BenchmarkResult:
                           "resized, one uint8 file):", str(self.storage), f"cold cache: {self.cold_cache}"]
         lines += [""] + [f"{what}: {value:.2f}x (target {op} {target}x: {'met' if met else 'NOT met'})"
                          for what, value, op, target, met in self.checks()]
+        if self.shipping_share is not None:
+            tuned_cpu = self.loaders.row(TUNED).cpu_s_per_sample
+            lines.append(f"Of the tuned loader's {tuned_cpu * 1e3:.2f} ms of CPU per sample, sending "
+                         f"its pixels alone took {self.shipping_share * tuned_cpu * 1e3:.2f} ms "
+                         f"({self.shipping_share:.0%}); decode only sends none.")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -107,6 +144,7 @@ class BenchmarkResult:
                 "cold_cache": self.cold_cache, "targets": self.targets,
                 "speedup": self.speedup, "cpu_ratio": self.cpu_ratio,
                 "decode_share": self.decode_share, "memmap_share": self.memmap_share,
+                "shipping_share": self.shipping_share,
                 "loaders": self.loaders.to_dict(),
                 "storage": None if self.storage is None else self.storage.to_dict()}
 
@@ -153,7 +191,8 @@ def run_benchmark(*, n: int | None = None, batch_size: int | None = None,
         (SEED, seed_recipe_loader(folder, batch_size=batch_size, size=size), seed_recipe_process_settings),
         (IMAGENET, imagenet_recipe_loader(folder, batch_size=batch_size, size=size), nothing),
         (TUNED, tuned_files_loader(folder, batch_size=batch_size, size=size), nothing),
-        (DECODE_ONLY, files_loader(DecodeOnlyFiles(folder), batch_size=batch_size), nothing)]
+        (DECODE_ONLY, files_loader(DecodeOnlyFiles(folder), batch_size=batch_size), nothing),
+        (SHIPPING, files_loader(ShippingOnly(n, size), batch_size=batch_size), nothing)]
     cold_cache = "not measured (--no-storage)"
     if storage:
         store = _packed_store(base, folder, size)
@@ -180,7 +219,7 @@ def run_benchmark(*, n: int | None = None, batch_size: int | None = None,
                 with settings():
                     runs[label].append(measure_loader(loader, repeats=1, label=label, progress=progress))
     merged = {label: Measurement.merge(parts) for label, parts in runs.items()}
-    loaders = compare([merged[k] for k in (SEED, IMAGENET, TUNED, DECODE_ONLY)], baseline=IMAGENET)
+    loaders = compare([merged[k] for k in (SEED, IMAGENET, TUNED, DECODE_ONLY, SHIPPING)], baseline=IMAGENET)
     storage_table = None
     if storage:
         storage_table = compare([merged[k] for k in (RAM_BYTES, TUNED, COLD, MEMMAP, RAM_GATHER)

@@ -7,13 +7,13 @@ import pytest
 
 from course_utils.__main__ import main
 from course_utils.benchmark import (COLD, DECODE_ONLY, IMAGENET, MEMMAP, RAM_BYTES, RAM_GATHER,
-                                    SEED, TUNED, run_benchmark)
+                                    SEED, SHIPPING, TUNED, run_benchmark)
 
 
 @pytest.mark.timeout(300)
 def test_benchmark_measures_every_row_side_by_side(tmp_path, capsys):
     result = run_benchmark(n=48, batch_size=8, repeats=1, progress=False)
-    assert [m.label for m in result.loaders.rows] == [SEED, IMAGENET, TUNED, DECODE_ONLY]
+    assert [m.label for m in result.loaders.rows] == [SEED, IMAGENET, TUNED, DECODE_ONLY, SHIPPING]
     storage = [m.label for m in result.storage.rows]
     assert storage[:2] == [RAM_BYTES, TUNED] and storage[-2:] == [MEMMAP, RAM_GATHER]
     assert (COLD in storage) == ("dropped" in result.cold_cache)
@@ -21,6 +21,8 @@ def test_benchmark_measures_every_row_side_by_side(tmp_path, capsys):
     # CPU time comes in 10 ms ticks: a run this small can read 0 s for one side, so only the
     # ratio's type and sign are checked; bench measures it for real
     assert isinstance(result.cpu_ratio, float) and not result.cpu_ratio < 0
+    assert result.shipping_share is None or result.shipping_share > 0
+    assert (result.shipping_share is None) == ("sending its pixels alone" not in str(result))
     text = str(result)
     assert "target >= 2.0x" in text and "target <= 0.5x" in text and "memmap / RAM gather" in text
     json.dumps(result.to_dict())
