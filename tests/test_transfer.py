@@ -11,9 +11,10 @@ import torch
 
 matplotlib.use("Agg")
 
+from course_authoring.gpu_runs import run_lesson04
 from course_utils.device import move_to_device, resolve_device, try_pin
 from course_utils.lessons import l04_copies as C
-from course_utils.lessons import l04_gpu_run as G
+from course_utils.lessons import l04_reference as G
 from course_utils.lessons.l04_copies import (KIB, MIB, BandwidthSweep, bandwidth_sweep,
                                              max_transfer_bytes, mismeasured_copy, sweep_sizes,
                                              time_op)
@@ -323,7 +324,7 @@ def test_cuda_in_forked_worker_never_hangs():
 @pytest.mark.skipif(CUDA, reason="this machine has CUDA")
 def test_gpu_benchmarks_refuse_without_cuda():
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
-        G.run_gpu_benchmarks(10)
+        run_lesson04(10)
 
 
 # ---- the reference beside this machine (structure only; the stand-in is CPU data, labelled) ----
