@@ -15,13 +15,16 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .config import QUICK_ENV
+from .image_folder import ImageFolderDataset
+from .machine import doctor
+from .tuning import MIN_BUDGET_S, TuningInterrupted, folder_for_tuning, tune_loader
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from .machine import doctor
     report = doctor()
     print(json.dumps(report.to_dict(), indent=2, default=str) if args.json else report.render())
     return 0
@@ -29,7 +32,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 def _cmd_grade(args: argparse.Namespace) -> int:
     """Grade notebooks; a bad path gives one line on stderr and exit status 2, before any runs."""
-    from .grade_notebook import grade_notebook, read_notebook
+    from .grade_notebook import grade_notebook, read_notebook  # only when this subcommand runs
     for notebook in args.notebooks:
         try:
             read_notebook(notebook, argument="NOTEBOOK")
@@ -54,7 +57,7 @@ def _print_and_save(result: Any, json_path: str | None) -> None:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from .benchmark import run_benchmark
+    from .benchmark import run_benchmark  # only when this subcommand runs
     result = run_benchmark(n=args.images, batch_size=args.batch_size, repeats=args.repeats,
                            storage=not args.no_storage, progress=not args.no_progress)
     _print_and_save(result, args.json)
@@ -64,8 +67,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_tune(args: argparse.Namespace) -> int:
     """Tune a loader; bad input gives one line on stderr and exit status 2, never a traceback;
     Ctrl-C gives one line (the best setting measured so far) and exit status 130."""
-    from .tuning import MIN_BUDGET_S, TuningInterrupted
-
     def fail(message: str) -> int:
         print(f"python -m course_utils tune: error: {message}", file=sys.stderr)
         return 2
@@ -91,13 +92,8 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
 def _tune(args: argparse.Namespace, fail: Callable[[str], int]) -> int:
     """The body of ``tune`` (Ctrl-C is handled by :func:`_cmd_tune`)."""
-    from .tuning import folder_for_tuning, tune_loader
-
     data = None
     if args.folder is not None:
-        from pathlib import Path
-
-        from .image_folder import ImageFolderDataset
         folder = Path(args.folder).expanduser()
         if not folder.exists():
             return fail(f"FOLDER {args.folder!r} does not exist; pass the folder that holds your "
@@ -134,7 +130,7 @@ def _tune(args: argparse.Namespace, fail: Callable[[str], int]) -> int:
 
 def _cmd_diagnose(args: argparse.Namespace) -> int:
     """``diagnose``: one line and exit 2 on bad input, exit 130 on Ctrl-C."""
-    from .diagnose import DiagnoseError, build_loop, diagnose, load_target
+    from .diagnose import DiagnoseError, build_loop, diagnose, load_target  # only when it runs
 
     def fail(message: str, code: int = 2) -> int:
         print(f"python -m course_utils diagnose: error: {message}", file=sys.stderr)

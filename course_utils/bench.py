@@ -277,7 +277,7 @@ def measure_loader(loader: Iterable, *, batches: int | None = None,
     if label is None:
         label = _default_label(loader)
 
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # lazy: kept out of `import course_utils` (workers)
 
     bar = tqdm(total=None if n_timed is None else repeats * n_timed, disable=not progress,
                desc=str(label)[:40], unit="batch", leave=False)

@@ -85,7 +85,7 @@ def _photo_path() -> Path:
     import matplotlib  # local import: only needed here, keeps ``import course_utils.data`` light
     candidates = []
     try:
-        import matplotlib.cbook as cbook
+        import matplotlib.cbook as cbook  # lazy, as above
         candidates.append(Path(cbook.get_sample_data(PHOTO_NAME, asfileobj=False)))
     except Exception:  # older/newer matplotlib may resolve sample data differently
         pass

@@ -33,6 +33,18 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
+
+from .data import JpegDataset, ToTensorUint8
+from .lessons.l07_sharding import IndexDataset, indices_of
+from .machine import start_method
+from .process_tree import TreeMonitor
+from .threads import make_worker_init, thread_pools
+
 
 def _env_int(name: str) -> int:
     value = os.environ.get(name)
@@ -47,12 +59,6 @@ def _env_int(name: str) -> int:
 # --------------------------------------------------------------------------------------------
 
 def _sampler(cfg: dict, rank: int, world: int) -> dict:
-    import torch
-    import torch.distributed as dist
-    from torch.utils.data import DataLoader, DistributedSampler
-
-    from .lessons.l07_sharding import IndexDataset, indices_of
-
     dataset = IndexDataset(int(cfg.get("n", 10)))
     variants = {}
     drawn = 0
@@ -80,16 +86,6 @@ def _sampler(cfg: dict, rank: int, world: int) -> dict:
 
 
 def _bench(cfg: dict, rank: int, world: int, local_rank: int, backend: str) -> dict:
-    import torch
-    import torch.distributed as dist
-    from torch import nn
-    from torch.nn.parallel import DistributedDataParallel
-    from torch.utils.data import DataLoader, DistributedSampler
-
-    from .process_tree import TreeMonitor
-    from .data import JpegDataset, ToTensorUint8
-    from .threads import make_worker_init, thread_pools
-
     if cfg.get("rank_threads"):
         torch.set_num_threads(int(cfg["rank_threads"]))
     device = torch.device(f"cuda:{local_rank}" if backend == "nccl" else "cpu")
@@ -162,8 +158,6 @@ def _bench(cfg: dict, rank: int, world: int, local_rank: int, backend: str) -> d
 
 
 def _learner(cfg: dict, rank: int, world: int) -> dict:
-    from .lessons.l07_sharding import IndexDataset, indices_of
-
     module = importlib.import_module(cfg["module"])
     make_loader = getattr(module, cfg["name"])
     dataset = IndexDataset(int(cfg["n"]))
@@ -206,17 +200,12 @@ def main(argv: list[str] | None = None) -> int:
         rank, world, local_rank = _env_int("RANK"), _env_int("WORLD_SIZE"), _env_int("LOCAL_RANK")
         omp_env = os.environ.get("OMP_NUM_THREADS")
         cfg = json.loads(Path(args.config).read_text())
-        from .threads import thread_pools
-
         record = {"rank": rank, "world_size": world, "local_rank": local_rank, "pid": os.getpid(),
                   "backend": args.backend, "task": args.task, "omp_num_threads_env": omp_env,
                   "pools_at_start": thread_pools().to_dict(),
                   "start_method_default": _default_start_method()}
         if args.task == "fail" and cfg.get("when") == "before_init":
             _fail(cfg, rank)
-        import torch
-        import torch.distributed as dist
-
         if args.backend == "nccl":
             torch.cuda.set_device(local_rank)
         dist.init_process_group(args.backend, timeout=timedelta(seconds=max(10.0, args.timeout_s)))
@@ -253,8 +242,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _default_start_method() -> str:
-    from .machine import start_method
-
     return start_method()
 
 

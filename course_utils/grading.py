@@ -23,6 +23,8 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
+from . import graders
+
 __all__ = ["ExerciseFailed", "CheckResult", "check", "grader", "exercise_ids",
            "refuse_course_helper"]
 
@@ -84,7 +86,6 @@ def grader(exercise: str) -> Callable[[Callable[..., CheckResult]], Callable[...
 
 
 def _load_graders() -> None:
-    from . import graders
     for module in pkgutil.iter_modules(graders.__path__):
         importlib.import_module(f"{graders.__name__}.{module.name}")
 

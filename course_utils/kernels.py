@@ -26,6 +26,10 @@ import os
 import tempfile
 import uuid
 
+import zmq
+from jupyter_client.manager import AsyncKernelManager, KernelManager
+from traitlets import default
+
 # A Unix socket's path must fit in sockaddr_un.sun_path: 108 bytes on Linux, 104 on macOS.
 _MAX_SOCKET_PATH = 100
 
@@ -39,16 +43,10 @@ def ipc_available() -> bool:
     """True when zmq here can use ``ipc://`` sockets and their paths fit in a socket name."""
     if os.name != "posix":
         return False
-    try:
-        import zmq
-    except ImportError:  # pragma: no cover - jupyter_client needs zmq
-        return False
     return bool(zmq.has("ipc")) and len(_socket_prefix()) + 8 <= _MAX_SOCKET_PATH
 
 
 def _ipc_subclass(base: type) -> type:
-    from traitlets import default
-
     class IpcKernelManager(base):  # type: ignore[misc, valid-type]
         """``base`` with its kernel's sockets on ``ipc://`` files under the temp directory."""
 
@@ -70,7 +68,5 @@ def kernel_manager_class(asynchronous: bool = True) -> type:
     """The kernel manager class to start kernels with: jupyter_client's ``AsyncKernelManager``
     (``asynchronous=True``, what nbclient uses) or ``KernelManager`` (what nbval uses), on IPC
     where :func:`ipc_available`, else the class itself (TCP)."""
-    from jupyter_client.manager import AsyncKernelManager, KernelManager
-
     base = AsyncKernelManager if asynchronous else KernelManager
     return _ipc_subclass(base) if ipc_available() else base

@@ -14,6 +14,9 @@ import textwrap
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import cv2
+import numpy
+import psutil
 import torch
 
 from .config import QUICK_ENV
@@ -196,10 +199,6 @@ def _torch_build() -> str:
 
 
 def _opencv_details() -> tuple[str | None, str | None]:
-    try:
-        import cv2
-    except ImportError:
-        return None, None
     backend = None
     for line in cv2.getBuildInformation().splitlines():
         if "Parallel framework" in line:
@@ -404,14 +403,7 @@ def _entry_name(entry: dict) -> str:
 
 def doctor() -> DoctorReport:
     """Inspect this machine and process; ``print(doctor())`` for a readable report."""
-    import psutil
-
-    try:
-        import numpy
-
-        numpy_version: str | None = numpy.__version__
-    except ImportError:  # pragma: no cover - numpy is a dependency
-        numpy_version = None
+    numpy_version: str | None = numpy.__version__
     opencv_version, opencv_parallel = _opencv_details()
     memory = psutil.virtual_memory()
     report = DoctorReport(

@@ -68,7 +68,7 @@ def _title(title: str, settings: Mapping | None) -> str:
 def _new_axes(ax: Any, figsize: tuple[float, float]) -> Any:
     if ax is not None:
         return ax
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: kept out of `import course_utils` (workers)
 
     _, ax = plt.subplots(figsize=figsize, layout="constrained")
     return ax

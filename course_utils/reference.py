@@ -30,6 +30,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+
+from .machine import accelerator, cpu_info, machine_summary
+
 __all__ = [
     "REFERENCE_DIR",
     "REQUIRED_KEYS",
@@ -92,16 +97,12 @@ def _jsonable(value: Any) -> Any:
         return int(value)
     if isinstance(value, float):
         return value if math.isfinite(value) else None
-    try:  # numpy / torch scalars
-        import numpy as np
-        if isinstance(value, np.integer):
-            return int(value)
-        if isinstance(value, np.floating):
-            return _jsonable(float(value))
-        if isinstance(value, np.ndarray):
-            return _jsonable(value.tolist())
-    except ImportError:  # pragma: no cover - numpy is a dependency
-        pass
+    if isinstance(value, np.integer):  # numpy / torch scalars
+        return int(value)
+    if isinstance(value, np.floating):
+        return _jsonable(float(value))
+    if isinstance(value, np.ndarray):
+        return _jsonable(value.tolist())
     if isinstance(value, Mapping):
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -119,10 +120,6 @@ def describe_machine() -> dict:
     CPUs), cpu_count_logical, platform, python, summary (``machine_summary()``). On CUDA this
     reads the device properties (initialises CUDA, allocates nothing).
     """
-    import torch
-
-    from .machine import accelerator, cpu_info, machine_summary
-
     acc = accelerator()
     cpu = cpu_info()
     cudnn = None

@@ -56,7 +56,7 @@ _MB = 1e6
 def _new_axes(ax: Any, figsize: tuple[float, float]) -> Any:
     if ax is not None:
         return ax
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: kept out of `import course_utils` (workers)
 
     _, ax = plt.subplots(figsize=figsize, layout="constrained")
     return ax
@@ -375,7 +375,7 @@ def sweep_workers(dataset: Dataset, worker_counts: Optional[Sequence[int]] = Non
             raise ValueError(f"{where}: pass {bad} through its own argument (or, for "
                              f"num_workers, worker_counts), not in the loader options.")
     name = label or type(dataset).__name__
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # lazy: kept out of `import course_utils` (workers)
 
     measurements: list[Measurement] = []
     bar = tqdm(counts, desc=f"{name} sweep"[:40], unit="point", disable=not progress, leave=False)

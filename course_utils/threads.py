@@ -21,6 +21,7 @@ more than one thread is refused in a forked child of a busy parent).
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import gc
 import numbers
 import os
@@ -30,6 +31,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+import numpy as np
 import threadpoolctl
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
@@ -76,7 +78,7 @@ def _check_threads(n: Any, name: str) -> int:
 
 def _cv2():
     try:
-        import cv2
+        import cv2  # lazy: OpenCV is imported only where asked (see _set_opencv_threads)
     except ImportError:
         return None
     return cv2
@@ -288,8 +290,6 @@ def _init_watchdog(enabled: bool):
     armed = False
     if enabled:
         try:
-            import faulthandler
-
             stream = sys.__stderr__
             if stream is None or stream.fileno() < 0:
                 raise OSError("no stderr")
@@ -380,8 +380,6 @@ class WorkerThreadLimiter:
             _worker_limits.append(threadpoolctl.threadpool_limits(limits=n))
             torch.set_num_threads(n)
         if self.seed is not None:
-            import numpy as np
-
             random.seed(self.seed + worker_id)
             np.random.seed((self.seed + worker_id) % 2**32)
 

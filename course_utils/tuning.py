@@ -232,7 +232,7 @@ class _Search:
         self.trial_s = min(8.0, max(0.3, search_s / 16))
         self.rate_est: float | None = None      # steady samples/s, best so far
         self.startup_est = 0.5
-        from tqdm.auto import tqdm
+        from tqdm.auto import tqdm  # lazy: kept out of `import course_utils` (workers)
 
         self.bar = tqdm(total=round(budget_s, 1), disable=not progress, desc="tuning",
                         unit="s", bar_format="{desc}: {n:.0f}/{total:.0f} s |{bar}| {postfix}")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .measurement import Comparison, Measurement, _jsonable
+from .plots import figure_title
 from .threads import WorkerThreadLimiter, make_worker_init
 
 __all__ = ["LoaderSettings", "Trial", "TuningResult", "TuningInterrupted", "epoch_score",
@@ -452,9 +453,7 @@ class TuningResult:
         """A matplotlib Figure: every trial's score (left), the side by side's scores
         (right, the recommended row outlined); machine and settings in the title. Never
         calls ``plt.show()``."""
-        import matplotlib.pyplot as plt
-
-        from .plots import figure_title
+        import matplotlib.pyplot as plt  # lazy: kept out of `import course_utils` (workers)
 
         ncols = 2 if self.comparison is not None else 1
         fig, axes = plt.subplots(1, ncols, figsize=(13 if ncols == 2 else 8,

@@ -86,6 +86,38 @@ def test_the_check_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
+def _uncommented_function_imports(source: str) -> list[tuple[int, str]]:
+    """(line, text) of each import inside a function with no comment on its line or the line
+    above: an import there must say why it is not at the module's top."""
+    lines = source.splitlines()
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for sub in ast.walk(node):
+                if isinstance(sub, (ast.Import, ast.ImportFrom)):
+                    line, prev = lines[sub.lineno - 1], lines[sub.lineno - 2]
+                    if "#" not in line and not prev.strip().startswith("#"):
+                        found.append((sub.lineno, line.strip()))
+    return sorted(set(found))
+
+
+def test_function_level_imports_say_why():
+    """Imports go at the module's top; one inside a function (heavy and kept out of what
+    ``import course_utils`` or DataLoader workers import, optional, an import cycle, or one that
+    must run after something else) says why in a comment on its line or the line above."""
+    silent = [f"{path.relative_to(ROOT).as_posix()}:{lineno}: {text}"
+              for path in sorted(PACKAGE.rglob("*.py"))
+              for lineno, text in _uncommented_function_imports(path.read_text(encoding="utf-8"))]
+    assert not silent, ("imports inside functions without a comment saying why; move them to "
+                        "the module's top, or add the reason:\n" + "\n".join(silent))
+
+
+def test_the_import_check_finds_a_silent_one():
+    source = ("import os\n\n\ndef f():\n    import json\n    return json\n\n\n"
+              "def g():\n    # lazy: heavy\n    import numpy\n    import sys  # optional\n")
+    assert _uncommented_function_imports(source) == [(5, "import json")]
+
+
 MAX_LINES = 600
 
 

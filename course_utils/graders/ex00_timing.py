@@ -14,7 +14,10 @@ import math
 import numbers
 from typing import Any, Callable, Iterator
 
+import torch.utils.data as tud
+
 from ..bench import measure, measure_data_wait, measure_loader
+from ..data import LatencyDataset
 from ..grading import CheckResult, ExerciseFailed, grader, refuse_course_helper
 from ..lessons.l03_costs import time_epochs
 from ..lessons.l04_copies import time_op
@@ -59,10 +62,6 @@ def grade_time_loader(time_loader: Callable[..., Any], *, latency_s: float = 0.0
                       startup_s: float = 0.6, batch_size: int = 8, batches: int = 12,
                       warmup_batches: int = 2) -> CheckResult:
     """Check ``time_loader`` returns the loader's steady-state samples per second."""
-    import torch.utils.data as tud
-
-    from ..data import LatencyDataset
-
     if not callable(time_loader):
         raise ExerciseFailed(EXERCISE, "the answer is not a function.",
                              expected="a function time_loader(loader, batches, warmup_batches=2)",

@@ -27,7 +27,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .. import data, transforms
+from ..data import JpegDataset
 from ..grading import CheckResult, ExerciseFailed, grader, refuse_course_helper
+from ..machine import start_method
+from ..threads import make_worker_init
+from ..transforms import (MAX_DIFF_LEVELS, MEAN_DIFF_LEVELS, PipelineParams, center_crop,
+                          exact_pipeline, numpy_resize, output_difference)
 
 EXERCISE = "01.uint8_pipeline"
 #: the course's pipelines and stages, refused in an answer (PipelineParams is given)
@@ -140,8 +145,6 @@ def _levels(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
 
 
 def _check_resize_values(out: np.ndarray, image: np.ndarray, params: Any) -> None:
-    from ..transforms import MAX_DIFF_LEVELS, MEAN_DIFF_LEVELS, numpy_resize
-
     exact = numpy_resize(image.astype(np.float32), out.shape[:2])
     worst, bias = _levels(out, exact)
     if worst <= MAX_DIFF_LEVELS + 1e-3 and abs(bias) <= MEAN_DIFF_LEVELS:
@@ -165,8 +168,6 @@ def _check_resize_values(out: np.ndarray, image: np.ndarray, params: Any) -> Non
 
 
 def _check_crop(out: np.ndarray, resized: np.ndarray, params: Any) -> None:
-    from ..transforms import center_crop
-
     c = params.crop
     if np.array_equal(out, center_crop(resized, c)):
         return
@@ -255,8 +256,6 @@ def _same_pixels(out: torch.Tensor, reference: torch.Tensor, params: Any, dim: i
 
 def _check_normalized(out: Any, reference: torch.Tensor, params: Any,
                       where: str = "normalize(batch)") -> Any:
-    from ..transforms import MAX_DIFF_LEVELS, MEAN_DIFF_LEVELS, output_difference
-
     expected = f"torch.Tensor {tuple(reference.shape)} float32"
     if not isinstance(out, torch.Tensor):
         raise ExerciseFailed(EXERCISE, "`normalize` must return a torch tensor.",
@@ -322,8 +321,6 @@ class _StagesDataset(Dataset):
 def _worker_context(pipeline: Any) -> tuple[Optional[str], int, str]:
     """(multiprocessing context, workers factor, note): notebook classes need fork to reach
     workers (spawn cannot import __main__ of a notebook); without fork, run in the main process."""
-    from ..machine import start_method
-
     module = type(pipeline).__module__
     if module != "__main__":
         return None, 1, start_method()
@@ -335,8 +332,6 @@ def _worker_context(pipeline: Any) -> tuple[Optional[str], int, str]:
 
 def _run_in_workers(pipeline: Any, images: Any, refs: list[torch.Tensor], params: Any,
                     num_workers: int, batch_size: int, timeout_s: float) -> dict:
-    from ..threads import make_worker_init
-
     context, factor, note = _worker_context(pipeline)
     workers = num_workers * factor
     kwargs: dict = {}
@@ -375,9 +370,6 @@ def _run_in_workers(pipeline: Any, images: Any, refs: list[torch.Tensor], params
 def grade_uint8_pipeline(pipeline: Any, *, n_images: int = 8, num_workers: int = 2,
                          batch_size: int = 4, seed: int = 1, timeout_s: float = 60.0) -> CheckResult:
     """Check that ``pipeline``'s stages stay uint8 until ``normalize`` and match the reference."""
-    from ..data import JpegDataset
-    from ..transforms import PipelineParams, exact_pipeline
-
     refuse_course_helper(EXERCISE, pipeline, COURSE_STAGES, write=_WRITE)
     if isinstance(pipeline, type):
         try:

@@ -231,7 +231,7 @@ def _stop_workers(iterator: Any, kill: bool) -> None:
     watch to ignore them (it would report the kill as a worker failure)."""
     if kill:
         try:
-            from torch.utils.data import _utils
+            from torch.utils.data import _utils  # in the try: a private module that may move
 
             if getattr(iterator, "_worker_pids_set", False):
                 _utils.signal_handling._remove_worker_pids(id(iterator))

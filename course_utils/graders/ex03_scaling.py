@@ -25,13 +25,19 @@ from __future__ import annotations
 
 import multiprocessing
 import numbers
+import os
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import torch
 
+from ..config import pick
+from ..data import JpegDataset, ToTensorUint8
 from ..grading import CheckResult, ExerciseFailed, grader, refuse_course_helper
 from ..lessons.l03_memory import RecordArrayDataset, RecordListDataset, make_records, worker_memory
+from ..machine import usable_cpus
 from ..scaling import CurveShape, describe_curve, find_knee, sweep_workers
+from ..threads import limit_threads, make_worker_init
 
 CHOOSE = "03.choose_workers"
 COPY = "03.copy_on_read"
@@ -187,11 +193,6 @@ def _judge_shuffled(choose: Callable, curve: dict, in_order: int, seed: int) -> 
 
 def _measured_curve(max_workers: int | None = None) -> dict:
     """A real samples/s-vs-workers curve of JPEG decoding measured now on this machine."""
-    from ..config import pick
-    from ..data import JpegDataset, ToTensorUint8
-    from ..machine import usable_cpus
-    from ..threads import limit_threads, make_worker_init
-
     top = min(2 * usable_cpus(), 6) if max_workers is None else max_workers
     dataset = JpegDataset(n=pick(full=320, quick=160), min_side=320, max_side=640,
                           transform=ToTensorUint8(160))
@@ -222,7 +223,6 @@ def grade_choose_workers(choose_num_workers: Callable[..., Any], *,
     plain = [int(a) for a in answers if isinstance(a, numbers.Integral) and not isinstance(a, bool)]
     if len(plain) == len(answers) and len(set(plain)) == 1:
         const = plain[0]
-        import os
         why = ""
         if const == (os.cpu_count() or -1):
             why = " — that is os.cpu_count(), which knows nothing about the workload"
@@ -263,8 +263,6 @@ _LIST_BASELINE: dict[tuple, Any] = {}  # (n, seed, workers) -> WorkerMemory of t
 def _containers(obj: Any, n: int, path: str, depth: int,
                 seen: set[int]) -> list[tuple[str, str, int]]:
     """Attributes (and nested dict/list/tuple entries) holding >= n/10 Python objects."""
-    import torch
-
     if id(obj) in seen or depth > 3:
         return []
     seen.add(id(obj))
@@ -296,8 +294,6 @@ def _containers(obj: Any, n: int, path: str, depth: int,
 
 
 def _same_item(i: int, want: Any, got: Any) -> None:
-    import torch
-
     shape = ("a tuple (box, label, path): box a float32 tensor of shape (4,), label an int, "
              "path a str")
     if not isinstance(got, (tuple, list)) or len(got) != 3:

@@ -42,6 +42,7 @@ import torch
 from ..augment import (AugmentDraws, AugmentTransform, augment_batch, augment_sample, crop_grid,
                        draw_batch, draw_sample)
 from ..grading import CheckResult, ExerciseFailed, grader, refuse_course_helper
+from ..lessons.l05_measure import count_torch_calls
 
 EXERCISE = "05.batched_flip_brightness"
 
@@ -327,8 +328,6 @@ def _check_half(fn: Callable, device: torch.device, *, n: int, side: int, seed: 
 
 
 def _count_calls(fn: Callable, n: int, side: int, seed: int) -> int:
-    from ..lessons.l05_measure import count_torch_calls
-
     x = make_test_batch(n, side)
     return count_torch_calls(_call, fn, x, flip_p=0.5, brightness=0.4,
                              generator=torch.Generator().manual_seed(seed))[1]

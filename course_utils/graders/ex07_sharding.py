@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import builtins
 import dis
+import importlib
 import inspect
 import math
 import re
@@ -63,8 +64,6 @@ def _global_names(code: types.CodeType) -> set[str]:
 
 def _importable(obj: Any) -> tuple[str, str] | None:
     """(module, qualname) when ``obj`` can be imported by name from a real module."""
-    import importlib
-
     module = getattr(obj, "__module__", None)
     qualname = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
     if not module or not qualname or module == "__main__" or "." in qualname or "<" in qualname:

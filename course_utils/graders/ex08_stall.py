@@ -46,6 +46,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
+from torch.profiler import ProfilerActivity, profile, record_function, schedule
 from torch.utils.data import DataLoader, Dataset
 
 from ..grading import CheckResult, ExerciseFailed, grader, refuse_course_helper
@@ -245,8 +246,6 @@ def as_is(batch: Any) -> Any:
 def profile_loop(loader: DataLoader, step: Callable[[Any], Any], steps: int) -> list[dict]:
     """The trace events of ``steps + 1`` recorded steps; the first holds the workers' start-up
     (``iter`` and the first ``next`` inside its "fetch" span), as when a whole loop is profiled."""
-    from torch.profiler import ProfilerActivity, profile, record_function, schedule
-
     sched = schedule(wait=0, warmup=1, active=steps + 1, repeat=1)
     it = None
     with tempfile.TemporaryDirectory(prefix="course08_") as tmp:

@@ -18,7 +18,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+import matplotlib.pyplot as plt
 import numpy as np
+import psutil
+from matplotlib.patches import Rectangle
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
 
 from ..bench import measure_loader
 from ..checks import check_int, check_seconds
@@ -89,8 +94,6 @@ def involuntary_switches(pids: Sequence[int] | None = None) -> dict[tuple[int, i
     if not os.path.isdir("/proc/self/task"):
         return None
     if pids is None:
-        import psutil
-
         me = psutil.Process()
         try:
             pids = [me.pid] + [p.pid for p in me.children(recursive=True)]
@@ -316,8 +319,6 @@ def run_grid(worker_counts: Sequence[int] | None = None,
     forked worker cannot safely grow torch's OpenMP pool). ``timeout_s`` bounds the wait for
     any one batch (seconds). Defaults come from :func:`default_grid` and quick mode.
     """
-    from torch.utils.data import DataLoader
-
     where = "run_grid"
     dw, dk = default_grid()
     workers = dw if worker_counts is None else _int_list("worker_counts", worker_counts, where)
@@ -348,8 +349,6 @@ def run_grid(worker_counts: Sequence[int] | None = None,
                          f"warm-up ({max_warmup} batches) and the timed batches of "
                          f"{batch_size}: give at least {needed} samples, or fewer batches.")
     usable = usable_cpus()
-
-    from tqdm.auto import tqdm
 
     pairs = [(w, k) for w in workers for k in threads]
     cells: list[GridCell] = []
@@ -399,9 +398,6 @@ def plot_grid(result: GridResult, metrics: Sequence[str] = tuple(GRID_METRICS), 
     outlined in red (oversubscribed); the best cell of each panel is marked with a star. The
     machine and settings are in the title. Returns the array of Axes.
     """
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Rectangle
-
     if not isinstance(result, GridResult):
         raise TypeError(f"result must be a GridResult made by run_grid(), got "
                         f"{type(result).__name__}.")

@@ -18,6 +18,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
+import cv2
 import numpy as np
 import torch
 
@@ -75,8 +76,6 @@ class OpenCVHeavyTransform:
             raise TypeError(f"{where}: angle must be a number of degrees, got {self.angle!r}.")
 
     def __call__(self, image: np.ndarray) -> torch.Tensor:
-        import cv2
-
         if not isinstance(image, np.ndarray) or image.ndim != 3 or image.shape[2] != 3 \
                 or image.dtype != np.uint8:
             raise ValueError(f"OpenCVHeavyTransform: image must be an (H, W, 3) uint8 array, got "

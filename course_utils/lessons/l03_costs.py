@@ -111,7 +111,7 @@ def time_epochs(loader: Iterable, epochs: int = 3, *, progress: bool = True) -> 
         raise TypeError(f"time_epochs: loader must be iterable (a DataLoader), got "
                         f"{type(loader).__name__}.")
     epochs = check_int("epochs", epochs, 1, "time_epochs")
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # lazy: DataLoader workers import this module
 
     out: list[float] = []
     for _ in tqdm(range(epochs), desc="epochs", disable=not progress, leave=False):

@@ -15,7 +15,7 @@ from typing import Any, Iterator, Optional
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from ..checks import check_index, check_int, check_seconds
 from ..config import pick
@@ -188,8 +188,6 @@ class _MemoryProbe(Dataset):
         return len(self.dataset)
 
     def __getitem__(self, request: tuple) -> dict:
-        from torch.utils.data import get_worker_info
-
         indices, read = request
         pid = os.getpid()
         state = self._state.get(pid)

@@ -293,7 +293,7 @@ class BandwidthSweep:
 
     def plot(self, ax: Any = None, *, title: str | None = None) -> Any:
         """GB/s against transfer size (log-log), one line per measured source."""
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # lazy: workers import this module (via l04_workers)
 
         if ax is None:
             _, ax = plt.subplots(figsize=(7, 4), layout="constrained")
@@ -396,7 +396,7 @@ def bandwidth_sweep(sizes: Sequence[int] | None = None, *, device: Any = None,
             dsrc.fill_(3)
             sources["device"] = dsrc
 
-    from tqdm.auto import tqdm
+    from tqdm.auto import tqdm  # lazy: workers import this module (via l04_workers)
 
     gbps: dict[str, list[float | None]] = {m: [None] * len(sizes) for m in MODES}
     secs: dict[str, list[float | None]] = {m: [None] * len(sizes) for m in MODES}
@@ -540,7 +540,7 @@ def plot_sweeps(local: BandwidthSweep, reference: Mapping | None = None) -> Any:
     ``reference`` is a reference document (:func:`load_lesson04_reference`); without one (or
     without a sweep in it) only this machine's plot is drawn. Returns the Figure.
     """
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: workers import this module (via l04_workers)
 
     ref_sweep = None
     if reference is not None and isinstance(reference.get("results", {}).get("sweep"), Mapping):

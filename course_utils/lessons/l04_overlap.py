@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
+import matplotlib.pyplot as plt
 import torch
 
 from ..checks import check_int
@@ -120,8 +121,6 @@ class OverlapResult:
 
     def plot(self, ax: Any = None, *, title: str | None = None) -> Any:
         """Horizontal bars: copy alone, compute alone, their sum, and each variant."""
-        import matplotlib.pyplot as plt
-
         if ax is None:
             _, ax = plt.subplots(figsize=(7, 3), layout="constrained")
         names = list(self.times_s)

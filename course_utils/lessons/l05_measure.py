@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional, Sequence
 import cv2
 import numpy as np
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils.data import DataLoader, Dataset
 
 from ..augment import AugmentDraws, AugmentParams, AugmentTransform, SampleDraw, _params, augment_batch
@@ -204,7 +205,6 @@ def count_torch_calls(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tupl
     """
     if not callable(fn):
         raise TypeError(f"count_torch_calls: fn must be callable, got {type(fn).__name__}.")
-    from torch.overrides import TorchFunctionMode
 
     class _Count(TorchFunctionMode):
         calls = 0
@@ -291,7 +291,7 @@ def measure_augment_throughput(images: DecodedImages, batch_sizes: Sequence[int]
     transform = AugmentTransform(p)
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from tqdm.auto import tqdm  # lazy: DataLoader workers import this module
         bar = tqdm(total=len(sizes), desc="augmentation vs batch size", leave=False)
     try:
         last_s = 0.0   # how long the previous point took: the next (bigger) one takes about as long or more
@@ -339,7 +339,7 @@ def measure_augment_throughput(images: DecodedImages, batch_sizes: Sequence[int]
 
 def _axes(ax: Any, figsize: tuple[float, float]) -> Any:
     if ax is None:
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # lazy: DataLoader workers import this module
         _, ax = plt.subplots(figsize=figsize)
     return ax
 
@@ -368,6 +368,7 @@ def plot_augment_throughput(result: dict, ax: Any = None, *, title: str = "Augme
     for (label, ys), style in zip(series.items(), ("o-", "s--")):
         v = np.array([np.nan if y is None else y for y in ys], dtype=float)
         ax.plot(xs, v, style, label=label)
+    # lazy: DataLoader workers import this module
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     ax.set_xscale("log", base=2)

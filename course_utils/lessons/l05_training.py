@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
+from tqdm.auto import tqdm
 
 from ..augment import AugmentParams, _constants, augment_batch
 from ..bench import measure, measure_data_wait
@@ -230,7 +231,6 @@ def _compare_training(out: dict, base: Dataset, dev: torch.device, pipelines: Se
 
     bar = None
     if progress:
-        from tqdm.auto import tqdm
         bar = tqdm(total=len(pipelines), desc="training loop", leave=False)
     try:
         for name in pipelines:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import psutil
+import torch
 
 from ..checks import check_int, check_seconds
 from ..config import pick
@@ -110,8 +111,6 @@ class DistributedRun:
 def pick_backend(nproc: int) -> str:
     """'nccl' when there is a CUDA GPU for every rank and NCCL is built in, else 'gloo'."""
     nproc = check_int("nproc", nproc, 1, "pick_backend")
-    import torch
-
     try:
         nccl = torch.distributed.is_nccl_available()
     except Exception:  # pragma: no cover - builds without distributed

@@ -19,6 +19,9 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+import numpy as np
+import torch
+
 from ..checks import check_int
 from ..machine import usable_cpus
 
@@ -321,9 +324,6 @@ def simulate_ranks(make_loader: Callable, n: int, world_size: int = 2,
     Returns records in the format of :func:`sharding_report`. DataLoader workers the loader
     starts do run (as processes) — this only replaces the ranks.
     """
-    import numpy as np
-    import torch
-
     if not callable(make_loader):
         raise TypeError(f"simulate_ranks: make_loader must be a function (dataset, epoch, rank, "
                         f"world_size) -> loader, got {type(make_loader).__name__}.")
