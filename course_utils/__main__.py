@@ -15,9 +15,9 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from .checks import check_folder
 from .config import QUICK_ENV
 from .image_folder import ImageFolderDataset
 from .machine import doctor
@@ -94,12 +94,11 @@ def _tune(args: argparse.Namespace, fail: Callable[[str], int]) -> int:
     """The body of ``tune`` (Ctrl-C is handled by :func:`_cmd_tune`)."""
     data = None
     if args.folder is not None:
-        folder = Path(args.folder).expanduser()
-        if not folder.exists():
-            return fail(f"FOLDER {args.folder!r} does not exist; pass the folder that holds your "
-                        f"images, or --course-data.")
-        if not folder.is_dir():
-            return fail(f"FOLDER {args.folder!r} is a file; pass the folder that holds your images.")
+        try:
+            folder = check_folder(args.folder, "FOLDER", "pass the folder that holds your images, "
+                                  "or --course-data.")
+        except OSError as e:
+            return fail(str(e))
         try:
             data = ImageFolderDataset(folder, skip_damaged=True)
         except ValueError:

@@ -12,9 +12,12 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from typing import Any, Callable, Optional
+import os
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
 
-__all__ = ["WrongType", "check_int", "check_seconds", "check_fraction", "check_index", "check_transform"]
+__all__ = ["WrongType", "check_int", "check_seconds", "check_fraction", "check_index", "check_transform",
+           "check_folder"]
 
 
 class WrongType(TypeError, ValueError):
@@ -89,3 +92,14 @@ def check_transform(transform: Any, where: str) -> Optional[Callable]:
                         f"pass e.g. CommonRecipeTransform() (a class from course_utils, so "
                         f"workers can unpickle it).")
     return transform
+
+
+def check_folder(value: Union[str, os.PathLike], name: str, hint: str) -> Path:
+    """``value`` as an existing folder (``~`` expanded); otherwise FileNotFoundError or
+    NotADirectoryError that names ``name`` and ends in ``hint`` (what to pass instead)."""
+    path = Path(value).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(f"{name}={str(value)!r}: no such folder; {hint}")
+    if not path.is_dir():
+        raise NotADirectoryError(f"{name}={str(value)!r} is a file, not a folder; {hint}")
+    return path

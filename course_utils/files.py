@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .checks import check_int
+from .checks import check_folder, check_int
 from .data import JpegDataset
 
 PathLike = Union[str, os.PathLike]
@@ -96,9 +96,7 @@ def write_image_folder(base: JpegDataset, root: PathLike | None = None) -> Path:
 
 def image_files(root: PathLike) -> list[Path]:
     """Every ``.jpg``/``.jpeg`` file under ``root`` (recursive), sorted by path."""
-    root = Path(root)
-    if not root.is_dir():
-        raise NotADirectoryError(f"root={str(root)!r} is not a folder; pass a folder of JPEG files.")
+    root = check_folder(root, "root", "pass a folder of JPEG files.")
     return sorted(p for p in root.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg") and p.is_file())
 
 

@@ -19,7 +19,7 @@ import cv2
 import numpy as np
 from torch.utils.data import Dataset
 
-from .checks import check_index, check_transform
+from .checks import check_folder, check_index, check_transform
 
 __all__ = ["IMAGE_EXTENSIONS", "image_damage", "ImageFolderDataset"]
 
@@ -115,14 +115,8 @@ class ImageFolderDataset(Dataset):
         self.extensions = tuple(exts)
         self.transform = check_transform(transform, "ImageFolderDataset")
 
-        root = Path(path).expanduser()
-        if not root.exists():
-            raise FileNotFoundError(f"{where}: no such folder; pass the folder that holds your "
-                                    f"images.")
-        if not root.is_dir():
-            raise NotADirectoryError(f"{where}: this is a file, not a folder; pass the folder "
-                                     f"that holds your images (e.g. {str(root.parent)!r}).")
-        self.root = root
+        self.root = root = check_folder(path, "ImageFolderDataset: path", "pass the folder that "
+                                        "holds your images.")
 
         files: list[Path] = []
         for dirpath, dirnames, filenames in os.walk(root):

@@ -38,7 +38,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torchvision import datasets, transforms
 
-from .checks import check_int
+from .checks import check_folder, check_int
 from .files import image_files, reduced_decode_flag
 from .machine import usable_cpus
 from .pipelines import keep_batch, uint8_batch
@@ -53,12 +53,9 @@ _DECODE_RGB = cv2.IMREAD_COLOR_RGB if hasattr(cv2, "IMREAD_COLOR_RGB") else None
 
 
 def _folder(root: PathLike, where: str) -> str:
-    path = Path(root).expanduser()
-    if not path.is_dir():
-        raise NotADirectoryError(f"{where}: root={str(root)!r} is not a folder; pass a folder of "
-                                 f"class sub-folders of JPEG files (ImageFolder layout), e.g. "
-                                 f"course_utils.files.write_image_folder(JpegDataset()).")
-    return str(path)
+    return str(check_folder(root, f"{where}: root", "pass a folder of class sub-folders of JPEG "
+                            "files (ImageFolder layout), e.g. "
+                            "course_utils.files.write_image_folder(JpegDataset())."))
 
 
 def seed_recipe_loader(root: PathLike, *, batch_size: int = 64, size: int = 224) -> DataLoader:

@@ -63,11 +63,11 @@ import os
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from torch.utils.data import DataLoader, Dataset
 
+from .checks import check_folder
 from .config import pick
 from .data import CommonRecipeTransform, JpegDataset, ToTensorUint8
 from .image_folder import ImageFolderDataset
@@ -137,13 +137,8 @@ def _pipeline(data: Any, size: int, n_images: int | None, progress: bool = True)
         data = JpegDataset(n=pick(full=2000, quick=200) if n_images is None else n_images,
                            progress=None if progress else False)
     elif isinstance(data, (str, os.PathLike)):
-        path = Path(data).expanduser()
-        if not path.exists():
-            raise FileNotFoundError(f"data={str(data)!r}: no such folder; pass the folder that "
-                                    f"holds your images (or data=None for the course data).")
-        if not path.is_dir():
-            raise NotADirectoryError(f"data={str(data)!r} is a file, not a folder; pass the "
-                                     f"folder that holds your images.")
+        path = check_folder(data, "data", "pass the folder that holds your images (or data=None "
+                                          "for the course data).")
         data = ImageFolderDataset(path, skip_damaged=True)
     notes: list[str] = []
     if isinstance(data, ImageFolderDataset):

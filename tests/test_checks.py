@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from course_utils.checks import WrongType, check_fraction, check_int, check_seconds
+from course_utils.checks import WrongType, check_folder, check_fraction, check_int, check_seconds
 
 
 def test_check_int_returns_ints_and_names_the_argument():
@@ -36,3 +36,12 @@ def test_check_seconds_and_fraction():
     for bad in (0, 1.5):
         with pytest.raises(ValueError, match=r"f=.* must be in \(0, 1\]"):
             check_fraction("f", bad)
+
+
+def test_check_folder_names_the_argument_and_says_what_to_pass(tmp_path):
+    assert check_folder(tmp_path, "root", "pass a folder.") == tmp_path
+    with pytest.raises(FileNotFoundError, match=r"^root='.*nowhere': no such folder; pass a folder\.$"):
+        check_folder(tmp_path / "nowhere", "root", "pass a folder.")
+    (tmp_path / "a.jpg").write_bytes(b"")
+    with pytest.raises(NotADirectoryError, match=r"is a file, not a folder; pass a folder\.$"):
+        check_folder(tmp_path / "a.jpg", "root", "pass a folder.")

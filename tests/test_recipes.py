@@ -66,7 +66,7 @@ def test_decode_only_counts_samples(folder):
 
 def test_loaders_name_bad_arguments(folder, tmp_path):
     _, root = folder
-    with pytest.raises(NotADirectoryError, match="ImageFolder layout"):
+    with pytest.raises(FileNotFoundError, match="ImageFolder layout"):
         imagenet_recipe_loader(tmp_path / "nowhere")
     with pytest.raises(ValueError, match="no .jpg"):
         BatchedJpegFiles(tmp_path)

@@ -488,7 +488,7 @@ def test_cli_help(capsys):
 
 
 @pytest.mark.parametrize("args, word", [
-    (["tune", "/no/such/folder"], "does not exist"),
+    (["tune", "/no/such/folder"], "no such folder"),
     (["tune", "--budget", "0"], "--budget"),
     (["tune", "--budget", "-3"], "--budget"),
     (["tune", "--budget", "0.5"], "too small"),
