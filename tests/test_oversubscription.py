@@ -18,7 +18,6 @@ import pytest
 import torch
 
 from course_utils.lessons import l02_grid, l02_workload
-from course_utils.lessons.l02_env import ENV_CASES, env_after_vs_before_import, env_cases
 from course_utils.lessons.l02_fork import fork_cv2_demo
 from course_utils.lessons.l02_grid import (GridCell, GridResult, default_grid, involuntary_switches,
                                            plot_grid, run_grid, switches_between)
@@ -239,50 +238,6 @@ def test_run_grid_refuses_a_dataset_too_small():
     ds = opencv_heavy_dataset(n=4, work_side=32, max_side=64)
     with pytest.raises(ValueError, match="give at least"):
         run_grid([2], [1], dataset=ds, batch_size=2, batches=4)
-
-
-# ----------------------------------------------------------------------------- environment variables
-def test_env_case_scripts_put_the_lines_around_the_imports():
-    cases = {c.name: c for c in env_cases(1)}
-    assert list(cases) == list(ENV_CASES)
-    before = cases["all variables before import"].script()
-    after = cases["all variables after import"].script()
-    assert before.index("OMP_NUM_THREADS") < before.index("import numpy, cv2, torch")
-    assert after.index("OMP_NUM_THREADS") > after.index("import numpy, cv2, torch")
-    for c in cases.values():
-        compile(c.script(), c.name, "exec")
-
-
-@pytest.mark.timeout(240)
-def test_env_before_import_limits_every_pool_in_a_fresh_process(monkeypatch):
-    """One real child (each costs a torch import); the after-import ordering is checked on the
-    script above, and the lesson notebook runs every case."""
-    monkeypatch.setenv("OMP_NUM_THREADS", "7")  # the parent's own setting must not leak in
-    report = env_after_vs_before_import(cases=["all variables before import"], timeout_s=200)
-    assert not report.errors, report.errors
-    assert report.limited("all variables before import") is True
-    assert report.unlimited_pools("all variables before import") == {}
-    text = report.table()
-    assert "all limited?" in text and "(1) all variables before import" in text
-
-
-@pytest.mark.timeout(60)
-def test_env_report_records_a_child_that_does_not_answer():
-    report = env_after_vs_before_import(cases=["nothing set"], timeout_s=0.05)
-    assert "nothing set" in report.errors and "killed" in report.errors["nothing set"]
-    assert report.limited("nothing set") is None
-    assert "error" in report.table()
-
-
-@pytest.mark.parametrize("kwargs, error, message", [
-    ({"cases": ["nope"]}, ValueError, "unknown case"),
-    ({"cases": "nothing set"}, TypeError, "list of case names"),
-    ({"n_threads": 0}, ValueError, "n_threads must be >= 1"),
-    ({"timeout_s": -1}, ValueError, "timeout_s"),
-])
-def test_env_rejects_bad_arguments(kwargs, error, message):
-    with pytest.raises(error, match=message):
-        env_after_vs_before_import(**kwargs)
 
 
 # ----------------------------------------------------------------------------- the fork demo

@@ -12,11 +12,12 @@ import sys
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-
 from ..checks import check_int, check_seconds
-from .l02_env import _child_env
+from ..config import QUICK_ENV
+from ..threads import THREAD_ENV_VARS
 
 
 __all__ = [
@@ -24,6 +25,15 @@ __all__ = [
     "fork_cv2_demo",
 ]
 
+
+
+def _child_env() -> dict[str, str]:
+    """This process's environment for a child: no thread variable, course_utils importable, and
+    no quick-mode setting (the child only reports)."""
+    env = {k: v for k, v in os.environ.items() if k not in THREAD_ENV_VARS and k != QUICK_ENV}
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
 
 
 # --------------------------------------------------------------------------------------
