@@ -18,7 +18,6 @@ import pytest
 import torch
 
 from course_utils.lessons import l02_grid, l02_workload
-from course_utils.lessons.l02_fork import fork_cv2_demo
 from course_utils.lessons.l02_grid import (GridCell, GridResult, default_grid, involuntary_switches,
                                            plot_grid, run_grid, switches_between)
 from course_utils.lessons.l02_workload import (OpenCVHeavyTransform, close_loader,
@@ -238,31 +237,6 @@ def test_run_grid_refuses_a_dataset_too_small():
     ds = opencv_heavy_dataset(n=4, work_side=32, max_side=64)
     with pytest.raises(ValueError, match="give at least"):
         run_grid([2], [1], dataset=ds, batch_size=2, batches=4)
-
-
-# ----------------------------------------------------------------------------- the fork demo
-@pytest.mark.skipif(not HAS_FORK, reason="fork only")
-@pytest.mark.timeout(60)
-def test_fork_cv2_demo_never_hangs_the_caller_and_zero_is_safe():
-    report = fork_cv2_demo(args=(0, 1), tries=1, per_try_s=2.0, timeout_s=50)
-    assert report.available, report.error
-    assert report.cases[0] == (1, 0), "cv2.setNumThreads(0) must not hang in a forked child"
-    done, hung = report.cases[1]
-    assert done + hung == 1  # setNumThreads(1) usually hangs; either way the demo returned
-    assert report.parent_opencv >= 2 and report.child_reads == report.parent_opencv
-    if LINUX_PROC:
-        assert report.child_os_threads == 1  # fork copied one thread, not the pool
-    assert "cv2.setNumThreads(1)" in str(report)
-
-
-@pytest.mark.parametrize("kwargs, error, message", [
-    ({"tries": 0}, ValueError, "tries must be >= 1"),
-    ({"per_try_s": 0}, ValueError, "per_try_s"),
-    ({"args": (-1,)}, ValueError, "args item must be >= 0"),
-])
-def test_fork_cv2_demo_rejects_bad_arguments(kwargs, error, message):
-    with pytest.raises(error, match=message):
-        fork_cv2_demo(**kwargs)
 
 
 def test_import_has_no_side_effects():
