@@ -17,17 +17,15 @@ matplotlib.use("Agg")
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset, SequentialSampler
+from torch.utils.data import DataLoader
 
 from course_utils import compare
 from course_utils.lessons.l03_costs import (BurstyLatencyDataset, EpochTaggedDataset, SimulatedStep,
                                             children_uss_bytes, time_epochs, uss_bytes,
                                             worker_startup_time)
-from course_utils.lessons.l03_fetch import BatchedArrayDataset, PerSampleView, gather_batch
 from course_utils.lessons.l03_memory import (RecordArrayDataset, RecordListDataset, WorkerMemory,
                                              make_records, plot_worker_memory, worker_memory)
 from course_utils.measurement import Measurement
-from course_utils.pipelines import keep_batch
 from course_utils.scaling import (CurveShape, WorkerSweep, default_worker_counts, describe_curve,
                                   find_knee, plot_sweeps, sweep_workers)
 
@@ -380,62 +378,3 @@ def test_worker_memory_bad_input():
         worker_memory(5)
     with pytest.raises(ValueError, match="multiprocessing_context"):
         worker_memory(ds, 1, batch_size=10, multiprocessing_context="teleport")
-
-
-# ---- batched fetching ----------------------------------------------------------------------------
-
-def test_batched_dataset_paths_give_the_same_batches():
-    ds = BatchedArrayDataset(n=64, shape=(3, 4, 4), seed=1)
-    idx = [5, 0, 63, 7]
-    images, labels = ds.__getitems__(idx)
-    assert images.shape == (4, 3, 4, 4) and labels.tolist() == [5, 0, 3, 7]
-    for k, i in enumerate(idx):
-        assert torch.equal(images[k], ds[i][0])
-    images2, labels2 = ds[idx]
-    assert torch.equal(images, images2) and torch.equal(labels, labels2)
-    g_images, g_labels = gather_batch(ds.data, ds.labels, idx)
-    assert torch.equal(g_images, images) and torch.equal(g_labels, labels)
-    assert keep_batch(images) is images
-
-
-@pytest.mark.parametrize("workers", [0, 1])
-def test_batched_loaders_equal_per_sample_loader(workers):
-    ds = BatchedArrayDataset(n=40, shape=(3, 4, 4), seed=2)
-    opts = {"num_workers": workers}
-    if workers:
-        opts["timeout"] = 60
-    per_sample = list(DataLoader(PerSampleView(ds), batch_size=8, **opts))
-    getitems = list(DataLoader(ds, batch_size=8, collate_fn=keep_batch, **opts))
-    sampler = BatchSampler(SequentialSampler(range(len(ds))), batch_size=8, drop_last=False)
-    by_sampler = list(DataLoader(ds, batch_size=None, sampler=sampler, **opts))
-    assert len(per_sample) == len(getitems) == len(by_sampler) == 5
-    for a, b, c in zip(per_sample, getitems, by_sampler):
-        assert torch.equal(a[0], b[0]) and torch.equal(a[0], c[0])
-        assert torch.equal(a[1], b[1]) and torch.equal(a[1], c[1])
-
-
-def test_per_sample_view_hides_getitems():
-    ds = BatchedArrayDataset(n=8, shape=(2,))
-    view = PerSampleView(ds)
-    assert not hasattr(view, "__getitems__") and len(view) == 8
-    assert torch.equal(view[3][0], ds[3][0])
-
-
-def test_batched_dataset_bad_input():
-    ds = BatchedArrayDataset(n=8, shape=(2,))
-    with pytest.raises(ValueError, match="1-D"):
-        ds.__getitems__([[0, 1]])
-    with pytest.raises(IndexError, match="out of range"):
-        ds.__getitems__([0, 8])
-    with_transform = BatchedArrayDataset(n=8, shape=(2,), transform=lambda x: x)
-    with pytest.raises(ValueError, match="PerSampleView"):
-        with_transform.__getitems__([0])
-
-
-def test_batched_dataset_scalar_indices_stay_per_sample():
-    ds = BatchedArrayDataset(n=8, shape=(2,))
-    for index in (3, np.int64(3), np.array(3), torch.tensor(3)):
-        x, label = ds[index]
-        assert x.shape == (2,) and label == 3
-    images, labels = ds[np.array([1, 2])]
-    assert images.shape == (2, 2) and labels.tolist() == [1, 2]
