@@ -132,11 +132,12 @@ class BenchmarkResult:
                           "resized, one uint8 file):", str(self.storage), f"cold cache: {self.cold_cache}"]
         lines += [""] + [f"{what}: {value:.2f}x (target {op} {target}x: {'met' if met else 'NOT met'})"
                          for what, value, op, target, met in self.checks()]
-        if self.shipping_share is not None:
-            tuned_cpu = self.loaders.row(TUNED).cpu_s_per_sample
-            lines.append(f"Of the tuned loader's {tuned_cpu * 1e3:.2f} ms of CPU per sample, sending "
-                         f"its pixels alone took {self.shipping_share * tuned_cpu * 1e3:.2f} ms "
-                         f"({self.shipping_share:.0%}); decode only sends none.")
+        share = self.shipping_share
+        if share is not None:
+            tuned, shipping = (self.loaders.row(k).cpu_s_per_sample for k in (TUNED, SHIPPING))
+            lines.append(f"Of the tuned loader's {tuned * 1e3:.2f} ms of CPU per sample, sending "
+                         f"its pixels alone took {shipping * 1e3:.2f} ms ({share:.0%}); decode only "
+                         f"sends none.")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
