@@ -2,11 +2,11 @@
 
 On a machine with CUDA this runs, within a time budget (default 540 s):
 
-1. lesson 04's GPU benchmarks (:func:`course_authoring.gpu_runs.run_lesson04`, full mode):
+1. lesson 04's GPU benchmarks (:func:`course_authoring.gpu_lesson04.run_lesson04`, full mode):
    copy bandwidth pageable / pinned / device-to-device, naive vs honest timing, copy/compute
    overlap, uint8 vs float32, the prefetcher, pin_memory in a DataLoader, the forked-worker
    error;
-2. lesson 05's (``course_authoring.gpu_runs.run_lesson05``, full mode): on-device vs
+2. lesson 05's (``course_authoring.gpu_lesson05.run_lesson05``, full mode): on-device vs
    per-sample CPU augmentation and the training loop's data-wait fraction;
 3. the code cells of the lesson notebooks 04, 05 and 08 (a profiled CUDA loop), in quick mode, each notebook in a fresh
    Python process of its own that runs the cells in one namespace (:func:`run_notebook_cells`:
@@ -177,9 +177,9 @@ def plan(budget_s: float = DEFAULT_BUDGET_S, *, notebooks: bool = True) -> list[
     steps = []
     has_augment = _has_augment()
     books = _notebooks()
-    for name, what in (("lesson04", "course_authoring.gpu_runs.run_lesson04 -> "
+    for name, what in (("lesson04", "course_authoring.gpu_lesson04.run_lesson04 -> "
                                     f"{LESSON04}.json"),
-                       ("lesson05", "course_authoring.gpu_runs.run_lesson05 -> "
+                       ("lesson05", "course_authoring.gpu_lesson05.run_lesson05 -> "
                                     f"{LESSON05}.json"),
                        ("notebooks", "run the code cells of " + (", ".join(p.name for p in books) or
                                                               "no lesson 04/05/08 notebooks found")
@@ -201,12 +201,12 @@ def plan(budget_s: float = DEFAULT_BUDGET_S, *, notebooks: bool = True) -> list[
 
 
 def _lesson04(budget_s: float) -> dict:
-    from .gpu_runs import run_lesson04    # imports torch: only when the check runs
+    from .gpu_lesson04 import run_lesson04    # imports torch: only when the check runs
     return run_lesson04(budget_s)
 
 
 def _lesson05(budget_s: float) -> dict:
-    from .gpu_runs import run_lesson05
+    from .gpu_lesson05 import run_lesson05
     return run_lesson05(budget_s)
 
 

@@ -36,7 +36,7 @@ float32 and agrees within :data:`EXACT_MAX_LEVELS`).
 Lesson 05 measures it with the harness in :mod:`course_utils.lessons` (``l05_measure``:
 samples/s vs batch size, batched on the device vs per sample in DataLoader workers;
 ``l05_training``: a small CNN's training loop, step time and data-wait fraction per pipeline;
-``course_authoring.gpu_runs``: the same on a CUDA machine for the reference results).
+``course_authoring.gpu_lesson05``: the same on a CUDA machine for the reference results).
 
 Nothing happens at import time.
 """

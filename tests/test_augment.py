@@ -17,7 +17,7 @@ from course_utils.augment import (AGREE_MAX_LEVELS, AGREE_MEAN_LEVELS, AugmentDr
                                   AugmentTransform, EXACT_MAX_LEVELS, SampleDraw, augment_batch,
                                   augment_sample, crop_grid, draw_batch, draw_sample)
 from course_utils.data import sample_photo
-from course_authoring.gpu_runs import run_lesson05 as run_gpu_benchmarks
+from course_authoring.gpu_lesson05 import run_lesson05 as run_gpu_benchmarks
 from course_utils.lessons.l05_measure import (DecodedImages, RepeatDataset, count_torch_calls,
                                               draw_statistics, levels_difference,
                                               plot_augment_throughput)

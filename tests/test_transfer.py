@@ -11,7 +11,7 @@ import torch
 
 matplotlib.use("Agg")
 
-from course_authoring.gpu_runs import run_lesson04
+from course_authoring.gpu_lesson04 import run_lesson04
 from course_utils.device import move_to_device, resolve_device, try_pin
 from course_utils.lessons import l04_copies as C
 from course_utils.lessons import l04_reference as G

@@ -1,5 +1,5 @@
 """Lesson 04's reference results, measured on a real CUDA GPU by ``gpu-check``
-(:func:`course_authoring.gpu_runs.run_lesson04`), read back for the notebook.
+(:func:`course_authoring.gpu_lesson04.run_lesson04`), read back for the notebook.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def load_lesson04_reference() -> dict | None:
     """The lesson-04 reference document measured on a CUDA GPU, or None if none was measured.
 
     ``{"name", "measured_at", "machine", "results"}``; ``results`` is what
-    :func:`course_authoring.gpu_runs.run_lesson04` returned. See :mod:`course_utils.reference`.
+    :func:`course_authoring.gpu_lesson04.run_lesson04` returned. See :mod:`course_utils.reference`.
     """
     return load_reference(LESSON04)
 

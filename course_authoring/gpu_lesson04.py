@@ -1,0 +1,133 @@
+"""Lesson 04's measurements on a real CUDA GPU, for ``gpu-check`` (:func:`run_lesson04`:
+bandwidth, timing, overlap, dtypes, the prefetcher, pin_memory, the forked-worker error). It
+returns a JSON-able dict that ``gpu-check`` writes into ``course_utils/reference_results/`` for
+lesson 04 to show beside a learner's own figures.
+
+Authors' tooling: it runs the lesson's harness in full mode within a budget, so it lives here,
+out of the learner's package.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterator
+
+import torch
+
+from course_utils.config import pick, quick_mode
+from course_utils.lessons.l04_copies import _fmt_bytes, _median, bandwidth_sweep, mismeasured_copy, time_op
+from course_utils.lessons.l04_overlap import (_calibrated_compute, _MatmulChain, measure_overlap,
+                                              uint8_vs_float32)
+from course_utils.lessons.l04_workers import cuda_in_forked_worker, pin_memory_cost
+from course_utils.prefetch import PrefetchTiming, compare_prefetch
+from course_utils.transforms import normalize_batch
+
+
+class _PinnedBatches:
+    """An iterable over ``n`` batches cycling through a few pinned (images, labels) pairs."""
+
+    def __init__(self, batches: list, n: int) -> None:
+        self.batches, self.n = batches, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[Any]:
+        for i in range(self.n):
+            yield self.batches[i % len(self.batches)]
+
+
+class _NormalizeAndCompute:
+    """A training-step stand-in: normalise the uint8 batch on the device, then a matmul chain."""
+
+    def __init__(self, chain: _MatmulChain) -> None:
+        self.chain = chain
+
+    def __call__(self, batch: Any) -> Any:
+        images, _ = batch
+        x = normalize_batch(images)
+        self.chain()
+        return x
+
+
+def run_lesson04(budget_s: float = 180.0, *, progress: bool = False) -> dict:
+    """Run lesson 04's measurements on CUDA and return them as a JSON-friendly dict.
+
+    Sections (each skipped, with the reason recorded, when the budget is spent): the bandwidth
+    sweep (pageable / pinned / device-to-device), the naive vs honest timing, copy/compute
+    overlap, uint8 vs float32, the DevicePrefetcher against a plain loop, pin_memory in a
+    DataLoader, and the forked-worker error. Sizes follow the mode (full unless quick mode
+    is on; the gpu-check command runs in full mode). ``targets["pinned_h2d"]`` holds the issue
+    target: the best pinned copy >= 90% of the best host-to-device copy measured.
+    Raises RuntimeError without CUDA: these are GPU reference results.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("run_gpu_benchmarks needs a CUDA GPU (torch.cuda.is_available() is "
+                           "False): these results are the reference a CPU-only learner is shown.")
+    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or budget_s <= 0:
+        raise ValueError(f"budget_s must be a positive number of seconds, got {budget_s!r}.")
+
+    dev = torch.device("cuda")
+    start = time.perf_counter()
+    results: dict[str, Any] = {"mode": "quick" if quick_mode() else "full", "device": str(dev),
+                               "device_name": torch.cuda.get_device_name(dev), "skipped": {},
+                               "seconds": {}}
+
+    def left() -> float:
+        return budget_s - (time.perf_counter() - start)
+
+    def run(name: str, need_s: float, fn: Callable[[], Any]) -> Any:
+        if left() < need_s:
+            results["skipped"][name] = f"budget: {left():.0f} s left, about {need_s:.0f} s needed"
+            return None
+        t0 = time.perf_counter()
+        try:
+            value = fn()
+        except Exception as exc:  # record and go on: one failed section must not lose the rest
+            results["skipped"][name] = f"failed: {type(exc).__name__}: {exc}"
+            return None
+        results["seconds"][name] = time.perf_counter() - t0
+        results[name] = value.to_dict() if hasattr(value, "to_dict") else value
+        return value
+
+    sweep = run("sweep", 10, lambda: bandwidth_sweep(device=dev, progress=progress))
+    run("mismeasure", 3, lambda: mismeasured_copy(device=dev))
+    run("overlap", 5, lambda: measure_overlap(device=dev))
+    run("dtype", 3, lambda: uint8_vs_float32(device=dev))
+
+    def prefetch() -> PrefetchTiming:
+        batch = pick(full=256, quick=32)
+        pinned = [(torch.randint(0, 256, (batch, 3, 224, 224), dtype=torch.uint8).pin_memory(),
+                   torch.arange(batch).pin_memory()) for _ in range(2)]
+        loader = _PinnedBatches(pinned, pick(full=40, quick=8))
+        dst = torch.empty(pinned[0][0].shape, dtype=torch.uint8, device=dev)
+        copy_s = _median(time_op(lambda: dst.copy_(pinned[0][0], non_blocking=True), device=dev,
+                                 repeats=5))
+        step = _NormalizeAndCompute(_calibrated_compute(dev, copy_s))
+        step_s = _median(time_op(lambda: step((dst, None)), device=dev, repeats=5))
+        timing = compare_prefetch(loader, step, device=dev)
+        timing.copy_s_per_batch, timing.step_s = copy_s, step_s
+        timing.note = (f"batches of {batch} uint8 3x224x224 from pinned memory; the step "
+                       f"(normalise + {step.chain.describe()}) is calibrated to about the copy time, "
+                       f"so perfect overlap would be close to 2x.")
+        return timing
+
+    run("prefetch", 5, prefetch)
+    run("pin_cost", 20, lambda: pin_memory_cost(device=dev, progress=progress))
+    run("forked_worker", 15, lambda: cuda_in_forked_worker(timeout_s=max(15.0, min(60.0, left()))))
+
+    targets: dict[str, Any] = {}
+    if sweep is not None:
+        frac = sweep.pinned_fraction_of_best()
+        best = sweep.best_h2d()
+        pinned = sweep.best("pinned")
+        targets["pinned_h2d"] = {
+            "description": "pinned host-to-device >= 90% of the best host-to-device figure measured",
+            "value": frac, "target": ">= 0.9", "unit": "fraction of the best H2D GB/s",
+            "met": None if frac is None else bool(frac >= 0.9),
+            "detail": (f"best pinned {pinned[1]:.1f} GB/s at {_fmt_bytes(pinned[0])}; best H2D "
+                       f"{best[2]:.1f} GB/s ({best[0]} at {_fmt_bytes(best[1])})"
+                       if pinned and best else "pinned copies not measured"),
+        }
+    results["targets"] = targets
+    results["total_s"] = time.perf_counter() - start
+    return results

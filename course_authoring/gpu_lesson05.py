@@ -1,0 +1,120 @@
+"""Lesson 05's measurements on a real CUDA GPU, for ``gpu-check`` (:func:`run_lesson05`:
+augmentation throughput and the training loop, with their targets). It returns a JSON-able dict
+that ``gpu-check`` writes into ``course_utils/reference_results/`` for lesson 05 to show beside a
+learner's own figures.
+
+Authors' tooling: it runs the lesson's harness in full mode within a budget, so it lives here,
+out of the learner's package.
+"""
+from __future__ import annotations
+
+import numbers
+import os
+import time
+from typing import Any, Optional
+
+import torch
+
+from course_utils.augment import AugmentParams
+from course_utils.data import JpegDataset
+from course_utils.device import resolve_device
+from course_utils.lessons.l05_measure import DecodedImages, measure_augment_throughput
+from course_utils.lessons.l05_training import compare_training
+from course_utils.reference import LESSON05, describe_machine
+
+
+#: Targets of issue 4 measured by :func:`run_lesson05`.
+AUGMENT_SPEEDUP_TARGET = 10.0
+DATA_WAIT_TARGET = 0.05
+
+
+def run_lesson05(budget_s: float = 300, *, device: Any = "cuda", quick: Optional[bool] = None,
+                       progress: bool = False) -> dict:
+    """Lesson 05's GPU measurements, for the gpu-check command; returns a JSON-able dict.
+
+    Measured side by side in one run on ``device`` (CUDA; ``device='cpu'`` with ``quick=True``
+    runs every code path on a CPU-only machine, for tests):
+
+    1. augmentation throughput vs batch size (:func:`measure_augment_throughput`): batched on the
+       GPU vs per sample in DataLoader workers using all usable CPUs. Target: the best GPU
+       samples/s >= 10x the best per-sample CPU samples/s;
+    2. the training loop (:func:`compare_training`) with the common recipe, the tuned CPU
+       pipeline and the GPU pipeline. Target: the tuned pipeline waits for data < 5% of the step.
+
+    Full sizes unless ``quick`` (default: full, whatever quick mode says). Each part checks the
+    time left: what would not fit in ``budget_s`` seconds is skipped and listed in ``skipped``
+    (its target reads ``met: None``). Keys: name, mode, device, machine, budget_s, elapsed_s,
+    augmentation, training, targets, skipped.
+    """
+
+    if isinstance(budget_s, bool) or not isinstance(budget_s, numbers.Real) or budget_s <= 0:
+        raise ValueError(f"budget_s must be a positive number of seconds, got {budget_s!r}.")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("run_gpu_benchmarks needs a CUDA GPU (torch.cuda.is_available() is False). "
+                           "Run `python -m course_authoring gpu-check` on a machine with an NVIDIA GPU; "
+                           "on this machine, lesson 05 measures the CPU instead.")
+    dev = resolve_device(dev)
+    quick = False if quick is None else bool(quick)
+    start = time.perf_counter()
+    deadline = start + float(budget_s)
+    if quick:
+        plan = dict(n_images=8, input_side=48, output=32, batch_sizes=[4, 8], repeats=1,
+                    worker_samples=16, target_s=0.01, n_jpeg=24, train_batch=4, steps=2, width=2,
+                    num_workers=min(2, os.cpu_count() or 1))
+    else:
+        plan = dict(n_images=256, input_side=256, output=224, batch_sizes=[16, 32, 64, 128, 256],
+                    repeats=3, worker_samples=2048, target_s=0.2, n_jpeg=1000, train_batch=64,
+                    steps=30, width=32, num_workers=None)
+    result: dict[str, Any] = {"name": LESSON05, "mode": "quick" if quick else "full",
+                              "device": str(dev), "machine": describe_machine(), "budget_s": float(budget_s),
+                              "plan": {k: v for k, v in plan.items()}, "augmentation": None, "training": None,
+                              "skipped": []}
+    if dev.type == "cuda":
+        result["machine"]["cuda_device"] = torch.cuda.get_device_name(dev)
+
+    # 1. throughput (keep about 55% of the budget for the training loop)
+    params = AugmentParams(size=plan["output"])
+    images = DecodedImages(n=plan["n_images"], side=plan["input_side"])
+    aug_deadline = start + 0.45 * float(budget_s)
+    result["augmentation"] = measure_augment_throughput(
+        images, plan["batch_sizes"], params=params, device=dev, num_workers=plan["num_workers"],
+        repeats=plan["repeats"], worker_samples=plan["worker_samples"], target_s=plan["target_s"],
+        progress=progress, deadline=aug_deadline)
+    missing = [b for b, v in zip(plan["batch_sizes"], result["augmentation"]["device_samples_per_s"]) if v is None]
+    if missing:
+        result["skipped"].append(f"augmentation at batch sizes {missing} (budget)")
+    del images
+
+    # 2. training loop (a dataset of real JPEGs first: a few seconds to encode)
+    if time.perf_counter() < deadline - 20:
+        base = JpegDataset(n=plan["n_jpeg"], progress=progress)
+        result["training"] = compare_training(
+            base, device=dev, batch_size=plan["train_batch"], steps=plan["steps"],
+            image_side=plan["output"], input_side=plan["input_side"], width=plan["width"],
+            num_workers=plan["num_workers"], progress=progress, deadline=deadline - 5)
+        result["skipped"] += [f"training loop: {n} (budget)" for n in result["training"]["skipped"]]
+    else:
+        result["skipped"].append("training loop (budget)")
+
+    aug = result["augmentation"]
+    ratio = aug.get("best_ratio") if aug else None
+    tuned = (result["training"] or {}).get("pipelines", {}).get("tuned CPU pipeline")
+    wait = None if tuned is None else tuned["wait_fraction"]
+    result["targets"] = {
+        "augment_speedup": {
+            "description": "best samples/s of batched on-device augmentation / best samples/s of "
+                           "per-sample CPU augmentation in DataLoader workers using all usable CPUs",
+            "value": ratio, "target": f">= {AUGMENT_SPEEDUP_TARGET:g}",
+            "met": None if ratio is None else bool(ratio >= AUGMENT_SPEEDUP_TARGET),
+            "detail": (f"(batch sizes {missing} not measured: budget)" if missing and ratio is not None else "")},
+        "tuned_data_wait": {
+            "description": "data-wait fraction of the training step, tuned CPU pipeline "
+                           f"({(result['training'] or {}).get('model')}, batch {plan['train_batch']})",
+            "value": wait, "target": f"< {DATA_WAIT_TARGET:g}",
+            "met": None if wait is None else bool(wait < DATA_WAIT_TARGET),
+            "detail": ("" if tuned is None else f"(step {tuned['median_step_s'] * 1e3:.1f} ms, model alone "
+                       f"{result['training']['compute_only']['median_step_s'] * 1e3:.1f} ms)")},
+    }
+    result["elapsed_s"] = time.perf_counter() - start
+    return result

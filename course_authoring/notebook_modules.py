@@ -1,0 +1,61 @@
+"""Import the modules a lesson notebook writes with ``%%writefile``, without Jupyter.
+
+A lesson shows its harness in its own cells; the parts that DataLoader workers (or the GPU
+check) must import are written by ``%%writefile lessonNN_name.py`` cells. ``gpu-check`` runs
+those same modules in full mode on a GPU machine that has no Jupyter packages:
+:func:`notebook_module` writes every ``%%writefile`` cell of the notebook into a private folder
+(a lesson module may import another one) and imports the module asked for from there. One source
+for the code: the notebook.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+__all__ = ["writefile_cells", "notebook_module"]
+
+#: The lesson notebooks, beside this package.
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def writefile_cells(notebook: str | Path) -> dict[str, str]:
+    """The ``%%writefile`` cells of ``notebook``: {file name: text written}, in cell order."""
+    path = Path(notebook)
+    if not path.is_absolute() and not path.exists():
+        path = NOTEBOOKS / path
+    if not path.is_file():
+        raise FileNotFoundError(f"notebook={str(notebook)!r} is not a file; pass a path or a name "
+                                f"in {NOTEBOOKS}")
+    files: dict[str, str] = {}
+    for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+        src = cell.get("source", "")
+        src = "".join(src) if isinstance(src, list) else str(src)
+        header, _, body = src.lstrip().partition("\n")
+        words = header.split()
+        if cell.get("cell_type") == "code" and words[:1] == ["%%writefile"]:
+            files[Path(words[-1].strip("'\"")).name] = body
+    return files
+
+
+def notebook_module(notebook: str | Path, module: str) -> ModuleType:
+    """Write ``notebook``'s ``%%writefile`` cells into a fresh temporary folder, put it first on
+    ``sys.path`` and import ``module`` (a name such as ``"lesson04_copies"``) from it.
+
+    Raises LookupError, naming the files the notebook does write, when none is ``module.py``.
+    """
+    files = writefile_cells(notebook)
+    if f"{module}.py" not in files:
+        raise LookupError(f"module={module!r}: {Path(notebook).name} writes no {module}.py "
+                          f"(it writes {sorted(files) or 'nothing'}); pass one of those names "
+                          f"without .py")
+    folder = Path(tempfile.mkdtemp(prefix="course-notebook-modules-"))
+    for name, text in files.items():
+        (folder / name).write_text(text, encoding="utf-8")
+    for name in files:                      # a module imported earlier from another folder goes
+        sys.modules.pop(Path(name).stem, None)
+    sys.path.insert(0, str(folder))
+    return importlib.import_module(module)
