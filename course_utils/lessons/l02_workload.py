@@ -1,15 +1,14 @@
-"""Lesson 02's workload and worker start: an OpenCV-heavy augmentation workers run
-(:class:`OpenCVHeavyTransform`, picklable under every start method), its dataset, and the
+"""Lesson 02's workload and worker start, kept in the package because exercise 02's grader
+(:mod:`course_utils.graders.ex02_worker_init`) runs them in its workers too: an OpenCV-heavy
+augmentation (:class:`OpenCVHeavyTransform`, picklable under every start method) and the
 ``forkserver`` context whose server preloads torch and OpenCV (:func:`forkserver_context`).
+The notebook (notebooks/02_threads.ipynb) imports both and writes its grid loop and plot itself.
 
-Why forkserver for lesson 02's grid: under ``fork``, a worker inherits the parent's thread pools'
-*bookkeeping* but not their threads. When the notebook has used OpenCV before starting the
-workers, ``cv2.getNumThreads()`` in a forked worker still reads the parent's count while the
-worker really runs OpenCV on one thread; and torch's OpenMP pool cannot be given more than one
-thread there without hanging. ``forkserver`` (and ``spawn``) workers start from a clean process:
-their pools really have the threads they report. :func:`forkserver_context` preloads torch and
-OpenCV in the fork server, so each worker starts in a fraction of a second instead of importing
-torch again. Nothing happens at import time.
+Why forkserver for lesson 02's grid: a forked worker inherits the parent's thread pools'
+*bookkeeping* but not their threads (``cv2.getNumThreads()`` reads the parent's count while
+OpenCV runs on one thread), and torch's OpenMP pool cannot grow past one thread there without
+hanging. ``forkserver`` (and ``spawn``) workers start from a clean process whose pools really
+have the threads they report. Nothing happens at import time.
 """
 from __future__ import annotations
 
@@ -23,18 +22,9 @@ import numpy as np
 import torch
 
 from ..checks import check_int
-from ..config import pick
-from ..data import JpegDataset
 
 
-__all__ = [
-    "FORKSERVER_PRELOAD",
-    "OpenCVHeavyTransform",
-    "opencv_heavy_dataset",
-    "forkserver_context",
-    "grid_context",
-    "close_loader",
-]
+__all__ = ["FORKSERVER_PRELOAD", "OpenCVHeavyTransform", "forkserver_context"]
 
 
 #: Modules the fork server imports once, so forkserver workers start fast.
@@ -42,9 +32,6 @@ FORKSERVER_PRELOAD = ("numpy", "cv2", "torch", "course_utils.threads", "course_u
                       "course_utils.lessons.l02_workload")
 
 
-# --------------------------------------------------------------------------------------
-# the OpenCV-heavy workload
-# --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class OpenCVHeavyTransform:
     """An augmentation chain that spends its time in OpenCV's thread pool.
@@ -53,9 +40,7 @@ class OpenCVHeavyTransform:
     (bicubic), ``cv2.GaussianBlur`` (``blur_ksize``), a rotation by ``angle`` degrees
     (``cv2.warpAffine``), RGB -> HSV -> RGB (``cv2.cvtColor``, a colour-jitter stand-in), then
     ``cv2.resize`` down to ``size`` x ``size`` (area). Returns a (3, size, size) uint8 tensor.
-    Every step but the JPEG decode (done by the dataset) can run on OpenCV's pool, which is why
-    the number of OpenCV threads per worker matters. Picklable: works in workers under every
-    start method.
+    Every step can run on OpenCV's pool, which is why OpenCV's threads per worker matter.
     """
 
     size: int = 224
@@ -91,35 +76,14 @@ class OpenCVHeavyTransform:
         return torch.from_numpy(x).permute(2, 0, 1).contiguous()
 
 
-def opencv_heavy_dataset(n: int | None = None, *, work_side: int | None = None,
-                         max_side: int | None = None, seed: int = 0) -> Any:
-    """The course JPEGs (:class:`course_utils.data.JpegDataset`) with :class:`OpenCVHeavyTransform`.
-
-    ``n`` defaults to 2000 (full mode) or 200 (quick mode), as for JpegDataset.
-    ``work_side`` (the transform's working size, pixels) defaults to 512 (full) or 320 (quick);
-    ``max_side`` (the longest side of the stored JPEGs) to 512 (full) or 320 (quick): quick mode
-    makes each sample about three times cheaper.
-    """
-
-    work_side = pick(full=512, quick=320) if work_side is None else work_side
-    max_side = pick(full=512, quick=320) if max_side is None else max_side
-    return JpegDataset(n, seed=seed, max_side=max_side, min_side=min(160, max_side),
-                       transform=OpenCVHeavyTransform(work_side=work_side))
-
-
-# --------------------------------------------------------------------------------------
-# start methods
-# --------------------------------------------------------------------------------------
 def forkserver_context(preload: bool = True) -> Any:
     """The ``forkserver`` multiprocessing context, with torch and OpenCV preloaded in the server.
 
-    With ``preload`` (the default) the fork server imports :data:`FORKSERVER_PRELOAD` once when
-    it starts, and every worker forks from it already importing nothing: a worker starts in
-    about a tenth of a second instead of seconds. The server only *imports* those libraries
-    (it never runs a parallel region), so its children start clean thread pools. The preload
-    list applies only if the fork server of this process has not been started yet; otherwise
-    workers still work, they just import torch themselves. Raises ValueError where forkserver
-    does not exist (Windows): use ``'spawn'`` there.
+    With ``preload`` the fork server imports :data:`FORKSERVER_PRELOAD` once (it never runs a
+    parallel region, so its children start clean pools), and each worker starts in about a
+    tenth of a second instead of importing torch again. The preload applies only if this
+    process's fork server has not started yet. Raises ValueError where forkserver does not
+    exist (Windows): use ``'spawn'`` there.
     """
     if "forkserver" not in multiprocessing.get_all_start_methods():
         raise ValueError("forkserver is not available on this platform "
@@ -129,20 +93,3 @@ def forkserver_context(preload: bool = True) -> Any:
     if preload:
         ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
     return ctx
-
-
-def grid_context() -> Any:
-    """The context the grid uses: :func:`forkserver_context` where it exists, else spawn."""
-    if "forkserver" in multiprocessing.get_all_start_methods():
-        return forkserver_context()
-    return multiprocessing.get_context("spawn")
-
-
-def close_loader(loader: Any) -> None:
-    """Shut down the workers a ``persistent_workers=True`` DataLoader keeps alive (no-op otherwise)."""
-    iterator = getattr(loader, "_iterator", None)
-    if iterator is not None:
-        shutdown = getattr(iterator, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
-        loader._iterator = None
