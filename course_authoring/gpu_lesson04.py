@@ -3,23 +3,35 @@ bandwidth, timing, overlap, dtypes, the prefetcher, pin_memory, the forked-worke
 returns a JSON-able dict that ``gpu-check`` writes into ``course_utils/reference_results/`` for
 lesson 04 to show beside a learner's own figures.
 
-Authors' tooling: it runs the lesson's harness in full mode within a budget, so it lives here,
-out of the learner's package.
+The measurements are the lesson's own: notebooks/04_host_to_device.ipynb writes them with
+``%%writefile lesson04_*.py`` cells, and :func:`_lesson_modules` imports those files from the
+notebook (:mod:`course_authoring.notebook_modules`), so a GPU machine needs no Jupyter. Only the
+prefetcher step is composed here, from the package's prefetcher and compute stand-in.
 """
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 from typing import Any, Callable, Iterator
 
 import torch
 
 from course_utils.config import pick, quick_mode
-from course_utils.lessons.l04_copies import _fmt_bytes, _median, bandwidth_sweep, mismeasured_copy, time_op
-from course_utils.lessons.l04_overlap import (_calibrated_compute, _MatmulChain, measure_overlap,
-                                              uint8_vs_float32)
-from course_utils.lessons.l04_workers import cuda_in_forked_worker, pin_memory_cost
+from course_utils.lessons.l04_copies import _fmt_bytes, _median, time_op
+from course_utils.lessons.l04_overlap import _calibrated_compute, _MatmulChain
 from course_utils.prefetch import PrefetchTiming, compare_prefetch
 from course_utils.transforms import normalize_batch
+
+from .notebook_modules import notebook_module
+
+NOTEBOOK = "04_host_to_device.ipynb"
+#: The notebook's modules run_lesson04 calls: lesson04_<name>.py.
+MODULES = ("sweep", "naive", "overlap", "dtype", "pin", "fork")
+
+
+def _lesson_modules() -> SimpleNamespace:
+    """The notebook's ``lesson04_<name>`` modules (:data:`MODULES`), written out and imported."""
+    return SimpleNamespace(**{name: notebook_module(NOTEBOOK, f"lesson04_{name}") for name in MODULES})
 
 
 class _PinnedBatches:
@@ -52,25 +64,30 @@ class _NormalizeAndCompute:
 def run_lesson04(budget_s: float = 180.0, *, progress: bool = False) -> dict:
     """Run lesson 04's measurements on CUDA and return them as a JSON-friendly dict.
 
-    Sections (each skipped, with the reason recorded, when the budget is spent): the bandwidth
-    sweep (pageable / pinned / device-to-device), the naive vs honest timing, copy/compute
-    overlap, uint8 vs float32, the DevicePrefetcher against a plain loop, pin_memory in a
-    DataLoader, and the forked-worker error. Sizes follow the mode (full unless quick mode
-    is on; the gpu-check command runs in full mode). ``targets["pinned_h2d"]`` holds the issue
-    target: the best pinned copy >= 90% of the best host-to-device copy measured.
+    Sections (each skipped, with the reason recorded, when the budget is spent or it fails): the
+    bandwidth sweep (pageable / pinned / device-to-device), the naive vs honest timing,
+    copy/compute overlap, uint8 vs float32, the DevicePrefetcher against a plain loop,
+    pin_memory in a DataLoader, and the forked-worker error. Sizes follow the mode (full unless
+    quick mode is on; the gpu-check command runs in full mode). ``targets["pinned_h2d"]`` holds
+    the issue target: the best pinned copy >= 90% of the best host-to-device copy measured.
     Raises RuntimeError without CUDA: these are GPU reference results.
     """
     if not torch.cuda.is_available():
-        raise RuntimeError("run_gpu_benchmarks needs a CUDA GPU (torch.cuda.is_available() is "
+        raise RuntimeError("run_lesson04 needs a CUDA GPU (torch.cuda.is_available() is "
                            "False): these results are the reference a CPU-only learner is shown.")
     if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or budget_s <= 0:
         raise ValueError(f"budget_s must be a positive number of seconds, got {budget_s!r}.")
+    return _measure(torch.device("cuda"), budget_s, progress=progress)
 
-    dev = torch.device("cuda")
+
+def _measure(dev: torch.device, budget_s: float, *, progress: bool = False) -> dict:
+    """:func:`run_lesson04`'s sections on ``dev`` (the tests run them on the CPU)."""
+    lesson = _lesson_modules()
     start = time.perf_counter()
     results: dict[str, Any] = {"mode": "quick" if quick_mode() else "full", "device": str(dev),
-                               "device_name": torch.cuda.get_device_name(dev), "skipped": {},
-                               "seconds": {}}
+                               "device_name": (torch.cuda.get_device_name(dev)
+                                               if dev.type == "cuda" else dev.type),
+                               "skipped": {}, "seconds": {}}
 
     def left() -> float:
         return budget_s - (time.perf_counter() - start)
@@ -89,15 +106,20 @@ def run_lesson04(budget_s: float = 180.0, *, progress: bool = False) -> dict:
         results[name] = value.to_dict() if hasattr(value, "to_dict") else value
         return value
 
-    sweep = run("sweep", 10, lambda: bandwidth_sweep(device=dev, progress=progress))
-    run("mismeasure", 3, lambda: mismeasured_copy(device=dev))
-    run("overlap", 5, lambda: measure_overlap(device=dev))
-    run("dtype", 3, lambda: uint8_vs_float32(device=dev))
+    sweep = run("sweep", 10, lambda: lesson.sweep.bandwidth_sweep(dev, progress=progress))
+    run("mismeasure", 3, lambda: lesson.naive.naive_vs_honest(dev))
+    run("overlap", 5, lambda: lesson.overlap.measure_overlap(dev))
+    run("dtype", 3, lambda: lesson.dtype.uint8_vs_float32(dev))
 
     def prefetch() -> PrefetchTiming:
         batch = pick(full=256, quick=32)
-        pinned = [(torch.randint(0, 256, (batch, 3, 224, 224), dtype=torch.uint8).pin_memory(),
-                   torch.arange(batch).pin_memory()) for _ in range(2)]
+        pinned = []
+        for _ in range(2):
+            images = torch.randint(0, 256, (batch, 3, 224, 224), dtype=torch.uint8)
+            labels = torch.arange(batch)
+            if dev.type == "cuda":                    # what pin_memory=True does; CPU has none
+                images, labels = images.pin_memory(), labels.pin_memory()
+            pinned.append((images, labels))
         loader = _PinnedBatches(pinned, pick(full=40, quick=8))
         dst = torch.empty(pinned[0][0].shape, dtype=torch.uint8, device=dev)
         copy_s = _median(time_op(lambda: dst.copy_(pinned[0][0], non_blocking=True), device=dev,
@@ -112,8 +134,9 @@ def run_lesson04(budget_s: float = 180.0, *, progress: bool = False) -> dict:
         return timing
 
     run("prefetch", 5, prefetch)
-    run("pin_cost", 20, lambda: pin_memory_cost(device=dev, progress=progress))
-    run("forked_worker", 15, lambda: cuda_in_forked_worker(timeout_s=max(15.0, min(60.0, left()))))
+    run("pin_cost", 20, lambda: lesson.pin.pin_memory_cost(dev, progress=progress))
+    run("forked_worker", 15,
+        lambda: lesson.fork.cuda_in_forked_worker(timeout_s=max(15.0, min(60.0, left()))))
 
     targets: dict[str, Any] = {}
     if sweep is not None:

@@ -18,18 +18,27 @@ from types import ModuleType
 
 __all__ = ["writefile_cells", "notebook_module"]
 
+#: notebook path -> the folder its modules were written to, so that several modules of one
+#: notebook share one folder (and one sys.path entry) per process.
+_FOLDERS: dict[Path, Path] = {}
+
 #: The lesson notebooks, beside this package.
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
 
-def writefile_cells(notebook: str | Path) -> dict[str, str]:
-    """The ``%%writefile`` cells of ``notebook``: {file name: text written}, in cell order."""
+def _notebook_path(notebook: str | Path) -> Path:
     path = Path(notebook)
     if not path.is_absolute() and not path.exists():
         path = NOTEBOOKS / path
     if not path.is_file():
         raise FileNotFoundError(f"notebook={str(notebook)!r} is not a file; pass a path or a name "
                                 f"in {NOTEBOOKS}")
+    return path.resolve()
+
+
+def writefile_cells(notebook: str | Path) -> dict[str, str]:
+    """The ``%%writefile`` cells of ``notebook``: {file name: text written}, in cell order."""
+    path = _notebook_path(notebook)
     files: dict[str, str] = {}
     for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
         src = cell.get("source", "")
@@ -42,8 +51,8 @@ def writefile_cells(notebook: str | Path) -> dict[str, str]:
 
 
 def notebook_module(notebook: str | Path, module: str) -> ModuleType:
-    """Write ``notebook``'s ``%%writefile`` cells into a fresh temporary folder, put it first on
-    ``sys.path`` and import ``module`` (a name such as ``"lesson04_copies"``) from it.
+    """Write ``notebook``'s ``%%writefile`` cells into a temporary folder (once per notebook and
+    process), put it first on ``sys.path`` and import ``module`` (such as ``"lesson04_copies"``).
 
     Raises LookupError, naming the files the notebook does write, when none is ``module.py``.
     """
@@ -52,10 +61,13 @@ def notebook_module(notebook: str | Path, module: str) -> ModuleType:
         raise LookupError(f"module={module!r}: {Path(notebook).name} writes no {module}.py "
                           f"(it writes {sorted(files) or 'nothing'}); pass one of those names "
                           f"without .py")
-    folder = Path(tempfile.mkdtemp(prefix="course-notebook-modules-"))
-    for name, text in files.items():
-        (folder / name).write_text(text, encoding="utf-8")
-    for name in files:                      # a module imported earlier from another folder goes
-        sys.modules.pop(Path(name).stem, None)
-    sys.path.insert(0, str(folder))
+    key = _notebook_path(notebook)
+    if key not in _FOLDERS:
+        folder = Path(tempfile.mkdtemp(prefix="course-notebook-modules-"))
+        for name, text in files.items():
+            (folder / name).write_text(text, encoding="utf-8")
+        for name in files:                  # a module imported earlier from another folder goes
+            sys.modules.pop(Path(name).stem, None)
+        sys.path.insert(0, str(folder))
+        _FOLDERS[key] = folder
     return importlib.import_module(module)
