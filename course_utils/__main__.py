@@ -1,13 +1,7 @@
 """Command line for the course: ``python -m course_utils COMMAND``.
 
-Commands:
-  doctor           describe this machine for data loading, with advice
-  grade NOTEBOOK   run an exercise notebook through nbval and print pass/fail per exercise
-  bench            the recipes learners run vs the tuned pipeline, on JPEG files, side by side
-  tune [FOLDER]    find fast DataLoader settings for a folder of images (or the course data)
-  diagnose MODULE:FUNCTION  is your training loop waiting for data, and why (measured fixes)
-
-The authors' commands (make-exercises, hosted-cell, gpu-check) are ``python -m course_authoring``.
+Commands: doctor, grade NOTEBOOK, bench, tune [FOLDER], diagnose MODULE:FUNCTION (``--help``
+says what each does). The authors' commands are ``python -m course_authoring``.
 """
 from __future__ import annotations
 
@@ -73,9 +67,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
     if args.folder is not None and args.course_data:
         return fail("give a FOLDER or --course-data, not both.")
-    if not (args.budget > 0):
-        return fail(f"--budget {args.budget:g} must be more than 0 seconds; pass e.g. --budget 60.")
-    if args.budget < MIN_BUDGET_S:
+    if not args.budget >= MIN_BUDGET_S:
         return fail(f"--budget {args.budget:g} is too small to try anything; pass --budget "
                     f"{MIN_BUDGET_S:g} or more, e.g. --budget 60.")
     if not (0 <= args.step_ms < float("inf")):
@@ -204,17 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_grade)
 
     p = sub.add_parser("bench", help="the recipes learners run vs the tuned pipeline, on JPEG files",
-                       description="Write the course JPEGs as files (ImageFolder layout) and measure, "
-                                   "side by side with repeats interleaved: the seed recipe "
-                                   "(env vars after import, torch.set_num_threads(1), torchvision "
-                                   "ToTensor, 4 workers, pin_memory=True), the pytorch/examples "
-                                   "ImageNet training recipe as written (ImageFolder + PIL, "
-                                   "RandomResizedCrop, flip, ToTensor, Normalize, 4 workers), the "
-                                   "course's tuned pipeline on the same files, and a decode-only "
-                                   "pass (the ceiling). Then storage: JPEG bytes in RAM vs files "
-                                   "with a warm and a cold page cache, and a packed uint8 store "
-                                   "through np.memmap vs RAM. Prints samples/s, CPU-seconds per "
-                                   "sample and the ratios against their targets.")
+                       description="Measure, on the course JPEGs written as files and side by side "
+                                   "with repeats interleaved, the seed recipe, the pytorch/examples "
+                                   "ImageNet recipe, the course's tuned pipeline and a decode-only "
+                                   "pass; then storage (RAM, warm and cold page cache, np.memmap). "
+                                   "Prints samples/s, CPU-s/sample and the ratios to their targets.")
     p.add_argument("--images", type=_positive_int, default=None,
                    help="dataset size (default: 2000, or 400 in quick mode)")
     p.add_argument("--batch-size", type=_positive_int, default=None,
@@ -228,18 +214,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("tune", help="find fast DataLoader settings (your images or the course data)",
-                       description="Search num_workers, batch_size, prefetch_factor, "
-                                   "persistent_workers, pin_memory (CUDA only) and threads per "
-                                   "worker for a folder of your images (decoded with OpenCV, "
-                                   "resized to --size, kept uint8; damaged files are skipped "
-                                   "and listed) within --budget seconds, with your training "
-                                   "step (--step-ms) consuming each batch, "
-                                   "compare the best with the common recipe and DataLoader "
-                                   "defaults side by side (the same score), recommend the "
-                                   "winner and print its DataLoader call to paste (plain "
-                                   "PyTorch, and the course's version). Ctrl-C stops with the "
-                                   "best setting measured so far. Without FOLDER (or with "
-                                   "--course-data) it tunes the course's JPEG dataset.",
+                       description="Search the DataLoader settings for a folder of your images "
+                                   "(or the course data) within --budget seconds, your training "
+                                   "step (--step-ms) consuming each batch; compare the best with "
+                                   "the common recipe and the defaults, recommend the winner and "
+                                   "print its DataLoader call. Ctrl-C stops with the best so far.",
                        epilog="examples: python -m course_utils tune ~/photos --budget 60 --step-ms 50\n"
                               "          python -m course_utils tune --course-data --budget 60",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -257,10 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--images", type=_positive_int, default=None,
                    help="course data only: number of images (default 2000, or 200 in quick mode)")
     p.add_argument("--step-ms", type=_milliseconds, default=0.0, metavar="MS",
-                   help="your training step's time per batch, in milliseconds: each batch is "
-                        "consumed by a sleep that long (a GPU step that leaves the CPU free), "
-                        "so loading that overlaps the step is scored right (default 0: the "
-                        "loader alone)")
+                   help="your training step's milliseconds per batch, slept after each batch (a "
+                        "GPU step that leaves the CPU free; default 0: the loader alone)")
     p.add_argument("--epoch-images", type=_positive_int, default=None, metavar="N",
                    help="images per epoch of your training, for the start-up share of the score "
                         "(default: the dataset's length)")
@@ -273,13 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "diagnose", help="is your training loop waiting for data, and why? (MODULE:FUNCTION)",
-        description="FUNCTION() must return (loader, step), where step(batch) runs one training "
-                    "step. diagnose times your loop within --budget seconds (the wait for each "
-                    "batch and the step), the step alone on a cached batch, the loader alone, the "
-                    "threads inside its workers and the start method; says data-bound or "
-                    "compute-bound; and, when data-bound, tries the cheap fixes (more workers, a "
-                    "thread limit in the workers, pin_memory on CUDA) on the same loop and prints "
-                    "each one's measured gain.",
+        description="FUNCTION() must return (loader, step). diagnose times your loop within "
+                    "--budget seconds, the step alone and the loader alone; says data-bound or "
+                    "compute-bound and, when data-bound, times the cheap fixes on the same loop.",
         epilog="examples: python -m course_utils diagnose train.py:make_loop --budget 60\n"
                "          python -m course_utils diagnose course_utils.examples.data_bound:make_loop",
         formatter_class=argparse.RawDescriptionHelpFormatter)

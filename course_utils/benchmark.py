@@ -1,20 +1,11 @@
 """``python -m course_utils bench``: the recipes learners run vs the course's pipeline, on files.
 
-Everything is measured side by side in one run, repeats interleaved (so a slow drift of a shared
-machine hits every row alike), on the same JPEG files (:func:`~course_utils.files.
-write_image_folder` of the course data):
-
-- **loaders**: the seed recipe and the pytorch/examples ImageNet recipe as written
-  (:mod:`course_utils.recipes`), the course's tuned pipeline on the files, and a decode-only
-  pass over the same bytes with the same workers (the decode ceiling), and the tuned loader's
-  batches sent with nothing read or decoded (what delivering its pixels costs alone, which the
-  decode ceiling never pays). Ratios are to the
-  ImageNet recipe; targets: tuned >= 2x its samples/s and <= 0.5x its CPU-seconds per sample,
-  and >= 0.8x the decode-only throughput.
-- **storage** (optional): the tuned pipeline reading the JPEG bytes from RAM, the files with a
-  warm page cache, the files with a cold one (pages dropped before each repeat, where the OS
-  allows it), and a packed uint8 store (:class:`~course_utils.files.PackedStore`) read through
-  ``np.memmap`` vs the same array gathered from RAM (target: memmap >= 0.6x).
+Every row is measured in one run on the same JPEG files, repeats interleaved (a slow drift of a
+shared machine hits every row alike): the recipes as written (:mod:`course_utils.recipes`), the
+tuned pipeline, a decode-only pass (the ceiling) and the tuned batches sent with nothing decoded
+(what shipping the pixels costs alone); then storage: JPEG bytes in RAM, warm and cold page
+cache, and a :class:`~course_utils.files.PackedStore` through ``np.memmap`` vs RAM. The targets
+are :data:`TARGETS`, ratios to the ImageNet recipe (memmap: to RAM).
 """
 from __future__ import annotations
 
@@ -105,9 +96,8 @@ class BenchmarkResult:
 
     @property
     def shipping_share(self) -> float | None:
-        """CPU-seconds per sample of sending the tuned loader's batches alone, over the tuned
-        loader's own (the part of it the decode-only ceiling does not pay); None where the CPU
-        clock read nothing (10 ms ticks: a tiny run)."""
+        """CPU-s/sample of sending the tuned loader's batches alone over the tuned loader's own
+        (what the decode-only ceiling does not pay); None where the CPU clock read nothing."""
         tuned, shipping = (self.loaders.row(k).cpu_s_per_sample for k in (TUNED, SHIPPING))
         return shipping / tuned if tuned and shipping is not None else None
 
@@ -174,11 +164,8 @@ def _evicting(files: list[Path]) -> Callable[[], ContextManager]:
 def run_benchmark(*, n: int | None = None, batch_size: int | None = None,
                   repeats: int | None = None, size: int = 224, storage: bool = True,
                   progress: bool = True) -> BenchmarkResult:
-    """Measure every row (module docstring) on the course JPEGs written as files, in one run.
-
-    Sizes default to the mode (quick: 400 images, batch 32, 2 repeats; full: 2000 images,
-    batch 64, 5 repeats). The seed recipe's process-wide settings apply only while it runs.
-    """
+    """Measure every row (module docstring) on the course JPEGs written as files, in one run;
+    the seed recipe's process-wide settings apply only while it runs."""
     n = check_int("n", pick(full=2000, quick=400) if n is None else n, 1, "run_benchmark")
     batch_size = check_int("batch_size", pick(full=64, quick=32) if batch_size is None else batch_size,
                            1, "run_benchmark")

@@ -1,25 +1,12 @@
 """``python -m course_utils diagnose MODULE:FUNCTION``: is *your* training loop waiting for data?
 
-``FUNCTION()`` (importable from a file, ``train.py:make``, or a module, ``mypkg.train:make``)
-returns ``(loader, step)``; ``step(batch)`` runs one training step. :func:`diagnose` then, within
-a wall-clock budget:
-
-1. runs the real loop (``next`` then ``step``) for a bounded number of steps and times, per step,
-   the wait in ``next`` and the step itself; the first ``num_workers x prefetch_factor`` steps
-   are warm-up (batches made ahead while the workers started look free) and not counted, and the
-   start-up (``iter`` to the first batch) is reported on its own. On CUDA the device is
-   synchronised around each step, so the wait fraction is an upper bound (lesson 08 measures it
-   without forced syncs);
-2. runs ``step`` alone on one cached batch (the time per step without data) and the loader
-   alone (its own samples/s), and reads the OS threads of each worker process (psutil) and the
-   start method;
-3. gives a verdict — ``data-bound`` when the loop waited for data more than
-   :data:`DATA_BOUND_FRACTION` of its time, else ``compute-bound`` — and, when data-bound, names
-   the likely causes among what the course teaches and **tries the cheap fixes for real** (more
-   workers, a thread limit in the workers, ``pin_memory`` on CUDA), each timed on the same loop
-   in the same run, with its measured gain.
-
-Every loader this module starts is shut down before it returns (or on Ctrl-C).
+``FUNCTION()`` (from a file, ``train.py:make``, or a module, ``mypkg.train:make``) returns
+``(loader, step)``. Within a wall-clock budget :func:`diagnose` times the real loop per step
+(the wait in ``next`` and the step; the first ``num_workers x prefetch_factor`` steps are
+warm-up, since batches made ahead look free; on CUDA, synchronised, so the wait is an upper
+bound), then the step alone and the loader alone. ``data-bound`` when the loop waited more than
+:data:`DATA_BOUND_FRACTION` of its time; then it names likely causes and times the cheap fixes
+on the same loop. Every loader it starts is shut down before it returns.
 """
 from __future__ import annotations
 
@@ -52,10 +39,8 @@ class DiagnoseError(ValueError):
 
 
 def load_target(target: str) -> Callable[[], Any]:
-    """The function named by ``MODULE:FUNCTION`` (MODULE: a ``.py`` file or an importable module).
-
-    A file's folder goes first on ``sys.path`` and the file is imported under its own name, so
-    spawn and forkserver workers can import what it defines."""
+    """The function named by ``MODULE:FUNCTION`` (MODULE: a ``.py`` file or an importable
+    module). A file is imported under its own name, so spawn/forkserver workers can import it."""
     module_name, sep, function_name = str(target).rpartition(":")
     if not sep or not module_name or not function_name:
         raise DiagnoseError(f"{target!r} is not MODULE:FUNCTION; pass e.g. train.py:make_loop "
@@ -156,10 +141,6 @@ class LoopTiming:
                 "wait_tail_s": self.wait_tail_s(), "worker_threads": self.worker_threads}
 
 
-def _warmup(loader: Any) -> int:
-    workers = getattr(loader, "num_workers", 0) or 0
-    return max(1, workers * (getattr(loader, "prefetch_factor", None) or 2)) if workers else 1
-
 
 def _shutdown(it: Any) -> None:
     stop = getattr(it, "_shutdown_workers", None)
@@ -209,7 +190,8 @@ def time_loop(loader: Any, step: Callable | None, *, max_steps: int, seconds: fl
     ``max_steps`` timed steps or ``seconds``, after an untimed warm-up; a new epoch starts if the
     loader ends. Per timed step: the step's seconds (synchronised on CUDA) and the wait in
     ``next`` for the following batch."""
-    warmup = _warmup(loader)
+    warmup = max(1, (getattr(loader, "num_workers", 0) or 0)
+                 * (getattr(loader, "prefetch_factor", None) or 2))
     wait: list[float] = []
     stepped: list[float] = []
     samples, threads = 0, []

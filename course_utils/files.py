@@ -1,17 +1,10 @@
 """Images as files on disk, the way learners keep them: folders, the page cache, a packed store.
 
-- :func:`write_image_folder` writes a :class:`~course_utils.data.JpegDataset`'s JPEG bytes as
-  files in the ``ImageFolder`` layout (``root/<class>/<index>.jpg``), so torchvision's
-  ``datasets.ImageFolder`` and the course's loaders read the same files.
-- :func:`jpeg_size` reads a JPEG's height and width from its header (no decode), which is what
-  reduced-size decoding needs to pick its factor (:func:`reduced_decode_flag`).
-- :func:`evict_from_page_cache` asks the OS to drop files' cached pages
-  (``posix_fadvise(POSIX_FADV_DONTNEED)``), so a read measures the disk (a "cold" epoch), not
-  memory; :func:`read_files` times reading them. Lesson 03 and ``bench`` use both.
-- :class:`PackedStore` is the FFCV idea: every image decoded and resized once, written into one
-  uint8 file, and read back through ``np.memmap`` as batches (:class:`PackedStoreDataset`).
-
-Workers unpickle :class:`PackedStoreDataset`, so it lives in the package, not in a notebook.
+:func:`write_image_folder` (the ``ImageFolder`` layout torchvision and the course's loaders
+read), :func:`reduced_decode_flag`, :func:`evict_from_page_cache` (a "cold" read measures the
+disk, not memory; ``bench`` uses it) and :class:`PackedStore`, the FFCV idea: every image
+decoded and resized once into one uint8 file read back through ``np.memmap``. Workers unpickle
+:class:`PackedStoreDataset`, so it lives in the package.
 """
 from __future__ import annotations
 
@@ -47,11 +40,9 @@ def default_folder_root() -> Path:
 def write_image_folder(base: JpegDataset, root: PathLike | None = None) -> Path:
     """Write ``base``'s JPEG bytes as files, ``root/c<label>/<index:06d>.jpg``; return the folder.
 
-    ``root`` defaults to a folder named after the dataset's settings under
-    :func:`default_folder_root`. A folder this function already wrote for the same dataset is
-    reused. The files are written into a temporary sibling folder, flushed to disk (so their
-    pages are clean and can be evicted) and renamed into place, so two notebooks writing the
-    same folder at once never see half of it.
+    ``root`` defaults to one named after the dataset's settings, reused when it holds the same
+    dataset. Files are fsynced (so their pages can be evicted) into a sibling folder renamed
+    into place, so two notebooks writing the same folder never see half of it.
     """
     if not isinstance(base, JpegDataset):
         raise TypeError(f"base must be a course JpegDataset (its .encoded(i) bytes are written), "
@@ -136,13 +127,9 @@ def reduced_decode_flag(data: bytes | np.ndarray, size: int) -> int:
 
 
 def evict_from_page_cache(paths: Sequence[PathLike]) -> bool:
-    """Ask the OS to drop the cached pages of ``paths``; True if it could be asked.
-
-    Uses ``os.posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED)`` on each file (Linux, most Unix).
-    The kernel drops clean pages only, so the files must have been written to disk (this
-    function ``fsync``s each one first). Returns False where Python has no ``posix_fadvise``
-    (macOS, Windows): there, only a reboot or a file larger than RAM gives a cold read.
-    A VM's host may still cache the disk, so "cold" is measured, never assumed.
+    """Ask the OS to drop the cached pages of ``paths`` (``posix_fadvise DONTNEED``, after an
+    ``fsync``: only clean pages are dropped); False where Python has no ``posix_fadvise``
+    (macOS, Windows). A VM's host may still cache the disk, so "cold" is measured, not assumed.
     """
     if not hasattr(os, "posix_fadvise"):
         return False
@@ -167,14 +154,9 @@ def read_files(paths: Sequence[PathLike]) -> tuple[float, int]:
 
 
 class PackedStore:
-    """One uint8 file of decoded, resized images (N x S x S x 3, RGB) plus their labels.
-
-    ``PackedStore.write(base, path, size)`` decodes each JPEG once (OpenCV), resizes it to
-    ``size`` x ``size`` and writes it into ``path`` (a ``.npy`` file opened with
-    ``np.lib.format.open_memmap``); labels go to ``path`` with ``.labels.npy``. Reading it back
-    is a memory-mapped gather: no decode, no per-image file, pages shared by every worker.
-    The price: decoded images are ~10x the JPEG bytes on disk, and augmentation that needs the
-    full-size image (a random crop of the original) is no longer possible.
+    """One uint8 ``.npy`` file of decoded, resized images (N x S x S x 3, RGB) plus a
+    ``.labels.npy``: read back as a memory-mapped gather (no decode, pages shared by every
+    worker). The price: ~10x the JPEG bytes on disk, and no crop of the full-size original.
     """
 
     def __init__(self, path: PathLike) -> None:
@@ -213,10 +195,8 @@ class PackedStore:
 
 class PackedStoreDataset(Dataset):
     """Batches gathered from a :class:`PackedStore`: ``__getitems__`` returns (N x 3 x S x S uint8,
-    labels) in channels_last memory; use it with ``collate_fn=keep_batch``.
-
-    Memory-mapped by default (the file is opened lazily, in each worker); ``in_memory=True``
-    reads it into one array first: the "raw memory gather" a memmap is compared with.
+    labels) in channels_last memory (``collate_fn=keep_batch``); memory-mapped in each worker,
+    or (``in_memory=True``) read into RAM first: the gather a memmap is compared with.
     """
 
     def __init__(self, path: PathLike, in_memory: bool = False) -> None:

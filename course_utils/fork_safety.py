@@ -1,38 +1,17 @@
 """What a process knows about the fork that made it, and what makes forking a busy process safe.
 
-:mod:`course_utils.threads` limits thread pools; whether a limit is safe depends on how the
-process was started. This module keeps that bookkeeping in one place: whether this process is a
-fork of the one that imported the course (:func:`is_fork_child`), whether its pools may be
-copies of a parent's running pools (:func:`pools_may_be_fork_copies`), the before-fork hook that
-records the parent's threads and finishes OpenCV's lazy set-up in the parent
-(:func:`watch_forks`, registered lazily, never at import), and the refusal of a limit that
-could hang (:func:`refuse_unsafe_fork`).
+:mod:`course_utils.threads` limits pools; whether that is safe depends on how the process
+started (fork copies a parent's pool bookkeeping and locks, not its threads). Measured with
+opencv-python 5.0 / torch 2.13 CPU on Linux, the reasons for the choices there:
 
-Fork safety (measured with opencv-python 5.0 / torch 2.13 CPU on Linux, and the reason for
-choices in :mod:`course_utils.threads`):
-
-* OpenCV (pthreads backend): ``cv2.setNumThreads(1)`` *shrinks* the pool, which joins the
-  pool's worker threads. In a process created by ``fork`` from a parent that had used
-  OpenCV, those threads do not exist (fork copies only the calling thread) and the call hangs
-  (in ``pthread_cond_destroy``) most of the time. ``cv2.setNumThreads(0)`` means "run
-  sequentially" (``cv2.getNumThreads()`` then reads 1) and does not touch the pool's
-  threads, so the course always uses 0 to ask OpenCV for one thread.
-* torch's OpenMP runtime (GNU libgomp) is not fork-safe: in a forked child of a parent that
-  had used it, a parallel region with more than one thread hangs. One thread is fine (the
-  DataLoader sets 1 in every worker). Setting more than one thread in such a child is refused
-  with a clear error instead of a hang later.
-* OpenBLAS resets its pool at fork by itself: limiting it is safe everywhere.
-* Limiting must never hang a forked worker, even when the parent had other threads running
-  at fork time (a psutil sampler, tqdm's monitor, DataLoader queue feeders, library pools):
-  fork copies their locks in whatever state they were, and nothing releases them in the
-  child. :class:`~course_utils.threads.WorkerThreadLimiter` therefore does as little as
-  possible in a forked worker, in the safest order, and under a watchdog; see its ``__call__``
-  for the details and the evidence.
-* A reading is not a running thread: in a forked worker whose parent had already used
-  OpenCV, ``cv2.getNumThreads()`` still reads the parent's value, but the pool's threads were
-  not copied and OpenCV does not start new ones: the worker has one OS thread. If the
-  parent had not used OpenCV yet, or under spawn/forkserver, the worker starts a real pool.
-  ``ThreadPools.os_threads`` shows the difference.
+* OpenCV: ``cv2.setNumThreads(1)`` joins the pool's threads, which a forked child does not
+  have: it hung in 19 of 20 forks of a parent that had used OpenCV. ``setNumThreads(0)``
+  ("sequential"; ``getNumThreads()`` then reads 1) does not touch them, so the course uses 0.
+* torch's OpenMP runtime (libgomp): in a fork of a parent that used it, a parallel region of
+  more than one thread hangs, so more than one thread is refused (:func:`refuse_unsafe_fork`).
+* OpenBLAS resets its pool at fork: limiting it is safe everywhere.
+* A reading is not a running thread: a forked worker reads its parent's OpenCV thread count
+  but has one OS thread (``ThreadPools.os_threads`` shows it).
 """
 from __future__ import annotations
 
@@ -72,19 +51,10 @@ _opencv_ready_for_fork = False
 def prepare_opencv_for_fork() -> None:
     """In the parent, before fork: finish OpenCV's lazy one-time initialisation here.
 
-    ``cv::setNumThreads`` reaches two function-local statics: the parallel-backend object
-    (created on first use by a plugin search: a directory scan of the cv2 package, logging,
-    C++ exception handling) and the pthreads ``ThreadPool`` singleton (mutex init, reading
-    cgroup CPU limits). Once both exist, ``cv2.setNumThreads(0)`` is two stores to plain ints:
-    no lock, no system call (checked by disassembling opencv-python 5.0's
-    ``cv::setNumThreads`` / ``parallel_pthreads_set_threads_num``; see strace evidence in
-    :meth:`course_utils.threads.WorkerThreadLimiter.__call__`). A parent that imported cv2 but
-    never ran a parallel OpenCV call would leave that initialisation to every forked child,
-    where any lock another parent thread held at fork time stays held forever. Doing it here,
-    once, on the forking thread of the parent, removes that path from the children. The value
-    is set to what it already is, so nothing changes; when OpenCV reads <= 1 it is already
-    sequential and the child never calls ``setNumThreads`` at all (see
-    ``course_utils.threads._set_opencv_threads``).
+    OpenCV's first ``setNumThreads`` creates its backend (a plugin search) and ThreadPool
+    (mutex init, cgroup files); after that, ``setNumThreads(0)`` is two stores to plain ints (no
+    lock, no syscall: disassembly and strace). Left to a forked child, that first call could
+    block on a lock another parent thread held at fork. The value set is the current one.
     """
     global _opencv_ready_for_fork
     if _opencv_ready_for_fork:
@@ -144,11 +114,10 @@ def pools_may_be_fork_copies() -> bool:
 def refuse_unsafe_fork(n: int, what: str) -> None:
     """Raise RuntimeError, naming ``what``, when ``n`` > 1 threads are asked for in a fork copy."""
     if n > 1 and pools_may_be_fork_copies():
-        raise RuntimeError(
-            f"{what} asked for {n} threads per pool, but this process was started with the "
-            f"'fork' start method from a process whose thread pools were already running. "
-            f"fork copies the pools' bookkeeping but not their threads: torch's OpenMP pool "
-            f"and OpenCV's pool can hang on their next parallel call if resized here. "
-            f"Use 1 thread in forked workers, or start the workers with "
-            f"multiprocessing_context='forkserver' (or 'spawn') to give each of them {n}."
-        )
+        raise RuntimeError(f"{what} asked for {n} threads per pool, but this process was started "
+                           f"with the 'fork' start method from a process whose thread pools were "
+                           f"already running. fork copies the pools' bookkeeping but not their "
+                           f"threads: torch's OpenMP pool and OpenCV's pool can hang on their "
+                           f"next parallel call if resized here. Use 1 thread in forked workers, "
+                           f"or start the workers with multiprocessing_context='forkserver' (or "
+                           f"'spawn') to give each of them {n}.")

@@ -23,20 +23,9 @@ from .config import QUICK_ENV
 from .start_methods import explain_start_method, platform_default_start_method, start_method
 from .threads import THREAD_ENV_VARS, ThreadPools, is_torch_openmp, thread_pools
 
-__all__ = [
-    "CpuInfo",
-    "cpu_info",
-    "usable_cpus",
-    "AcceleratorInfo",
-    "accelerator",
-    "default_device",
-    "start_method",
-    "platform_default_start_method",
-    "explain_start_method",
-    "DoctorReport",
-    "doctor",
-    "machine_summary",
-]
+__all__ = ["CpuInfo", "cpu_info", "usable_cpus", "AcceleratorInfo", "accelerator", "default_device",
+           "start_method", "platform_default_start_method", "explain_start_method",
+           "DoctorReport", "doctor", "machine_summary"]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 GIB = 1024**3
@@ -44,18 +33,12 @@ GIB = 1024**3
 LOW_RAM_BYTES = 4 * GIB
 
 
-# --------------------------------------------------------------------------------------
-# CPUs
-# --------------------------------------------------------------------------------------
+# ---- CPUs ----------------------------------------------------------------------------
 @dataclass
 class CpuInfo:
-    """CPUs this process may use.
-
-    logical: ``os.cpu_count()`` (all logical CPUs of the machine); affinity: CPUs this process
-    may be scheduled on (``os.sched_getaffinity``; None where the OS has no such call);
-    cgroup_quota: CPU time the container/cgroup allows, in CPUs (e.g. 1.5; None when there is
-    no quota); usable: the smallest of these, rounded down, at least 1.
-    """
+    """CPUs this process may use: ``logical`` (``os.cpu_count()``), ``affinity`` (None where
+    the OS cannot tell), ``cgroup_quota`` in CPUs (e.g. 1.5; None: no quota), and ``usable``,
+    the smallest of these rounded down, at least 1."""
 
     logical: int
     affinity: int | None
@@ -80,49 +63,26 @@ def _read_text(path: Path) -> str | None:
         return None
 
 
-def _quota_v2(root: Path) -> float | None:
-    """cgroup v2 ``cpu.max``: "max 100000" (no quota) or "<quota_us> <period_us>"."""
-    text = _read_text(root / "cpu.max")
-    if not text:
-        return None
-    parts = text.split()
-    if not parts or parts[0] == "max":
-        return None
+def _quota(quota_us: str | None, period_us: str | None) -> float | None:
+    """quota / period in CPUs; None for no quota ("max", -1) or text that is not a number."""
     try:
-        quota = float(parts[0])
-        period = float(parts[1]) if len(parts) > 1 else 100000.0
-    except ValueError:
-        return None
-    return quota / period if quota > 0 and period > 0 else None
-
-
-def _quota_v1(folder: Path) -> float | None:
-    """cgroup v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (quota -1 means none)."""
-    quota_text = _read_text(folder / "cpu.cfs_quota_us")
-    period_text = _read_text(folder / "cpu.cfs_period_us")
-    if not quota_text or not period_text:
-        return None
-    try:
-        quota, period = float(quota_text), float(period_text)
-    except ValueError:
+        quota, period = float(quota_us), float(period_us)
+    except (TypeError, ValueError):
         return None
     return quota / period if quota > 0 and period > 0 else None
 
 
 def cgroup_cpu_quota(root: str | os.PathLike = CGROUP_ROOT) -> float | None:
     """The cgroup CPU quota in CPUs (v2 ``cpu.max``, else v1 ``cpu.cfs_quota_us``), or None.
-
-    ``root`` is the cgroup mount (``/sys/fs/cgroup``); tests point it at a fake folder.
-    """
+    ``root``: the cgroup mount; tests point it at a fake folder."""
     root = Path(root)
-    quota = _quota_v2(root)
-    if quota is not None:
-        return quota
+    v2 = (_read_text(root / "cpu.max") or "max").split() + ["100000"]   # "<quota> [<period>]"
+    quota = _quota(v2[0], v2[1])
     for folder in (root / "cpu", root / "cpu,cpuacct", root):
-        quota = _quota_v1(folder)
-        if quota is not None:
-            return quota
-    return None
+        if quota is None:
+            quota = _quota(_read_text(folder / "cpu.cfs_quota_us"),
+                           _read_text(folder / "cpu.cfs_period_us"))
+    return quota
 
 
 def cpu_info(cgroup_root: str | os.PathLike = CGROUP_ROOT) -> CpuInfo:
@@ -143,9 +103,7 @@ def usable_cpus() -> int:
     return cpu_info().usable
 
 
-# --------------------------------------------------------------------------------------
-# accelerator and start method
-# --------------------------------------------------------------------------------------
+# ---- accelerator -----------------------------------------------------------------------
 @dataclass
 class AcceleratorInfo:
     """kind: 'cuda', 'mps' or 'cpu'; name: device name; memory_bytes: device memory (None
@@ -158,12 +116,8 @@ class AcceleratorInfo:
 
 
 def accelerator() -> AcceleratorInfo:
-    """The accelerator torch can use: CUDA, else Apple MPS, else the CPU.
-
-    For CUDA this reads the device properties (``torch.cuda.get_device_properties``), which
-    initialises torch's CUDA state but allocates nothing; DataLoader workers must not use CUDA
-    anyway.
-    """
+    """The accelerator torch can use: CUDA, else Apple MPS, else the CPU (for CUDA this
+    initialises torch's CUDA state but allocates nothing)."""
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         return AcceleratorInfo("cuda", str(props.name), int(props.total_memory), int(torch.cuda.device_count()))
@@ -185,11 +139,7 @@ def default_device() -> torch.device:
     return torch.device(accelerator().kind)
 
 
-
-
-# --------------------------------------------------------------------------------------
-# doctor
-# --------------------------------------------------------------------------------------
+# ---- doctor ----------------------------------------------------------------------------
 def _torch_build() -> str:
     if getattr(torch.version, "cuda", None):
         return f"CUDA {torch.version.cuda}"
@@ -197,14 +147,6 @@ def _torch_build() -> str:
         return f"ROCm {torch.version.hip}"
     return "CPU-only"
 
-
-def _opencv_details() -> tuple[str | None, str | None]:
-    backend = None
-    for line in cv2.getBuildInformation().splitlines():
-        if "Parallel framework" in line:
-            backend = line.split(":", 1)[1].strip()
-            break
-    return str(cv2.__version__), backend
 
 
 def _gib(n: int | None) -> str:
@@ -296,20 +238,16 @@ def advise(report: DoctorReport) -> list[str]:
     cpu, pools, acc = report.cpu, report.pools, report.accelerator
 
     if cpu.usable < cpu.logical:
-        advice.append(
-            f"Size num_workers from the usable CPUs ({cpu.usable}), not os.cpu_count() "
-            f"({cpu.logical}): {'; '.join(cpu.limited_by)}."
-        )
+        advice.append(f"Size num_workers from the usable CPUs ({cpu.usable}), not os.cpu_count() "
+                      f"({cpu.logical}): {'; '.join(cpu.limited_by)}.")
     if cpu.usable == 1:
-        advice.append(
-            "Only 1 usable CPU: worker processes cannot run in parallel with the training "
-            "loop here, so expect num_workers > 0 to help only when loading waits on I/O."
-        )
+        advice.append("Only 1 usable CPU: worker processes cannot run in parallel with the "
+                      "training loop here, so expect num_workers > 0 to help only when loading "
+                      "waits on I/O.")
     if pools.torch_intra > cpu.usable:
-        advice.append(
-            f"torch uses {pools.torch_intra} intra-op threads but only {cpu.usable} CPUs are "
-            f"usable: call torch.set_num_threads({cpu.usable}) in the main process."
-        )
+        advice.append(f"torch uses {pools.torch_intra} intra-op threads but only {cpu.usable} "
+                      f"CPUs are usable: call torch.set_num_threads({cpu.usable}) in the main "
+                      f"process.")
 
     # What a DataLoader worker keeps: everything except torch's pool and torch's own OpenMP
     # runtime (the worker's torch.set_num_threads(1) sizes both).
@@ -320,80 +258,61 @@ def advise(report: DoctorReport) -> list[str]:
     if busy:
         listed = ", ".join(f"{name} {n}" for name, n in busy.items())
         worst = max(busy.values())
-        advice.append(
-            f"These pools keep their threads inside every DataLoader worker ({listed}); "
-            f"torch's own pool is set to 1 there, these are not: {cpu.usable} workers can run up "
-            f"to {cpu.usable * worst} threads on {cpu.usable} CPUs. Limit them in "
-            f"worker_init_fn (course_utils.make_worker_init(1))."
-        )
+        advice.append(f"These pools keep their threads inside every DataLoader worker ({listed}); "
+                      f"torch's own pool is set to 1 there, these are not: {cpu.usable} workers "
+                      f"can run up to {cpu.usable * worst} threads on {cpu.usable} CPUs. Limit "
+                      f"them in worker_init_fn (course_utils.make_worker_init(1)).")
 
     omp = report.thread_env.get("OMP_NUM_THREADS")
     if omp is not None and omp.strip().isdigit():
-        ignored = [
-            f"{_entry_name(e)} {e.get('num_threads')}"
-            for e in pools.blas
-            if e.get("user_api") == "openmp" and e.get("num_threads") != int(omp)
-        ]
+        ignored = [f"{_entry_name(e)} {e.get('num_threads')}" for e in pools.blas
+                   if e.get("user_api") == "openmp" and e.get("num_threads") != int(omp)]
         if ignored:
-            advice.append(
-                f"OMP_NUM_THREADS={omp} is set but {', '.join(ignored)} disagrees: the variable "
-                f"only sizes pools loaded after it was set (or the pool was resized since). "
-                f"Use course_utils.limit_threads / threadpoolctl to change a running pool."
-            )
+            advice.append(f"OMP_NUM_THREADS={omp} is set but {', '.join(ignored)} disagrees: the "
+                          f"variable only sizes pools loaded after it was set (or the pool was "
+                          f"resized since). Use course_utils.limit_threads / threadpoolctl to "
+                          f"change a running pool.")
 
     if acc.kind == "cpu":
-        advice.append(
-            "No GPU: the GPU lessons (host-to-device copies, GPU augmentation) run the same "
-            "code on CPU tensors, so their timings say nothing about a GPU."
-        )
+        advice.append("No GPU: the GPU lessons (host-to-device copies, GPU augmentation) run the "
+                      "same code on CPU tensors, so their timings say nothing about a GPU.")
     elif acc.kind == "mps":
-        advice.append(
-            "Apple MPS: lessons run on 'mps'; CUDA-only parts (pinned memory with "
-            "non_blocking copies, CUDA streams) run on CPU tensors instead."
-        )
+        advice.append("Apple MPS: lessons run on 'mps'; CUDA-only parts (pinned memory with "
+                      "non_blocking copies, CUDA streams) run on CPU tensors instead.")
     elif acc.kind == "cuda" and report.start_method == "fork":
-        advice.append(
-            f"GPU {acc.name} with the 'fork' start method: never use CUDA inside DataLoader "
-            f"workers (a forked child cannot re-initialise CUDA); move batches to the GPU in "
-            f"the main process."
-        )
+        advice.append(f"GPU {acc.name} with the 'fork' start method: never use CUDA inside "
+                      f"DataLoader workers (a forked child cannot re-initialise CUDA); move "
+                      f"batches to the GPU in the main process.")
 
     if acc.kind == "cpu" and getattr(torch.version, "cuda", None) and report.start_method == "fork":
-        advice.append(
-            f"This torch is a CUDA {torch.version.cuda} build on a machine without a usable GPU: "
-            f"torch.cuda.is_available() alone initialises CUDA here, after which a forked worker "
-            f"that touches CUDA raises 'Cannot re-initialize CUDA in forked subprocess'. Keep "
-            f"CUDA out of workers (a CPU-only build is also ~10x smaller)."
-        )
+        advice.append(f"This torch is a CUDA {torch.version.cuda} build on a machine without a "
+                      f"usable GPU: torch.cuda.is_available() alone initialises CUDA here, after "
+                      f"which a forked worker that touches CUDA raises 'Cannot re-initialize CUDA "
+                      f"in forked subprocess'. Keep CUDA out of workers (a CPU-only build is also "
+                      f"~10x smaller).")
 
     if report.start_method == "forkserver":
-        advice.append(
-            "Workers start with 'forkserver': they are forked from one server process, not from "
-            "this one, so every Dataset, collate_fn and worker_init_fn must live in an importable "
-            "module (like course_utils), not in the notebook, and settings made in this process "
-            "are not inherited; unless torch is preloaded into the server each worker imports it "
-            "itself, so consider persistent_workers=True."
-        )
+        advice.append("Workers start with 'forkserver': they are forked from one server process, "
+                      "not from this one, so every Dataset, collate_fn and worker_init_fn must "
+                      "live in an importable module (like course_utils), not in the notebook, and "
+                      "settings made in this process are not inherited; unless torch is preloaded "
+                      "into the server each worker imports it itself, so consider "
+                      "persistent_workers=True.")
     elif report.start_method == "spawn":
-        advice.append(
-            "Workers start with 'spawn': every Dataset, collate_fn and worker_init_fn must live "
-            "in an importable module (like course_utils), not in the notebook; each worker is a "
-            "fresh interpreter that imports torch afresh, so consider persistent_workers=True."
-        )
+        advice.append("Workers start with 'spawn': every Dataset, collate_fn and worker_init_fn "
+                      "must live in an importable module (like course_utils), not in the "
+                      "notebook; each worker is a fresh interpreter that imports torch afresh, so "
+                      "consider persistent_workers=True.")
     elif report.start_method == "fork":
-        advice.append(
-            "Workers start with 'fork': they share the parent's memory copy-on-write, so hold "
-            "datasets as NumPy arrays, not lists of Python objects (reading those copies pages "
-            "into every worker)."
-        )
+        advice.append("Workers start with 'fork': they share the parent's memory copy-on-write, "
+                      "so hold datasets as NumPy arrays, not lists of Python objects (reading "
+                      "those copies pages into every worker).")
 
     if report.ram_available_bytes < LOW_RAM_BYTES:
-        advice.append(
-            f"Only {_gib(report.ram_available_bytes)} of RAM available: each worker is a "
-            f"process holding its own prefetched batches (prefetch_factor x batch_size); keep "
-            f"num_workers and batch sizes modest and run the course in quick mode "
-            f"({QUICK_ENV}=1)."
-        )
+        advice.append(f"Only {_gib(report.ram_available_bytes)} of RAM available: each worker is "
+                      f"a process holding its own prefetched batches (prefetch_factor x "
+                      f"batch_size); keep num_workers and batch sizes modest and run the course "
+                      f"in quick mode ({QUICK_ENV}=1).")
     return advice
 
 
@@ -403,25 +322,18 @@ def _entry_name(entry: dict) -> str:
 
 def doctor() -> DoctorReport:
     """Inspect this machine and process; ``print(doctor())`` for a readable report."""
-    numpy_version: str | None = numpy.__version__
-    opencv_version, opencv_parallel = _opencv_details()
+    opencv_parallel = next((line.split(":", 1)[1].strip() for line in
+                            cv2.getBuildInformation().splitlines() if "Parallel framework" in line),
+                           None)
     memory = psutil.virtual_memory()
     report = DoctorReport(
         python=f"{platform.python_implementation()} {platform.python_version()} ({sys.executable})",
-        platform=platform.platform(),
-        torch_version=torch.__version__,
-        torch_build=_torch_build(),
-        cpu=cpu_info(),
-        pools=thread_pools(),
-        accelerator=accelerator(),
-        start_method=start_method(),
-        ram_total_bytes=int(memory.total),
-        ram_available_bytes=int(memory.available),
-        opencv_version=opencv_version,
-        opencv_parallel=opencv_parallel,
-        numpy_version=numpy_version,
-        thread_env={k: os.environ[k] for k in THREAD_ENV_VARS if k in os.environ},
-    )
+        platform=platform.platform(), torch_version=torch.__version__, torch_build=_torch_build(),
+        cpu=cpu_info(), pools=thread_pools(), accelerator=accelerator(),
+        start_method=start_method(), ram_total_bytes=int(memory.total),
+        ram_available_bytes=int(memory.available), opencv_version=str(cv2.__version__),
+        opencv_parallel=opencv_parallel, numpy_version=numpy.__version__,
+        thread_env={k: os.environ[k] for k in THREAD_ENV_VARS if k in os.environ})
     report.advice = advise(report)
     return report
 
@@ -431,12 +343,7 @@ def machine_summary() -> str:
     cpu = cpu_info()
     acc = accelerator()
     version = torch.__version__.split("+")[0]
-    if getattr(torch.version, "cuda", None):
-        build = f"cuda {torch.version.cuda}"
-    elif getattr(torch.version, "hip", None):
-        build = f"rocm {torch.version.hip}"
-    else:
-        build = "cpu"
+    build = _torch_build().lower().removesuffix("-only")   # "cuda 12.4", "rocm 6.2" or "cpu"
     if acc.kind == "cuda":
         gpu = acc.name + (f" x{acc.count}" if acc.count > 1 else "")
     elif acc.kind == "mps":

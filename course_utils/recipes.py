@@ -1,30 +1,13 @@
 """The loaders learners run, written as they are written, and the course's loaders on the same files.
 
-Both baselines read JPEG **files** in the ``ImageFolder`` layout (:func:`course_utils.files.
-write_image_folder` writes the course's):
-
-- :func:`seed_recipe_loader` — the recipe this course started from: ``OMP/MKL/OPENBLAS_NUM_THREADS
-  = "1"`` set in ``os.environ`` after the imports, ``torch.set_num_threads(1)``
-  (:class:`~course_utils.pipelines.seed_recipe_process_settings` applies both while it is measured), torchvision's
-  ``Resize`` + ``ToTensor``, ``num_workers=4``, ``pin_memory=True``.
-- :func:`imagenet_recipe_loader` — the training loader of pytorch/examples ``imagenet/main.py``:
-  ``datasets.ImageFolder`` + PIL, ``RandomResizedCrop(224)``, ``RandomHorizontalFlip()``,
-  ``ToTensor()``, ``Normalize(ImageNet mean, std)``, ``num_workers=4`` (its ``--workers``
-  default), ``pin_memory=True``. Only the batch size is a parameter (its default, 256, is more
-  than a laptop's course data holds).
-
-The course's loaders on the same files:
-
-- :class:`BatchedJpegFiles` / :func:`tuned_files_loader` — what lessons 01–03 teach: one
-  ``__getitems__`` call per batch, each file decoded by OpenCV at the smallest scale that keeps
-  the target size (:func:`~course_utils.files.reduced_decode_flag`), resized and written into
-  one preallocated uint8 batch; every pool limited in the workers; workers = usable CPUs.
-  Random crops, flips and float conversion happen later on the whole batch, on the device
-  (lessons 04–05), so the workers ship 4x fewer bytes.
-- :class:`DecodeOnlyFiles` — read and decode every file at full size and nothing else: the
-  ceiling a decode-bound pipeline is compared with.
-
-Workers unpickle these datasets, so they live in the package.
+All read JPEG files in the ``ImageFolder`` layout. The baselines: :func:`seed_recipe_loader`
+(the recipe this course started from; run it inside
+:class:`~course_utils.pipelines.seed_recipe_process_settings`) and
+:func:`imagenet_recipe_loader` (pytorch/examples ``imagenet/main.py``; only the batch size is a
+parameter: its 256 is more than a laptop's course data holds). The course's:
+:func:`tuned_files_loader` (what lessons 01-03 teach: batched fetch, reduced-scale decode, uint8
+batches; crops, flips and floats later on the device) and :class:`DecodeOnlyFiles` (the decode
+ceiling). Workers unpickle these datasets, so they live in the package.
 """
 from __future__ import annotations
 
@@ -70,7 +53,6 @@ def seed_recipe_loader(root: PathLike, *, batch_size: int = 64, size: int = 224)
 
 def imagenet_recipe_loader(root: PathLike, *, batch_size: int = 64, size: int = 224) -> DataLoader:
     """pytorch/examples' ImageNet training loader, as written, over the JPEG folder ``root``.
-
     Batches: float32 (N, 3, size, size), normalised with the ImageNet mean and std."""
     batch_size = check_int("batch_size", batch_size, 1, "imagenet_recipe_loader")
     normalize = transforms.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD)
@@ -110,11 +92,8 @@ class _JpegFiles(Dataset):
 
 class BatchedJpegFiles(_JpegFiles):
     """The course's tuned dataset on files: ``__getitems__(indices)`` returns
-    (N x 3 x size x size uint8, labels) in channels_last memory (use ``collate_fn=keep_batch``).
-
-    Each file: read, decoded by OpenCV at the smallest scale that keeps ``size``
-    (``reduced=True``), resized (bilinear), BGR -> RGB on the small image, written in place.
-    """
+    (N x 3 x size x size uint8, labels) in channels_last memory (use ``collate_fn=keep_batch``);
+    ``reduced``: decode at the smallest scale that keeps ``size``."""
 
     def __init__(self, root: PathLike, size: int = 224, *, reduced: bool = True) -> None:
         super().__init__(root, "BatchedJpegFiles")

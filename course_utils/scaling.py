@@ -1,17 +1,7 @@
-"""How DataLoader throughput scales with ``num_workers`` (lesson 03): the sweep and its knee.
+"""How DataLoader throughput (samples/s) scales with ``num_workers``: the sweep and its knee.
 
-* **samples/s vs num_workers** (:func:`sweep_workers`): one
-  :func:`~course_utils.bench.measure_loader` Measurement per worker count (steady state:
-  worker start-up excluded by warm-up); lesson 03 writes the sweep loop itself first.
-* **the knee** (:func:`find_knee`): the smallest worker count whose samples/s is at least
-  ``tolerance`` (default 0.9) times the best samples/s on the curve. More workers than the knee
-  buy at most ``1 - tolerance`` more speed, and cost CPU, memory and start-up time.
-* :func:`describe_curve` names the curve's shape (levels off, keeps rising, flat) from the
-  measurement; :func:`plot_sweeps` draws it.
-
-Used by lesson 03, the tuner (lesson 06) and the graders. Lesson 03's other measurements (start
-methods, epochs, memory per worker, batched fetching) are in ``course_utils.lessons.l03_*``.
-Nothing happens at import time.
+Lesson 03 writes the sweep loop itself first; :func:`sweep_workers` is its packaged version,
+used by the tuner (lesson 06) and the graders.
 """
 from __future__ import annotations
 
@@ -33,53 +23,23 @@ from .measurement import Measurement
 from .plots import figure_title
 
 
-__all__ = [
-    "DEFAULT_TOLERANCE",
-    "MAX_DEFAULT_WORKERS",
-    "default_worker_counts",
-    "find_knee",
-    "CurveShape",
-    "describe_curve",
-    "WorkerSweep",
-    "sweep_workers",
-    "plot_sweeps",
-]
+__all__ = ["DEFAULT_TOLERANCE", "MAX_DEFAULT_WORKERS", "default_worker_counts", "find_knee",
+           "CurveShape", "describe_curve", "WorkerSweep", "sweep_workers", "plot_sweeps"]
 
 
 #: Default tolerance of :func:`find_knee`: the knee reaches 90 % of the best rate.
 DEFAULT_TOLERANCE = 0.9
 #: :func:`default_worker_counts` never goes beyond this many workers by default.
 MAX_DEFAULT_WORKERS = 32
-_MB = 1e6
 
 
-def _new_axes(ax: Any, figsize: tuple[float, float]) -> Any:
-    if ax is not None:
-        return ax
-    import matplotlib.pyplot as plt  # lazy: kept out of `import course_utils` (workers)
-
-    _, ax = plt.subplots(figsize=figsize, layout="constrained")
-    return ax
-
-
-# --------------------------------------------------------------------------------------------
-# validation helpers
-# --------------------------------------------------------------------------------------------
-
-# --------------------------------------------------------------------------------------------
-# worker counts and the knee
-# --------------------------------------------------------------------------------------------
+# ---- worker counts and the knee ------------------------------------------------------------
 
 def default_worker_counts(max_workers: Optional[int] = None, *,
                           cap: int = MAX_DEFAULT_WORKERS) -> list[int]:
-    """Worker counts worth measuring: 0 up to ``max_workers`` (default 2 x usable CPUs).
-
-    The default top is twice :func:`~course_utils.machine.usable_cpus` (past the cores, to see
-    what oversubscription does), capped at ``cap`` (32) so a big server does not sweep for an
-    hour. Up to 8 every count is listed; above that a roughly geometric grid
-    (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, ...) plus the usable CPU count and the top itself.
-    """
-
+    """Worker counts worth measuring: 0 up to ``max_workers`` (default 2 x usable CPUs, past
+    the cores to see oversubscription, capped at ``cap`` so a big server does not sweep for an
+    hour). Above 8, a geometric grid (8, 12, 16, 24, ...) plus the usable CPUs and the top."""
     where = "default_worker_counts"
     cap = check_int("cap", cap, 1, where)
     usable = usable_cpus()
@@ -136,15 +96,10 @@ def _curve(workers: Any, rates: Any, where: str) -> tuple[list[int], list[float]
 
 def find_knee(workers: Sequence[int], rates: Sequence[float],
               tolerance: float = DEFAULT_TOLERANCE) -> int:
-    """The smallest worker count whose rate is at least ``tolerance`` x the best rate.
+    """The smallest worker count whose rate (samples/s) is at least ``tolerance`` x the best.
 
-    ``workers``: the num_workers values measured (any order, no repeats); ``rates``: the
-    samples/s measured at each. With the default ``tolerance=0.9`` the knee is the fewest
-    workers that deliver 90 % of the best throughput on the curve: more workers would buy at
-    most 10 % more, while each costs CPU, memory and start-up time. Robust to a noisy plateau
-    (a lucky high point far out does not move the answer much) and to any grid of counts.
-    Raises ValueError for an empty curve, mismatched lengths, repeated counts, negative or
-    non-finite rates, or a curve whose rates are all 0.
+    More workers than the knee buy at most ``1 - tolerance`` more speed and cost CPU, memory
+    and start-up time; a relative threshold is robust to a noisy plateau and any grid of counts.
     """
     tolerance = check_fraction("tolerance", tolerance, "find_knee")
     ws, rs = _curve(workers, rates, "find_knee")
@@ -159,17 +114,10 @@ def find_knee(workers: Sequence[int], rates: Sequence[float],
 class CurveShape:
     """What a samples/s-vs-workers curve looks like, in numbers (see :func:`describe_curve`).
 
-    ``kind`` is one of:
-
-    * ``"flat"``: the fewest workers measured already reach the tolerance: more workers do not
-      help (light work, where sending batches between processes costs about as much as
-      making them);
-    * ``"rising"``: only the largest count reaches the tolerance: still climbing, measure
-      further (waiting-bound work: workers overlap their waits, not their CPU);
-    * ``"peaked"``: the rate falls after the best point by more than ``1 - tolerance``
-      (oversubscription: more busy processes than cores);
-    * ``"plateau"``: rises, then stays within tolerance (CPU-bound work on a machine with
-      spare cores, which the extra workers cannot use).
+    ``kind``: ``"flat"`` (the fewest workers already reach the tolerance: light work),
+    ``"rising"`` (only the most workers do: waiting-bound work, measure further), ``"peaked"``
+    (falls after the best by more than ``1 - tolerance``: oversubscription) or ``"plateau"``
+    (rises, then stays within tolerance: CPU-bound work). Checked in that order.
     """
 
     kind: str
@@ -208,11 +156,7 @@ class CurveShape:
 
 def describe_curve(workers: Sequence[int], rates: Sequence[float],
                    tolerance: float = DEFAULT_TOLERANCE) -> CurveShape:
-    """Classify a samples/s-vs-workers curve and collect its key numbers (a :class:`CurveShape`).
-
-    The knee is :func:`find_knee` with the same ``tolerance``; ``kind`` follows the rules in
-    :class:`CurveShape`, checked in the order flat, rising, peaked, plateau.
-    """
+    """Classify a samples/s-vs-workers curve and collect its key numbers (a :class:`CurveShape`)."""
     tolerance = check_fraction("tolerance", tolerance, "describe_curve")
     ws, rs = _curve(workers, rates, "describe_curve")
     knee = find_knee(ws, rs, tolerance)
@@ -231,17 +175,12 @@ def describe_curve(workers: Sequence[int], rates: Sequence[float],
                       last_workers=ws[-1], last_rate=rs[-1], tolerance=tolerance)
 
 
-# --------------------------------------------------------------------------------------------
-# sweeping num_workers
-# --------------------------------------------------------------------------------------------
+# ---- sweeping num_workers ------------------------------------------------------------------
 
 @dataclass
 class WorkerSweep(Sequence):
-    """Measurements of one dataset at several ``num_workers`` (a sequence of Measurements).
-
-    ``workers[i]`` is the worker count of ``measurements[i]``. Iterating, indexing and ``len``
-    go to the measurements, so ``compare(sweep)`` works.
-    """
+    """Measurements of one dataset at several ``num_workers`` (``workers[i]`` is that of
+    ``measurements[i]``); a sequence of the Measurements, so ``compare(sweep)`` works."""
 
     label: str
     workers: list[int]
@@ -331,21 +270,12 @@ def sweep_workers(dataset: Dataset, worker_counts: Optional[Sequence[int]] = Non
                   **loader_kwargs: Any) -> WorkerSweep:
     """Measure samples/s of ``DataLoader(dataset, num_workers=w, ...)`` for each ``w``.
 
-    Each point is one :func:`~course_utils.bench.measure_loader` call (fresh workers for every
-    repeat; warm-up untimed, by default ``max(2, prefetch_factor x w)`` batches: workers start
-    one after the other, and an early one may have ``prefetch_factor`` batches ready before the
-    clock starts; then about ``batches`` timed batches,
-    default ``pick(full=48, quick=16)``). The count is rounded up to a multiple of ``w``: workers
-    start together and deliver their batches in rounds, and a window that cuts a round biases
-    a short measurement by up to one round. It is capped by the batches the epoch has left
-    (so a point never reads past one epoch). ``worker_counts`` defaults to
-    :func:`default_worker_counts` (0 .. 2 x usable CPUs, capped at 32); ``repeats`` defaults to
-    ``pick(full=3, quick=2)``. ``loader_kwargs`` go to every DataLoader (``shuffle``,
-    ``collate_fn``, ``prefetch_factor``, ...); options that need workers (``prefetch_factor``,
-    ``persistent_workers``) are left out for ``w = 0``. torch's warning about more workers than
-    CPUs is silenced (going past the cores is the point). Workers get ``timeout=timeout_s``
-    seconds per batch, so a stuck worker raises instead of hanging. Returns a
-    :class:`WorkerSweep`.
+    Each point is one :func:`~course_utils.bench.measure_loader` call: an untimed warm-up (by
+    default ``max(2, prefetch_factor x w)`` batches: an early worker may have that many ready
+    before the clock starts), then about ``batches`` timed batches (default 48, quick 16) in
+    whole rounds of ``w``, within one epoch. ``loader_kwargs`` go to every DataLoader (those that
+    need workers are dropped for ``w = 0``); ``timeout_s``: seconds a worker may take per batch,
+    so a stuck worker raises instead of hanging.
     """
     where = "sweep_workers"
     if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
@@ -412,14 +342,11 @@ def sweep_workers(dataset: Dataset, worker_counts: Optional[Sequence[int]] = Non
 
 def plot_sweeps(sweeps: Sequence[WorkerSweep], *, metric: str = "speedup", ax: Any = None,
                 tolerance: float = DEFAULT_TOLERANCE, title: Optional[str] = None) -> Any:
-    """One line per :class:`WorkerSweep` against num_workers, knees marked, usable CPUs shaded.
+    """One line per :class:`WorkerSweep` against num_workers, knees starred, usable CPUs dashed.
 
-    ``metric``: ``"speedup"`` (samples/s divided by the sweep's first point, so workloads of
-    very different speeds share one axis), ``"samples_per_s"`` or ``"cpu_s_per_sample"``
-    (shown in ms). A star marks each curve's knee (:func:`find_knee` with ``tolerance``); a
-    dashed line marks the usable CPUs. Returns the Axes.
+    ``metric``: ``"speedup"`` (over the sweep's first point, so workloads of very different
+    speeds share one axis), ``"samples_per_s"`` or ``"cpu_s_per_sample"`` (in ms). Returns the Axes.
     """
-
     if isinstance(sweeps, WorkerSweep):
         sweeps = [sweeps]
     sweeps = list(sweeps)
@@ -430,7 +357,10 @@ def plot_sweeps(sweeps: Sequence[WorkerSweep], *, metric: str = "speedup", ax: A
               "cpu_s_per_sample": "CPU ms per sample, all processes (lower is better)"}
     if metric not in labels:
         raise ValueError(f"metric={metric!r} is not known; use one of {', '.join(labels)}.")
-    ax = _new_axes(ax, figsize=(7, 4.2))
+    if ax is None:
+        import matplotlib.pyplot as plt  # lazy: kept out of `import course_utils` (workers)
+
+        _, ax = plt.subplots(figsize=(7, 4.2), layout="constrained")
     for s in sweeps:
         if metric == "speedup":
             ys = s.speedups()

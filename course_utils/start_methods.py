@@ -1,10 +1,7 @@
 """How DataLoader workers start here: the default start method, and what it means.
 
-The default depends on the platform and the Python version (``spawn`` on macOS and Windows;
-on Linux ``fork`` up to Python 3.13 and ``forkserver`` from 3.14), so the course never states
-it: it reads it (:func:`start_method`) and explains the learner's case
-(:func:`explain_start_method`). Lessons 00, 02, 03 and 04 print that explanation; ``doctor``
-uses the same facts. A module of its own so that ``threads`` and ``machine`` both use it.
+The default depends on the platform and Python version, so the course never states it: it
+reads it and explains the learner's case (lessons 00, 02, 03 and 04 print that).
 """
 from __future__ import annotations
 
@@ -19,11 +16,8 @@ __all__ = ["start_method", "platform_default_start_method", "explain_start_metho
 
 
 def start_method() -> str:
-    """The start method new processes (and DataLoader workers) get by default.
-
-    Reads it without fixing it: ``multiprocessing.get_start_method()`` would lock the default
-    in, and a later ``set_start_method`` would then fail.
-    """
+    """The start method new processes (and DataLoader workers) get by default, read without
+    fixing it (``get_start_method()`` would lock it in; a later ``set_start_method`` fails)."""
     method = multiprocessing.get_start_method(allow_none=True)
     if method:
         return method
@@ -36,11 +30,7 @@ def start_method() -> str:
 
 def platform_default_start_method(platform_name: str | None = None,
                                   version: tuple[int, int] | None = None) -> str:
-    """What Python picks by default on ``platform_name`` (``sys.platform``) at ``version``.
-
-    ``spawn`` on macOS and Windows; on Linux and other POSIX systems ``fork`` up to Python 3.13
-    and ``forkserver`` from Python 3.14 on.
-    """
+    """What Python picks by default on ``platform_name`` (``sys.platform``) at ``version``."""
     name = sys.platform if platform_name is None else platform_name
     major_minor = tuple(sys.version_info[:2]) if version is None else tuple(version)
     if name in ("darwin", "win32"):
@@ -76,13 +66,8 @@ _START_METHOD_CASES = {
 
 
 def explain_start_method(method: str | None = None) -> str:
-    """A few sentences on how DataLoader workers start with ``method`` and what follows.
-
-    ``method`` defaults to :func:`start_method` (what a DataLoader without
-    ``multiprocessing_context`` uses here). The text says whether that is this platform's and
-    Python version's default, and what the learner's case means for notebook-defined code,
-    inherited settings and CUDA in workers.
-    """
+    """A few sentences on how DataLoader workers start with ``method`` (default: this
+    process's) and what follows for notebook-defined code, inherited settings and CUDA."""
     here = start_method()
     method = here if method is None else method
     if method not in _START_METHOD_CASES:
@@ -106,11 +91,8 @@ def explain_start_method(method: str | None = None) -> str:
 
 
 def resolve_context(multiprocessing_context: Any, where: str = "") -> tuple[Any, str]:
-    """(context for a DataLoader or None, start method name) for ``multiprocessing_context``.
-
-    None means this process's default (returned as None, so the DataLoader picks it); a start
-    method name or a multiprocessing context is checked against what this platform offers.
-    """
+    """(context for a DataLoader or None, start method name) for ``multiprocessing_context``
+    (None: this process's default; a name is checked against what this platform offers)."""
     if multiprocessing_context is None:
         return None, start_method()
     if isinstance(multiprocessing_context, BaseContext):

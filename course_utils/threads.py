@@ -1,22 +1,10 @@
-"""Thread pools: look at them, limit them, and limit them inside DataLoader workers.
+"""Thread pools (torch's, OpenCV's, every BLAS/OpenMP runtime threadpoolctl sees): look at
+them, limit them, and limit them inside DataLoader workers (lesson 02 shows it in full).
 
-A Python process that has imported torch, NumPy and OpenCV holds several independent
-thread pools:
-
-* torch's intra-op pool (``torch.get_num_threads()``; OpenMP in the usual CPU builds),
-  and its inter-op pool (``torch.get_num_interop_threads()``);
-* OpenCV's pool (``cv2.getNumThreads()``);
-* every BLAS / OpenMP runtime that ``threadpoolctl`` can see: the OpenBLAS behind NumPy,
-  the OpenMP runtime shipped with torch, the OpenBLAS bundled inside opencv-python, ...
-
-Every DataLoader worker calls ``torch.set_num_threads(1)`` before it runs your code; the
-other pools keep their size. This module lets you *see* that (:func:`thread_pools`,
-:func:`pools_in_workers`) and fix it (:class:`limit_threads`, :func:`make_worker_init`).
-
-Whether a limit is safe depends on how the process started (fork copies a parent's pool
-bookkeeping but not its threads): :mod:`course_utils.fork_safety` holds that bookkeeping and
-the evidence behind the choices here (OpenCV is always asked for 0 threads, "sequential";
-more than one thread is refused in a forked child of a busy parent).
+Every DataLoader worker calls ``torch.set_num_threads(1)``; the other pools keep their size.
+:func:`thread_pools` and :func:`pools_in_workers` show that; :class:`limit_threads` and
+:func:`make_worker_init` fix it. Why a limit is done the way it is (OpenCV asked for 0 threads,
+more than one refused in a fork of a busy parent): :mod:`course_utils.fork_safety`.
 """
 from __future__ import annotations
 
@@ -40,39 +28,25 @@ from .checks import check_int, check_seconds
 from .fork_safety import count_os_threads, is_fork_child, refuse_unsafe_fork, watch_forks
 from .start_methods import resolve_context
 
-__all__ = [
-    "ThreadPools", "thread_pools", "limit_threads", "WorkerThreadLimiter", "make_worker_init",
-    "pools_in_workers", "THREAD_ENV_VARS", "is_torch_openmp",
-]
+__all__ = ["ThreadPools", "thread_pools", "limit_threads", "WorkerThreadLimiter",
+           "make_worker_init", "pools_in_workers", "THREAD_ENV_VARS", "is_torch_openmp"]
 
 #: Environment variables that size thread pools of libraries loaded *after* they are set
 #: (child processes, or libraries not yet imported). Setting them in a running process does
 #: not resize pools that are already loaded.
-THREAD_ENV_VARS = (
-    "OMP_NUM_THREADS",
-    "OPENBLAS_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "VECLIB_MAXIMUM_THREADS",
-    "NUMEXPR_NUM_THREADS",
-    "OPENCV_FOR_THREADS_NUM",
-)
+THREAD_ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                   "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS", "OPENCV_FOR_THREADS_NUM")
 
 _BLAS_KEYS = ("user_api", "internal_api", "num_threads", "filepath", "prefix", "version")
 
-# --------------------------------------------------------------------------------------
-# small helpers
-# --------------------------------------------------------------------------------------
+# ---- small helpers -------------------------------------------------------------------
 def _check_threads(n: Any, name: str) -> int:
     if isinstance(n, bool) or not isinstance(n, numbers.Integral):
-        raise TypeError(
-            f"{name} must be a positive int (a number of threads), got {n!r} of type "
-            f"{type(n).__name__}; for example {name}=1."
-        )
+        raise TypeError(f"{name} must be a positive int (a number of threads), got {n!r} of type "
+                        f"{type(n).__name__}; for example {name}=1.")
     if n < 1:
-        raise ValueError(
-            f"{name} must be >= 1 (a number of threads), got {n}; use {name}=1 to make "
-            f"every pool sequential."
-        )
+        raise ValueError(f"{name} must be >= 1 (a number of threads), got {n}; use {name}=1 to "
+                         f"make every pool sequential.")
     return int(n)
 
 
@@ -90,29 +64,16 @@ def _get_opencv_threads() -> int | None:
 
 
 def _set_opencv_threads(n: int, *, import_if_missing: bool = True) -> None:
-    """Ask OpenCV for ``n`` threads; ``n <= 1`` is sent as 0 ("sequential").
-
-    Why 0 and not 1: with the pthreads backend, setNumThreads(1) stops and joins the pool's
-    threads immediately. In a forked child those threads are copies that never run, and the
-    join hangs (observed in 19 of 20 forks after the parent had run cv2.GaussianBlur).
-    setNumThreads(0) only records "sequential"; getNumThreads() then reads 1, and parallel
-    OpenCV calls run on the calling thread. Same effect, no hang.
-
-    When OpenCV already runs sequentially (it reads 1) and ``n <= 1``, nothing is called:
-    a worker forked from a parent that was already limited does not touch OpenCV at all.
-    With ``import_if_missing=False`` an OpenCV that is not imported yet is left alone (the
-    ``OPENCV_FOR_THREADS_NUM`` variable sizes it when it is imported later).
-    """
+    """Ask OpenCV for ``n`` threads; ``n <= 1`` is sent as 0 ("sequential": 1 joins the pool's
+    threads, which hangs in a fork, see :mod:`course_utils.fork_safety`), and not at all when
+    OpenCV reads 1 already. ``import_if_missing=False``: an OpenCV not imported yet is left to
+    ``OPENCV_FOR_THREADS_NUM``."""
     cv2 = _cv2() if import_if_missing else sys.modules.get("cv2")
     if cv2 is None:
         return
     if n <= 1 and int(cv2.getNumThreads()) <= 1:
         return  # already sequential (numThreads 0 or 1): nothing to change
     cv2.setNumThreads(0 if n <= 1 else int(n))
-
-
-def _blas_pools() -> list[dict]:
-    return [{k: info.get(k) for k in _BLAS_KEYS} for info in threadpoolctl.threadpool_info()]
 
 
 def is_torch_openmp(entry: dict) -> bool:
@@ -122,25 +83,14 @@ def is_torch_openmp(entry: dict) -> bool:
     return entry.get("user_api") == "openmp" and path.startswith(torch_dir + os.sep)
 
 
-def _pool_label(entry: dict) -> str:
-    prefix = entry.get("prefix") or os.path.basename(str(entry.get("filepath") or "?"))
-    owner = ", torch" if is_torch_openmp(entry) else ""
-    return f"{entry.get('internal_api')} ({prefix}{owner})"
-
-
-# --------------------------------------------------------------------------------------
-# inventory
-# --------------------------------------------------------------------------------------
+# ---- inventory -----------------------------------------------------------------------
 @dataclass
 class ThreadPools:
     """The thread pools of one process, in threads (a snapshot; nothing is changed).
 
-    torch_intra: ``torch.get_num_threads()``; torch_interop: ``torch.get_num_interop_threads()``;
-    opencv: ``cv2.getNumThreads()`` (None when OpenCV is not installed); blas: one dict per
-    BLAS/OpenMP library ``threadpoolctl.threadpool_info()`` sees (user_api, internal_api,
-    num_threads, filepath, prefix, version); pid: the process; worker_id: the DataLoader
-    worker id when taken inside a worker, else None; os_threads: OS threads the process had
-    when the snapshot was taken (None where unknown).
+    opencv: None when OpenCV is not installed; blas: one dict per library
+    ``threadpoolctl.threadpool_info()`` sees; worker_id: None outside a DataLoader worker;
+    os_threads: OS threads of the process (None where unknown).
     """
 
     torch_intra: int
@@ -153,16 +103,15 @@ class ThreadPools:
 
     @property
     def pools(self) -> dict[str, int]:
-        """Thread count of every pool a data-loading call can fan out to, by a readable name.
-
-        The inter-op pool is left out: data loading does not use it, and torch allows setting
-        it only once per process, before first use.
-        """
+        """Thread count of every pool a data-loading call can fan out to, by a readable name
+        (not the inter-op pool: data loading does not use it)."""
         out: dict[str, int] = {"torch intra-op": int(self.torch_intra)}
         if self.opencv is not None:
             out["OpenCV"] = int(self.opencv)
         for entry in self.blas:
-            name = _pool_label(entry)
+            prefix = entry.get("prefix") or os.path.basename(str(entry.get("filepath") or "?"))
+            owner = ", torch" if is_torch_openmp(entry) else ""
+            name = f"{entry.get('internal_api')} ({prefix}{owner})"
             while name in out:
                 name += "'"
             out[name] = int(entry.get("num_threads") or 0)
@@ -194,27 +143,19 @@ class ThreadPools:
 
 
 def thread_pools() -> ThreadPools:
-    """Inventory of this process's thread pools (threads per pool). Changes nothing.
-
-    Inside a DataLoader worker this reports that worker's pools (and its ``worker_id``).
-    """
+    """Inventory of this process's (or this DataLoader worker's) thread pools. Changes nothing."""
     watch_forks()
     opencv = _get_opencv_threads()  # imports cv2 first, so threadpoolctl also sees its BLAS
     info = get_worker_info()
-    return ThreadPools(
-        torch_intra=int(torch.get_num_threads()),
-        torch_interop=int(torch.get_num_interop_threads()),
-        opencv=opencv,
-        blas=_blas_pools(),
-        pid=os.getpid(),
-        worker_id=None if info is None else int(info.id),
-        os_threads=count_os_threads(),
-    )
+    return ThreadPools(torch_intra=int(torch.get_num_threads()),
+                       torch_interop=int(torch.get_num_interop_threads()), opencv=opencv,
+                       blas=[{k: info.get(k) for k in _BLAS_KEYS}
+                             for info in threadpoolctl.threadpool_info()], pid=os.getpid(),
+                       worker_id=None if info is None else int(info.id),
+                       os_threads=count_os_threads())
 
 
-# --------------------------------------------------------------------------------------
-# limiting in this process
-# --------------------------------------------------------------------------------------
+# ---- limiting in this process --------------------------------------------------------
 class limit_threads(contextlib.ContextDecorator):
     """Limit torch intra-op, every BLAS/OpenMP pool (threadpoolctl) and OpenCV to ``n`` threads.
 
@@ -226,9 +167,8 @@ class limit_threads(contextlib.ContextDecorator):
         @limit_threads(2)
         def preprocess(...): ...
 
-    Nothing happens at construction (so decorating a function at import time changes no
-    pool); the limits apply while the block or decorated call runs. In a process forked from
-    a parent with running pools, ``n > 1`` is refused (see :mod:`course_utils.fork_safety`).
+    Nothing happens at construction (decorating at import time changes no pool). In a fork
+    of a parent with running pools, ``n > 1`` is refused (:mod:`course_utils.fork_safety`).
     """
 
     def __init__(self, n: int = 1) -> None:
@@ -241,10 +181,8 @@ class limit_threads(contextlib.ContextDecorator):
 
     def __enter__(self) -> "limit_threads":
         if self._saved is not None:
-            raise RuntimeError(
-                "this limit_threads object is already active; create a new one for each "
-                "with-block (e.g. `with limit_threads(1):`)."
-            )
+            raise RuntimeError("this limit_threads object is already active; create a new one for "
+                               "each with-block (e.g. `with limit_threads(1):`).")
         watch_forks()
         refuse_unsafe_fork(self.n, f"limit_threads({self.n})")
         saved_torch = torch.get_num_threads()
@@ -272,9 +210,7 @@ class limit_threads(contextlib.ContextDecorator):
         return f"limit_threads({self.n})"
 
 
-# --------------------------------------------------------------------------------------
-# limiting inside DataLoader workers
-# --------------------------------------------------------------------------------------
+# ---- limiting inside DataLoader workers ----------------------------------------------
 # threadpoolctl limit objects made in workers are kept here for the worker's life, so the
 # limits stick even if a later threadpoolctl version restored them on garbage collection.
 _worker_limits: list = []
@@ -307,63 +243,34 @@ def _init_watchdog(enabled: bool):
 class WorkerThreadLimiter:
     """A DataLoader ``worker_init_fn`` that limits every pool in the worker to ``n_threads``.
 
-    Picklable (works under fork, forkserver and spawn). In each worker it sets torch
-    intra-op threads, every BLAS/OpenMP pool threadpoolctl sees, and OpenCV to
-    ``n_threads`` for the worker's whole life. With ``set_env`` it also sets
-    :data:`THREAD_ENV_VARS` in the worker, for processes the worker starts. With ``seed``,
-    Python's ``random`` and NumPy's global RNG are seeded with ``seed + worker_id`` (the
-    same streams every epoch; without ``seed`` the DataLoader's own per-worker seeding is
-    left as it is).
+    Picklable (fork, forkserver and spawn); the limits last the worker's life. ``set_env``:
+    also set :data:`THREAD_ENV_VARS`, for processes the worker starts. ``seed``: seed
+    ``random`` and NumPy's global RNG with ``seed + worker_id`` (the same streams every epoch).
     """
 
     def __init__(self, n_threads: int = 1, seed: int | None = None, *, set_env: bool = True) -> None:
         self.n_threads = _check_threads(n_threads, "n_threads")
-        if seed is not None:
-            if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-                raise ValueError(
-                    f"seed must be None or an int >= 0, got {seed!r}; each worker is seeded "
-                    f"with seed + worker_id."
-                )
-            seed = int(seed)
-        self.seed = seed
+        self.seed = check_int("seed", seed, 0, "WorkerThreadLimiter", allow_none=True,
+                              hint=" Each worker is seeded with seed + worker_id.")
         self.set_env = bool(set_env)
         watch_forks()
 
     def __call__(self, worker_id: int) -> None:
-        """Limit this worker's pools. In a forked worker this is done so it cannot hang.
+        """Limit this worker's pools so that, in a forked worker, it cannot hang: a worker
+        forked from a busy parent once hung here for good (py-spy: idle on the
+        ``cv2.setNumThreads(0)`` line). What guards it, each measured:
 
-        A DataLoader worker forked from a busy parent once hung for good inside this call
-        (py-spy: the worker's main thread idle on the ``cv2.setNumThreads(0)`` line; the
-        parent waited on the DataLoader queue). What was checked, and what this guards:
-
-        * ``cv2.setNumThreads(0)`` itself cannot block once OpenCV is initialised: in
-          opencv-python 5.0 it stores ``numThreads``, returns the (initialised) backend
-          static, and ``ThreadPool::setNumOfThreads(0)`` stores ``num_threads``; no lock, no
-          system call (disassembly; ``strace`` shows no syscall between two markers around
-          the call). Only OpenCV's *first* call in a process does work (plugin search: three
-          directory scans of the cv2 package; cgroup CPU-limit files; ThreadPool creation).
-          :func:`~course_utils.fork_safety.prepare_opencv_for_fork` does that in the parent,
-          before fork.
-        * The Python binding releases and retakes the GIL around the call, and the call
-          allocates an argument tuple, which can start a garbage collection. A collection in a
-          forked child runs the finalizers of garbage inherited from the parent (old
-          DataLoader iterators, queues, semaphores, files of threads that do not exist here),
-          and a C-level finalizer blocked on a lock held by a parent thread at fork time shows
-          exactly as "idle on the line of a C call". ``gc.freeze()`` first, in forked workers,
-          puts everything inherited out of the collector's reach (cheap: a list splice; and
-          what CPython's documentation recommends for fork without exec).
-        * Lazy imports in a forked child hang when another parent thread held that module's
-          import lock at fork time (reproduced: 1 of 300 forks hung in
-          ``_ModuleLock.acquire`` while a parent thread imported). Nothing is imported here
-          in a forked worker that the parent had not imported: OpenCV, if the parent never
-          imported it, is sized by ``OPENCV_FOR_THREADS_NUM`` when the worker imports it.
-        * OpenCV is set first, while the worker still has one thread: limiting OpenBLAS
-          through threadpoolctl re-creates its pool threads in a forked child (measured: the
-          worker goes from 1 to 3 OS threads), and it allocates enough to trigger collections.
-        * If something still blocks, the worker does not hang forever: a watchdog
-          (``faulthandler``, a C thread that needs no GIL) prints every Python stack of the
-          worker to stderr and ends it after :data:`WORKER_INIT_WATCHDOG_S` seconds, so the
-          DataLoader reports a dead worker instead of waiting for ever.
+        * ``cv2.setNumThreads(0)`` cannot block once OpenCV is initialised (two stores, no lock,
+          no syscall under strace); only OpenCV's first call does work, and
+          :func:`~course_utils.fork_safety.prepare_opencv_for_fork` makes it in the parent.
+        * ``gc.freeze()`` first: a collection in a forked child runs finalizers of garbage
+          inherited from the parent, which can block on a lock a parent thread held at fork.
+        * Nothing the parent had not imported is imported (1 of 300 forks hung on a module's
+          import lock); an OpenCV never imported is sized by ``OPENCV_FOR_THREADS_NUM``.
+        * OpenCV before threadpoolctl, while the worker has one thread (limiting OpenBLAS
+          re-creates its threads in a forked child).
+        * A watchdog (``faulthandler``) prints every stack and ends the worker after
+          :data:`WORKER_INIT_WATCHDOG_S` seconds, so the DataLoader reports a dead worker.
         """
         n = self.n_threads
         refuse_unsafe_fork(n, f"make_worker_init(n_threads={n})")
@@ -388,17 +295,12 @@ class WorkerThreadLimiter:
 
 
 def make_worker_init(n_threads: int = 1, seed: int | None = None, *, set_env: bool = True) -> WorkerThreadLimiter:
-    """A picklable ``worker_init_fn`` limiting every pool in each worker to ``n_threads``.
-
-    Lesson 02 writes the mechanism in full (its ``limit_worker_threads``); this is the package's
-    version: ``DataLoader(..., worker_init_fn=make_worker_init(1))``; see :class:`WorkerThreadLimiter`.
-    """
+    """A picklable ``worker_init_fn`` limiting every pool in each worker to ``n_threads``
+    (:class:`WorkerThreadLimiter`); lesson 02 writes the mechanism in full."""
     return WorkerThreadLimiter(n_threads, seed, set_env=set_env)
 
 
-# --------------------------------------------------------------------------------------
-# probing real workers
-# --------------------------------------------------------------------------------------
+# ---- probing real workers ------------------------------------------------------------
 class _PoolProbe(Dataset):
     """``num_workers`` items; each fetch returns the fetching worker's pools as a dict."""
 
@@ -419,54 +321,38 @@ def _check_sendable(worker_init_fn: Callable, method: str) -> None:
     module_name = getattr(worker_init_fn, "__module__", None) or type(worker_init_fn).__module__
     main = sys.modules.get("__main__")
     if module_name == "__main__" and not getattr(main, "__file__", None):
-        raise TypeError(
-            f"worker_init_fn={worker_init_fn!r} is defined in the notebook (__main__); workers "
-            f"started with {method!r} cannot import it. Put it in an importable module (like "
-            f"course_utils.make_worker_init) or use multiprocessing_context='fork' where "
-            f"available."
-        )
+        raise TypeError(f"worker_init_fn={worker_init_fn!r} is defined in the notebook "
+                        f"(__main__); workers started with {method!r} cannot import it. Put it in "
+                        f"an importable module (like course_utils.make_worker_init) or use "
+                        f"multiprocessing_context='fork' where available.")
     try:
         pickle.dumps(worker_init_fn)
     except Exception as exc:
-        raise TypeError(
-            f"worker_init_fn={worker_init_fn!r} cannot be pickled ({exc}), so workers started "
-            f"with {method!r} cannot receive it. Use a class with __call__ defined in an "
-            f"importable module (like course_utils.make_worker_init), not a lambda or closure."
-        ) from exc
+        raise TypeError(f"worker_init_fn={worker_init_fn!r} cannot be pickled ({exc}), so workers "
+                        f"started with {method!r} cannot receive it. Use a class with __call__ "
+                        f"defined in an importable module (like course_utils.make_worker_init), "
+                        f"not a lambda or closure.") from exc
 
 
-def pools_in_workers(
-    worker_init_fn: Callable[[int], None] | None = None,
-    num_workers: int = 2,
-    multiprocessing_context: Any = None,
-    timeout_s: float = 60,
-) -> list[ThreadPools]:
-    """Start a real DataLoader and return the thread pools each worker sees (one per worker).
-
-    The workers run exactly as in training (``torch.set_num_threads(1)`` by the DataLoader,
-    then ``worker_init_fn``), and each reports :func:`thread_pools`. The result is sorted by
-    worker id. ``timeout_s`` bounds the wait for each worker's answer (seconds); a stuck
-    worker raises RuntimeError instead of hanging.
-    """
+def pools_in_workers(worker_init_fn: Callable[[int], None] | None = None, num_workers: int = 2,
+                     multiprocessing_context: Any = None,
+                     timeout_s: float = 60) -> list[ThreadPools]:
+    """Start a real DataLoader and return the thread pools each worker sees, by worker id
+    (workers run as in training: ``torch.set_num_threads(1)``, then ``worker_init_fn``).
+    ``timeout_s``: seconds to wait for each worker; a stuck one raises RuntimeError."""
     num_workers = check_int("num_workers", num_workers, 1, "pools_in_workers",
                             " With num_workers=0 there are no workers: call thread_pools() instead.")
     timeout_s = check_seconds("timeout_s", timeout_s, "pools_in_workers", positive=True)
     if worker_init_fn is not None and not callable(worker_init_fn):
-        raise TypeError(
-            f"worker_init_fn must be None or a callable taking worker_id, got {worker_init_fn!r}."
-        )
+        raise TypeError(f"worker_init_fn must be None or a callable taking worker_id, got "
+                        f"{worker_init_fn!r}.")
     context, method = resolve_context(multiprocessing_context)
     if worker_init_fn is not None:
         _check_sendable(worker_init_fn, method)
     watch_forks()
-    loader = DataLoader(
-        _PoolProbe(num_workers),
-        batch_size=None,
-        num_workers=num_workers,
-        worker_init_fn=worker_init_fn,
-        multiprocessing_context=context,
-        timeout=float(timeout_s),
-    )
+    loader = DataLoader(_PoolProbe(num_workers), batch_size=None, num_workers=num_workers,
+                        worker_init_fn=worker_init_fn, multiprocessing_context=context,
+                        timeout=float(timeout_s))
     iterator = iter(loader)
     try:
         try:
@@ -474,20 +360,18 @@ def pools_in_workers(
             answers = [ThreadPools.from_dict(item) for item in iterator]
         except RuntimeError as exc:
             if "timed out" in str(exc):
-                raise RuntimeError(
-                    f"pools_in_workers: a DataLoader worker (start method {method!r}) did not "
-                    f"answer within timeout_s={timeout_s} s. It is stuck in worker_init_fn "
-                    f"(a thread pool resized in a forked worker can hang) or still starting "
-                    f"up. Try multiprocessing_context='forkserver' or 'spawn', a simpler "
-                    f"worker_init_fn, or a larger timeout_s."
-                ) from exc
+                raise RuntimeError(f"pools_in_workers: a DataLoader worker (start method "
+                                   f"{method!r}) did not answer within timeout_s={timeout_s} s. "
+                                   f"It is stuck in worker_init_fn (a thread pool resized in a "
+                                   f"forked worker can hang) or still starting up. Try "
+                                   f"multiprocessing_context='forkserver' or 'spawn', a simpler "
+                                   f"worker_init_fn, or a larger timeout_s.") from exc
             if "exited unexpectedly" in str(exc):
-                raise RuntimeError(
-                    f"pools_in_workers: a DataLoader worker (start method {method!r}) died. "
-                    f"Under 'spawn'/'forkserver' this usually means it could not import or "
-                    f"unpickle the dataset or worker_init_fn; look at the worker's error "
-                    f"printed above. Original error: {exc}"
-                ) from exc
+                raise RuntimeError(f"pools_in_workers: a DataLoader worker (start method "
+                                   f"{method!r}) died. Under 'spawn'/'forkserver' this usually "
+                                   f"means it could not import or unpickle the dataset or "
+                                   f"worker_init_fn; look at the worker's error printed above. "
+                                   f"Original error: {exc}") from exc
             raise
     finally:
         shutdown = getattr(iterator, "_shutdown_workers", None)
@@ -496,8 +380,6 @@ def pools_in_workers(
     answers.sort(key=lambda p: -1 if p.worker_id is None else p.worker_id)
     seen = sorted(p.worker_id for p in answers if p.worker_id is not None)
     if seen != list(range(num_workers)):
-        raise RuntimeError(
-            f"pools_in_workers: expected one answer from each of workers 0..{num_workers - 1}, "
-            f"got worker ids {seen}."
-        )
+        raise RuntimeError(f"pools_in_workers: expected one answer from each of workers "
+                           f"0..{num_workers - 1}, got worker ids {seen}.")
     return answers

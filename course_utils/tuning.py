@@ -1,57 +1,23 @@
 """Tune a DataLoader on this machine within a time budget (lesson 06).
 
-:func:`tune_loader` searches the loader settings that matter — ``num_workers``, ``batch_size``,
-``prefetch_factor``, ``persistent_workers``, ``pin_memory`` (only where CUDA exists) and the
-thread limit per worker — with a **coordinate search** whose structure is fixed, then measures
-the best settings found side by side with the common recipe and with DataLoader defaults, and
-recommends the side by side's winner: when a baseline wins, the result says so and recommends it.
+:func:`tune_loader` runs a coordinate search of fixed structure, each stage starting from the
+best settings so far, then measures the best side by side with the common recipe and with
+DataLoader defaults and recommends that side by side's winner (a baseline, when one wins):
 
-The search, in order (each stage starts from the best settings found so far):
+1. ``num_workers`` 0, 1, 2, ...: stops after :data:`LADDER_FALLS` rungs in a row below
+   :data:`LADDER_FALL_FRACTION` of the best (two, because one worker is often slower than none
+   before two are faster).
+2. ``batch_size`` doublings up, then halvings down; each stops at its first falling rung.
+3. ``prefetch_factor`` 1 and 4, and ``persistent_workers=True``.
+4. ``pin_memory=True`` only where CUDA exists (pinning pays off only in the copy to the GPU);
+   more threads per worker only where ``num_workers x threads`` fits in the usable CPUs.
 
-1. ``num_workers``: a ladder 0, 1, 2, ... up to twice the usable CPUs. It stops climbing once it
-   falls: :data:`LADDER_FALLS` rungs in a row below :data:`LADDER_FALL_FRACTION` of the best
-   rung so far (two, because one worker is often slower than none before two are faster).
-2. ``batch_size``: a ladder of doublings up from the starting batch size, then halvings down;
-   each direction stops at the first rung below :data:`LADDER_FALL_FRACTION` of the best.
-3. ``prefetch_factor`` (1, then 4; 2 is the default already measured) and
-   ``persistent_workers=True`` (with the best worker count when the best has none).
-4. ``pin_memory=True`` — only where CUDA exists (there, every batch is also copied to the GPU,
-   since pinning only pays off in that copy); then more threads per worker, only where
-   ``num_workers x threads`` still fits in the usable CPUs.
-
-**What is measured**, the same way in the search and in the side by side: *windows*
-(:mod:`course_utils.tuning_window`): a fresh ``iter(loader)`` (its **start-up**: seconds to the
-first batch), a warm-up, then N timed batches, each handed to the **consumer** before the next
-is pulled. The consumer is the training step: ``step_s`` seconds of sleep per batch (a GPU step
-that leaves the CPU free: loading in workers overlaps it, loading in the main process adds to
-it), or ``step(batch)`` called for real; with neither, nothing (the loader alone). A trial is a
-probe window (:data:`PROBE_FRACTION` of a full one) and, unless the probe scores below
-:data:`PROBE_THRESHOLD` of the best so far (early stopping), a full window; a side-by-side row
-is one window per round, rounds interleaved.
-
-**The score** (:func:`~course_utils.tuning_result.epoch_score`) of a setting with batch size
-``B``, steady rate ``r`` (samples/s over its windows, consumer included) and start-up ``s`` (the
-median over its windows), for an epoch of ``E`` samples (``epoch_samples``, default the
-dataset's length)::
-
-    score = E / (s + (E - B) / r)        samples per second over one epoch
-
-``s`` is what every epoch pays: without ``persistent_workers``, fresh workers each epoch (with
-``num_workers=0``, the first batch made in the main process); with ``persistent_workers`` the
-workers start once per run, so an epoch pays only their restart (measured at the second epoch:
-the first start, paid once per run, is left out). CPU seconds per sample (whole process tree)
-come from the same windows.
-
-The budget (seconds, wall time) covers everything: the search gets ``1 - COMPARE_SHARE`` of it
-and the comparison the rest. A trial starts only when its estimated time (from the rates
-measured so far) fits in what is left of the search budget; every window is a bounded number of
-batches and every worker has a ``timeout``. What the budget did not reach is listed in
-:attr:`TuningResult.not_tried`.
-
-Ctrl-C stops the run: every worker the tuner started is shut down (in ``finally`` blocks), and
-:class:`~course_utils.tuning_result.TuningInterrupted` (a KeyboardInterrupt) carries what was
-measured until then. Workers start with SIGINT blocked and ignore it, so a Ctrl-C that a
-terminal sends to every process reaches only the main process. Nothing happens at import time.
+A trial is a probe window (:data:`PROBE_FRACTION` of a full one) and, unless the probe scores
+below :data:`PROBE_THRESHOLD` of the best, a full window (:mod:`course_utils.tuning_window`);
+the score is :func:`~course_utils.tuning_result.epoch_score`. The budget (wall seconds) covers
+everything, ``COMPARE_SHARE`` of it the side by side; a trial starts only when its estimated
+time fits, and what did not is listed in :attr:`TuningResult.not_tried`. Ctrl-C shuts every
+worker down (``finally`` blocks) and raises :class:`TuningInterrupted` with what was measured.
 """
 from __future__ import annotations
 
@@ -67,7 +33,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from torch.utils.data import DataLoader, Dataset
 
-from .checks import check_folder
+from .checks import check_folder, check_int
 from .config import pick
 from .data import CommonRecipeTransform, JpegDataset, ToTensorUint8
 from .image_folder import ImageFolderDataset
@@ -93,9 +59,7 @@ MIN_BUDGET_S = 2.0
 MIN_FOLDER_IMAGES = 8
 
 
-# --------------------------------------------------------------------------------------
-# the pipeline being tuned
-# --------------------------------------------------------------------------------------
+# ---- the pipeline being tuned --------------------------------------------------------
 
 @dataclass
 class _Pipeline:
@@ -108,13 +72,6 @@ class _Pipeline:
     size: int
     notes: list[str] = field(default_factory=list)   # e.g. damaged files skipped
     baseline_code: tuple[str, list[str]] = ("dataset", [])   # the baselines' dataset, as code
-
-
-def _check_size(size: Any) -> int:
-    if isinstance(size, bool) or not isinstance(size, numbers.Integral) or not 1 <= size <= 8192:
-        raise ValueError(f"size must be an int from 1 to 8192 (pixels of the square output "
-                         f"image), got {size!r}; pass e.g. size=224.")
-    return int(size)
 
 
 def folder_for_tuning(data: ImageFolderDataset, where: str) -> ImageFolderDataset:
@@ -175,22 +132,15 @@ def _pipeline(data: Any, size: int, n_images: int | None, progress: bool = True)
                     f"{type(data).__name__}.")
 
 
-# --------------------------------------------------------------------------------------
-# the search
-# --------------------------------------------------------------------------------------
+# ---- the search ----------------------------------------------------------------------
 
 def _check_budget(budget_s: Any) -> float:
     if isinstance(budget_s, bool) or not isinstance(budget_s, numbers.Real) \
             or not math.isfinite(budget_s):
-        raise TypeError(f"budget_s must be a number of seconds, got {budget_s!r}; pass e.g. "
-                        f"budget_s=60.")
-    if budget_s <= 0:
-        raise ValueError(f"budget_s={budget_s!r} must be more than 0 seconds; pass e.g. "
-                         f"budget_s=60.")
+        raise TypeError(f"budget_s must be a number of seconds, got {budget_s!r}; pass e.g. 60.")
     if budget_s < MIN_BUDGET_S:
         raise ValueError(f"budget_s={budget_s!r} is too small to try anything (the first trial "
-                         f"alone needs about {MIN_BUDGET_S:g} s); pass budget_s >= "
-                         f"{MIN_BUDGET_S:g}, e.g. 60.")
+                         f"needs about {MIN_BUDGET_S:g} s); pass e.g. budget_s=60.")
     return float(budget_s)
 
 
@@ -199,14 +149,10 @@ def _check_int_list(name: str, values: Any, lo: int) -> list[int] | None:
         return None
     if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
         raise TypeError(f"{name} must be a list of ints, got {values!r}; pass e.g. {name}=[0, 1, 2].")
-    out = []
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
-            raise ValueError(f"{name} must hold ints >= {lo}, got {values!r}.")
-        out.append(int(v))
+    out = sorted({check_int(f"{name}[i]", v, lo, "tune_loader") for v in values})
     if not out:
         raise ValueError(f"{name} is empty; pass at least one value, or None for the default.")
-    return sorted(set(out))
+    return out
 
 
 class _Search:
@@ -391,9 +337,7 @@ class _Search:
                                 "workers)")
 
 
-# --------------------------------------------------------------------------------------
-# the side by side
-# --------------------------------------------------------------------------------------
+# ---- the side by side ----------------------------------------------------------------
 
 class _SideBySide:
     """Defaults vs common recipe vs tuned, measured like the search (the same windows,
@@ -501,45 +445,26 @@ def tune_loader(data: Any = None, *, budget_s: float = 60.0, batch_size: int | N
                 device: Any = "auto", progress: bool = True) -> TuningResult:
     """Find fast DataLoader settings for ``data`` on this machine within ``budget_s`` seconds.
 
-    ``data``: None (the course's JPEG dataset, ``n_images`` images), a folder of your own images
-    (str or Path; read with :class:`~course_utils.data.ImageFolderDataset`), a
-    :class:`~course_utils.data.JpegDataset` or ImageFolderDataset (decoded, resized to
-    ``size`` x ``size`` and kept uint8: batched fetching for JpegDataset), or any map-style
-    Dataset (used as it is).
-
-    ``batch_size``: where the batch-size ladder starts (default 64, quick mode 32); the
-    recipe and the defaults are measured with it. ``batch_sizes``: the batch sizes to try
-    (default: doublings and halvings of ``batch_size`` from 8 to 512; pass ``[batch_size]`` to
-    keep it fixed, e.g. when your model needs it). ``worker_counts``: the num_workers ladder
-    (default 0 .. 2 x usable CPUs). ``epoch_samples``: the epoch length the score assumes
-    (default: the dataset's length). ``step_s``: seconds your training step takes per batch;
-    each batch is then consumed by a sleep that long (a GPU step that leaves the CPU free), so
-    loading that overlaps the step is scored as a training loop sees it. ``step``: instead, a
-    function called on each batch for real (your training step; its CPU time counts).
-    ``device``: "auto" (CUDA when available: batches are copied there before the step and
-    ``pin_memory`` is tried), None/"cpu" (no copy, no pin_memory), or a device.
-
-    The search, the windows and the score are described in the module docstring. Returns a
-    :class:`TuningResult` whose ``best`` is the side by side's winner. Ctrl-C raises
-    :class:`TuningInterrupted` (``.result``: what was measured so far), workers shut down.
+    ``data``: None (the course's JPEG dataset, ``n_images`` images), a folder of images, a
+    JpegDataset or ImageFolderDataset (decoded to ``size`` x ``size`` uint8), or any map-style
+    Dataset (used as it is). ``batch_size``: where the batch-size ladder starts (default 64,
+    quick mode 32), and the baselines' batch size; ``batch_sizes=[batch_size]`` keeps it fixed.
+    ``epoch_samples``: the epoch length the score assumes (default: the dataset's length).
+    ``step_s``: seconds of sleep per batch, standing for a GPU training step that leaves the CPU
+    free; ``step``: instead, your training step called on each batch. ``device``: "auto" (CUDA
+    when available: batches are copied there and ``pin_memory`` is tried), None/"cpu", or a
+    device. Ctrl-C raises :class:`TuningInterrupted` (``.result``: what was measured so far).
     """
     budget_s = _check_budget(budget_s)
-    size = _check_size(size)
-    if batch_size is None:
-        batch_size = pick(full=64, quick=32)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) \
-            or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}; pass e.g. "
-                         f"batch_size=64.")
-    batch_size = int(batch_size)
+    size = check_int("size", size, 1, maximum=8192, hint=" Pass e.g. size=224 (pixels).")
+    batch_size = check_int("batch_size", pick(full=64, quick=32) if batch_size is None
+                           else batch_size, 1, hint=" Pass e.g. batch_size=64.")
     worker_counts = _check_int_list("worker_counts", worker_counts, 0)
     batch_sizes = _check_int_list("batch_sizes", batch_sizes, 1)
     consumer = make_consumer(step_s, step)
-    for name, value in (("n_images", n_images), ("epoch_samples", epoch_samples)):
-        if value is not None and (isinstance(value, bool) or not isinstance(
-                value, numbers.Integral) or value < 1):
-            raise ValueError(f"{name} must be a positive int, got {value!r}; pass e.g. "
-                             f"{name}=500.")
+    n_images = check_int("n_images", n_images, 1, allow_none=True, hint=" Pass e.g. 500.")
+    epoch_samples = check_int("epoch_samples", epoch_samples, 1, allow_none=True,
+                              hint=" Pass e.g. 500.")
     device = consumer_device(device)
 
     pipe = _pipeline(data, size, n_images, progress)

@@ -1,20 +1,16 @@
-"""What the tuner (lesson 06) returns: the settings of one DataLoader (:class:`LoaderSettings`),
-one measured trial (:class:`Trial`), and the whole run (:class:`TuningResult`: the recommended
-settings, every trial, the side-by-side comparison, a plot, the code to paste, JSON), or, when
-the run is interrupted, :class:`TuningInterrupted` carrying what was measured until then. The
-score every figure is ranked by is :func:`epoch_score` (defined in :mod:`course_utils.tuning`'s
-docstring). Like ``torch.utils.benchmark``'s result objects: the raw figures are kept, the rest
-is derived. Nothing happens at import time.
+"""What the tuner (lesson 06) returns: :class:`LoaderSettings`, one :class:`Trial` per setting
+tried, the whole run (:class:`TuningResult`), or :class:`TuningInterrupted` on Ctrl-C. Every
+figure is ranked by :func:`epoch_score`; the raw figures are kept, the rest is derived.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
+from .checks import check_int
 from .measurement import Comparison, Measurement, _jsonable
 from .plots import figure_title
 from .threads import WorkerThreadLimiter, make_worker_init
@@ -48,23 +44,20 @@ def epoch_score(samples_per_s: float, startup_s: float, batch_size: int,
     ``epoch_samples / (startup_s + (epoch_samples - batch_size) / samples_per_s)``, where
     ``samples_per_s`` is the steady rate measured with the consumer in the loop and
     ``startup_s`` the seconds one epoch pays before its first batch (for persistent workers:
-    their restart; see :mod:`course_utils.tuning`). 0 when nothing was delivered."""
+    their restart). 0 when nothing was delivered."""
     rest = max(0, epoch_samples - batch_size)
     return epoch_samples / (startup_s + rest / samples_per_s) if samples_per_s > 0 else 0.0
 
 
-# --------------------------------------------------------------------------------------
-# settings
-# --------------------------------------------------------------------------------------
+# ---- settings ------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class LoaderSettings:
     """The DataLoader settings a trial uses (and the recommended ones).
 
     ``prefetch_factor`` is None when ``num_workers == 0`` (DataLoader refuses it then);
-    ``threads_per_worker`` goes to ``worker_init_fn=make_worker_init(threads_per_worker)``, or
-    None for no ``worker_init_fn`` at all (the pools as the platform leaves them: the common
-    recipe); ``multiprocessing_context`` is None (the platform's default) or a start method.
+    ``threads_per_worker`` goes to ``make_worker_init``; None: no ``worker_init_fn`` at all (the
+    pools as the platform leaves them, like the common recipe).
     """
 
     num_workers: int = 0
@@ -77,11 +70,8 @@ class LoaderSettings:
 
     def __post_init__(self) -> None:
         for name, lo in (("num_workers", 0), ("batch_size", 1), ("threads_per_worker", 1)):
-            value = getattr(self, name)
-            if name == "threads_per_worker" and value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < lo:
-                raise ValueError(f"LoaderSettings: {name} must be an int >= {lo}, got {value!r}.")
+            check_int(name, getattr(self, name), lo, "LoaderSettings",
+                      allow_none=name == "threads_per_worker")
         if self.num_workers == 0:
             if self.persistent_workers or self.multiprocessing_context:
                 raise ValueError("LoaderSettings: persistent_workers and multiprocessing_context "
@@ -172,18 +162,14 @@ def _call(first: str, args: list[str], width: int = 96) -> list[str]:
     return lines + [current]
 
 
-# --------------------------------------------------------------------------------------
-# trials and the result
-# --------------------------------------------------------------------------------------
+# ---- trials and the result -----------------------------------------------------------
 
 @dataclass
 class Trial:
-    """One setting tried: its measurement (or why it has none) and its score.
+    """One setting tried: its measurement and :func:`epoch_score` (samples/s per epoch).
 
-    ``status``: ``"full"`` (probe + full window), ``"stopped after probe"`` (early stopping),
-    or ``"failed: ..."``. ``score`` is :func:`epoch_score` (samples/s over one epoch, start-up
-    included); ``startup_s`` the median seconds from ``iter(loader)`` to the first batch over
-    its windows; ``seconds`` the wall time the trial took.
+    ``status``: ``"full"`` (probe + full window), ``"stopped after probe"`` or ``"failed: ..."``;
+    ``startup_s``: the median seconds to the first batch; ``seconds``: the trial's wall time.
     """
 
     index: int
@@ -235,17 +221,11 @@ def _table(header: list[str], rows: list[list[str]], left: set[int]) -> str:
 
 @dataclass
 class TuningResult:
-    """What :func:`tune_loader` found: the recommended settings ``best``, every trial, what was
-    not tried, and the side-by-side comparison with the common recipe and DataLoader defaults.
+    """What :func:`tune_loader` found: every trial and the side by side with the baselines.
 
-    The side by side decides: ``winner`` is the label of its row with the highest score
-    (``"tuned"``, ``"common recipe"`` or ``"defaults"``), ``best`` that row's settings (a
-    baseline's when a baseline won) and :meth:`code` the code for it. ``best_trial`` is the
-    search's best trial (the "tuned" row). ``scores``/``startups`` hold each row's
-    :func:`epoch_score` and start-up seconds, ``candidates`` each row's settings.
-
-    ``print(result)`` gives the report; :meth:`table` the trials; :meth:`plot` a figure;
-    :meth:`code` the DataLoader call to paste; :meth:`to_dict` JSON-ready data.
+    The side by side decides: ``winner`` is its row with the highest score (``"tuned"``,
+    ``"common recipe"`` or ``"defaults"``), ``best`` that row's settings and :meth:`code` the
+    code for it; ``best_trial`` is the search's best (the "tuned" row).
     """
 
     best: LoaderSettings
@@ -275,10 +255,8 @@ class TuningResult:
 
     # -- ratios ----------------------------------------------------------------------
     def ratio(self, other: str, metric: str = "score") -> float:
-        """``metric`` of the tuned row divided by that of ``other`` ("common recipe" or
-        "defaults") in the side-by-side comparison (e.g. 2.0: tuned is twice as fast).
-        ``metric``: "score" (samples/s per epoch, start-up included: what decides),
-        "samples_per_s" (steady) or "cpu_s_per_sample"."""
+        """``metric`` of the tuned row over that of ``other`` ("common recipe" or "defaults"):
+        "score" (what decides), "samples_per_s" (steady) or "cpu_s_per_sample"."""
         if self.comparison is None:
             raise ValueError("no comparison was measured (compare_with_baselines=False, or the "
                              "run was interrupted).")
@@ -382,16 +360,14 @@ class TuningResult:
                 f"trials={len(self.trials)}, not_tried={len(self.not_tried)})")
 
     def code(self, dataset: str | None = None) -> str:
-        """The code to paste for ``best``: plain PyTorch first (:meth:`code_plain`, no
-        course_utils needed), then the course's version (:meth:`code_course`)."""
+        """The code to paste for ``best``: :meth:`code_plain`, then :meth:`code_course`."""
         return "\n".join(["# Plain PyTorch (no course_utils needed):", self.code_plain(), "",
                           "# Or with course_utils (the pipeline as measured):",
                           self.code_course(dataset)])
 
     def code_plain(self, dataset: str = "dataset") -> str:
-        """``DataLoader(dataset, ...)`` with ``best``'s settings in plain torch, and, when it
-        limits threads, the ``worker_init_fn`` written out (lesson 02 shows it: threadpoolctl
-        for the BLAS/OpenMP pools, ``cv2.setNumThreads``, ``torch.set_num_threads``)."""
+        """``DataLoader(dataset, ...)`` with ``best``'s settings in plain torch, and the
+        ``worker_init_fn`` written out when it limits threads (lesson 02 shows it)."""
         s = self.best
         lines = [f"# `{dataset}`: your map-style Dataset (measured on: "
                  f"{textwrap.shorten(self.dataset, 60, placeholder=' ...')})"]
@@ -415,10 +391,8 @@ class TuningResult:
         return "\n".join(lines + _call(dataset, s.call_args("worker_init_fn")))
 
     def code_course(self, dataset: str | None = None) -> str:
-        """The imports and the ``DataLoader(...)`` call with ``best``'s settings, using the
-        course's dataset classes and ``make_worker_init``. ``dataset``: the expression for
-        your dataset (default: what was measured, e.g. ``BatchedJpegDataset(dataset, size=224)``).
-        """
+        """``best`` as code with the course's classes; ``dataset``: the expression for your
+        dataset (default: what was measured, e.g. ``BatchedJpegDataset(dataset, size=224)``)."""
         s = self.best
         args = s.call_args("make_worker_init({n})")
         if self.code_dataset.startswith("BatchedJpegDataset") and dataset is None:
@@ -450,9 +424,8 @@ class TuningResult:
 
     # -- plot ------------------------------------------------------------------------
     def plot(self) -> Any:
-        """A matplotlib Figure: every trial's score (left), the side by side's scores
-        (right, the recommended row outlined); machine and settings in the title. Never
-        calls ``plt.show()``."""
+        """A matplotlib Figure: every trial's score (left), the side by side's (right).
+        Never calls ``plt.show()``."""
         import matplotlib.pyplot as plt  # lazy: kept out of `import course_utils` (workers)
 
         ncols = 2 if self.comparison is not None else 1
@@ -506,8 +479,7 @@ class TuningResult:
 
 class TuningInterrupted(KeyboardInterrupt):
     """Ctrl-C during :func:`tune_loader`: ``result`` is a :class:`TuningResult` of what was
-    measured until then (None when no setting was measured fully yet). Every worker process
-    the tuner started has been shut down when this is raised. ``str()`` is one line."""
+    measured (None: no setting measured fully yet); every worker has been shut down."""
 
     def __init__(self, result: TuningResult | None, elapsed_s: float, stage: str) -> None:
         super().__init__(result, elapsed_s, stage)

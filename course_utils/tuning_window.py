@@ -1,15 +1,11 @@
 """How the tuner (lesson 06, :mod:`course_utils.tuning`) measures one setting: a *window*.
 
-The search and the side-by-side comparison both measure with :func:`measure_window` and rank
-with :func:`pooled` (whose score is :func:`~course_utils.tuning_result.epoch_score`), so the two
-can never measure different things. A window is a fresh ``iter(loader)`` (its start-up recorded:
-seconds to the first batch), an untimed warm-up of every batch the workers hold in flight
-(:func:`warmup_batches`), then N timed batches, each handed to the **consumer** (the training
-step, :func:`make_consumer`) before the next one is pulled; the epoch ends with the window
-(:class:`Draws`), so no batch is left in flight when the next window starts. Workers are started
-deaf to Ctrl-C (:func:`sigint_deferred`, :class:`QuietInit`) and :meth:`Timed.close` shuts down
-every worker a loader started, so an interrupted run leaves no process behind.
-Nothing happens at import time.
+The search and the side by side both use :func:`measure_window` and :func:`pooled`, so they
+cannot measure different things. A window is a fresh ``iter(loader)`` (its start-up: seconds to
+the first batch), an untimed warm-up of every batch in flight, then N timed batches, each handed
+to the consumer (the training step: a sleep of ``step_s``, or ``step(batch)``) before the next
+is pulled; the epoch ends with the window (:class:`Draws`), so nothing is left in flight.
+Workers start deaf to Ctrl-C and :meth:`Timed.close` shuts every one down.
 """
 from __future__ import annotations
 
@@ -100,9 +96,8 @@ def quiet_loader_warnings() -> Iterator[None]:
 
 
 def rebuilt(loader: DataLoader) -> DataLoader:
-    """``loader`` again (dataset, batch size, workers, collate, pinning, worker init, prefetch,
-    persistence, start method) with a :class:`Draws` sampler, a worker timeout, and workers
-    deaf to Ctrl-C."""
+    """``loader`` again with a :class:`Draws` sampler, a worker timeout, and workers deaf to
+    Ctrl-C."""
     kwargs: dict[str, Any] = dict(batch_size=loader.batch_size, num_workers=loader.num_workers,
                                   collate_fn=loader.collate_fn, pin_memory=loader.pin_memory)
     if loader.num_workers:
@@ -179,9 +174,8 @@ def warmup_batches(num_workers: int, prefetch_factor: int | None) -> int:
 
 def measure_window(timed: Timed, warm: int, batches: int,
                    label: str) -> tuple[Measurement, float]:
-    """One window (module docstring): returns its Measurement (samples/s, CPU-s/sample of the
-    process tree, consumer included) and its start-up in seconds. Persistent workers are
-    started once first (an epoch of ``warm`` batches), so the window sees their restart."""
+    """One window (module docstring): its Measurement (consumer included) and start-up in
+    seconds. Persistent workers are started once first, so the window sees their restart."""
     if timed.persistent_workers and timed._iterator is None:
         timed.sampler.length = warm * timed.batch_size
         for _ in timed:

@@ -1,9 +1,5 @@
-"""A loop whose step is the bottleneck: ready uint8 tensors in, a heavy CPU step.
-
-The dataset hands out preallocated uint8 images (almost free to load); the step runs a small
-convolutional network forward and backward on the CPU. ``diagnose`` should call it
-compute-bound: a faster loader would not speed this loop up.
-"""
+"""A loop whose step is the bottleneck: ready uint8 tensors in (almost free to load), a small
+CNN trained on the CPU. ``diagnose`` should call it compute-bound."""
 from __future__ import annotations
 
 import torch

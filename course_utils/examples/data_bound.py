@@ -1,9 +1,6 @@
-"""A loop that waits for data: JPEG decode + float32 per sample in the main process, a tiny model.
-
-The mistakes are the common ones: ``num_workers=0``, a float32 conversion per sample and a
-heavy-ish per-sample OpenCV blur, all on the training process, in front of a model that takes a
-millisecond. ``diagnose`` should call it data-bound and measure what more workers give.
-"""
+"""A loop that waits for data: the common mistakes (``num_workers=0``, a per-sample decode, blur
+and float32 conversion) in front of a model that takes a millisecond. ``diagnose`` should call
+it data-bound and measure what more workers give."""
 from __future__ import annotations
 
 import cv2
