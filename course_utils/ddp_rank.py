@@ -1,22 +1,18 @@
 """The program every rank runs: ``python -m course_utils.ddp_rank TASK --config F --out DIR``.
 
-Started by :func:`course_utils.lessons.l07_launch.launch` through ``torchrun``, which sets ``RANK``,
-``WORLD_SIZE``, ``LOCAL_RANK`` and the rendezvous address for each rank. Each rank joins the
-process group (gloo on CPU, nccl with one GPU per rank), runs its task, and writes what it saw
+Started through ``torchrun`` by :func:`course_utils.lessons.l07_launch.launch`. Each rank joins
+the process group (gloo on CPU, nccl with one GPU per rank), runs its task and writes what it saw
 to ``DIR/rank{RANK}.json``; on an error it writes the traceback to ``DIR/rank{RANK}.error.txt``
-and exits non-zero (torchrun then stops the other ranks).
+and exits non-zero (torchrun then stops the other ranks). Tasks (config: a JSON dict):
 
-Tasks (their config is a JSON dict):
-
-* ``sampler`` — draw a :class:`~course_utils.lessons.l07_sharding.IndexDataset` through
+* ``sampler`` — draw an :class:`~course_utils.lessons.l07_sharding.IndexDataset` through
   ``DistributedSampler`` for several *variants* (shuffle, seed, drop_last, set_epoch or not,
-  workers and start method) and record the indices each epoch, in order.
-* ``bench`` — a tiny DDP model trained on JPEGs decoded in the rank's DataLoader workers:
-  samples, wall time, CPU time of the rank's process tree, time spent waiting for data.
-* ``learner`` — import a learner's ``make_epoch_loader`` from a module written by the grader
-  and record what it draws for each epoch.
-* ``fail`` / ``sleep`` — a rank that raises, or one that never finishes: the launcher's error
-  paths, shown in the lesson and tested.
+  workers and start method), recording the indices of each epoch in order (lesson 07);
+* ``bench`` — a tiny DDP model trained on JPEGs decoded in the rank's DataLoader workers: step
+  times, time waiting for data, CPU time of the rank's process tree (lesson 07's ``measure_ddp``);
+* ``learner`` — what a learner's ``make_epoch_loader``, imported from the module the grader
+  wrote, draws each epoch (exercise 07);
+* ``fail`` / ``sleep`` — a rank that raises, or one that never finishes: the launcher's error paths.
 
 Every rank also records its thread pools at start (``torchrun`` sets ``OMP_NUM_THREADS=1`` for
 each rank when it starts more than one and the variable is not set).
@@ -41,7 +37,6 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from .data import JpegDataset, ToTensorUint8
 from .lessons.l07_sharding import IndexDataset, indices_of
-from .machine import start_method
 from .process_tree import TreeMonitor
 from .threads import make_worker_init, thread_pools
 
@@ -126,35 +121,22 @@ def _bench(cfg: dict, rank: int, world: int, local_rank: int, backend: str) -> d
     monitor = TreeMonitor()
     dist.barrier()  # every rank starts the clock together
     before = monitor.snapshot(fresh=True)
-    t0 = time.perf_counter()
-    waits, steps, sizes, samples = [], [], [], 0
+    waits, steps, sizes = [], [], []
     # Stop the clock while the workers still hold as many batches ahead as when it started
     # (workers x prefetch_factor): batches made before the window then balance those made in
     # it for later, instead of counting as free (see course_utils.bench, "A caveat").
-    in_flight = workers * 2
-    limit = cfg.get("steps")
-    timed = max(1, n_batches - warm - in_flight)
-    for _ in range(timed if limit is None else min(int(limit), n_batches - warm)):
+    for _ in range(max(1, n_batches - warm - workers * 2)):
         a = time.perf_counter()
         batch = next(it)
         b = time.perf_counter()
         step(batch)
-        c = time.perf_counter()
         waits.append(b - a)
-        steps.append(c - a)
+        steps.append(time.perf_counter() - a)
         sizes.append(int(batch[1].shape[0]))
-        samples += sizes[-1]
-    t1 = time.perf_counter()
-    after = monitor.snapshot(fresh=True)
-    cpu_s, ctx = monitor.window(before, after)
-    pools = thread_pools().to_dict()
+    cpu_s, _ = monitor.window(before, monitor.snapshot(fresh=True))
     del it
-    return {"samples": samples, "window_s": t1 - t0, "cpu_s": cpu_s, "wait_s": sum(waits),
-            "step_s": sum(steps), "steps": len(steps), "involuntary_ctx_switches": ctx,
-            "wait_fraction": sum(waits) / sum(steps) if steps else None,
-            "wait_times": waits, "step_times": steps, "step_samples": sizes,
-            "num_workers": workers, "device": str(device), "pools": pools,
-            "torch_threads": torch.get_num_threads(), "batches_per_epoch": n_batches}
+    return {"samples": sum(sizes), "cpu_s": cpu_s, "wait_fraction": sum(waits) / sum(steps),
+            "step_times": steps, "step_samples": sizes, "pools": thread_pools().to_dict()}
 
 
 def _learner(cfg: dict, rank: int, world: int) -> dict:
@@ -202,8 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = json.loads(Path(args.config).read_text())
         record = {"rank": rank, "world_size": world, "local_rank": local_rank, "pid": os.getpid(),
                   "backend": args.backend, "task": args.task, "omp_num_threads_env": omp_env,
-                  "pools_at_start": thread_pools().to_dict(),
-                  "start_method_default": _default_start_method()}
+                  "pools_at_start": thread_pools().to_dict()}
         if args.task == "fail" and cfg.get("when") == "before_init":
             _fail(cfg, rank)
         if args.backend == "nccl":
@@ -239,10 +220,6 @@ def main(argv: list[str] | None = None) -> int:
             pass
         print(f"[rank {rank}] {text}", file=sys.stderr, flush=True)
         return 1
-
-
-def _default_start_method() -> str:
-    return start_method()
 
 
 if __name__ == "__main__":

@@ -431,7 +431,7 @@ def test_the_script_logs_everything_and_fails_when_a_step_fails(tmp_path, fail):
     assert "== memory" in log and "sizes:" in log
     assert log.index("== memory") < log.index("stub python: -m course_utils doctor")
     for words in ("-m course_authoring gpu-check --out", "-m pytest", "-m course_utils tune",
-                  "-c from course_utils.lessons.l07_launch import measure_ddp, pick_backend"):
+                  "-c from course_authoring.notebook_modules import notebook_module"):
         assert "stub python: " + words in log
     assert "cp " + " ".join(f"{out}/{n}.json" for n in REFERENCE_NAMES) in log
     assert len(list(out.iterdir())) <= 6

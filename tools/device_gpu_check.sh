@@ -107,9 +107,12 @@ check() {
     --json "$OUT/tune_cuda.json"
 
   step "lesson 07: one rank under torchrun with nccl (one GPU per rank)" \
-    timeout -k 5 35 "$PY" -c "from course_utils.lessons.l07_launch import measure_ddp, pick_backend
+    timeout -k 5 35 "$PY" -c "from course_authoring.notebook_modules import notebook_module
+from course_utils import usable_cpus
+from course_utils.lessons.l07_launch import pick_backend
 print('backend for 1 rank:', pick_backend(1))
-print(measure_ddp(1, timeout_s=25, progress=False))"
+ddp = notebook_module('07_scaling_out.ipynb', 'lesson07_ddp')  # the lesson's own measure_ddp
+print(ddp.measure_ddp(1, num_workers=max(usable_cpus() - 1, 0), rank_threads=1, timeout_s=25))"
 
   step "lesson 08: diagnose on CUDA (the data-bound example's step runs on the GPU)" \
     timeout -k 5 25 "$PY" -m course_utils diagnose course_utils.examples.data_bound:make_loop \

@@ -1,22 +1,14 @@
-"""Grader for exercise 07: a ``make_epoch_loader`` that shards correctly and reshuffles each epoch.
+"""Grader for exercise 07: a ``make_epoch_loader(dataset, epoch, rank, world_size)`` that shards
+correctly and reshuffles each epoch.
 
-``07.sharding``: the learner writes ``make_epoch_loader(dataset, epoch, rank, world_size)``
-returning the loader rank ``rank`` iterates in ``epoch``. The grader
-
-1. calls it in this process for every rank, one after the other (:func:`simulate_ranks`, each
-   simulated rank starting from the same RNG state, as fresh processes do) — fast, and enough
-   to find most mistakes;
-2. then runs it for real: the function's source (and what it uses from the notebook) is
-   written to a temporary module, and 2 ranks started by ``torchrun`` import it and record
-   what each draws.
-
-Both times the dataset is :class:`~course_utils.lessons.l07_sharding.IndexDataset` of
-:data:`N_SAMPLES` items (odd, so 2 ranks cannot split it evenly) and the epochs are
-:data:`EPOCHS` in that order (epoch 1 twice: a restart replays an epoch). The checks, from what
-the ranks drew: no sample is dropped; beyond the padding ``DistributedSampler`` adds, no sample
-is drawn twice (shards are disjoint); every rank draws the same number of samples (under DDP a
-rank with an extra batch waits for ever); the order changes from epoch to epoch; a replayed
-epoch gives the same order.
+It runs the function for every rank in this process (:func:`simulate_ranks`; fast, and enough to
+find most mistakes), then in 2 ranks started by ``torchrun``: the function's source (and what it
+uses from the notebook) goes into a temporary module the ranks import. Both times the dataset is
+an ``IndexDataset`` of :data:`N_SAMPLES` items (odd: 2 ranks cannot split it evenly) and the
+epochs are :data:`EPOCHS` (epoch 1 twice: a restart replays an epoch). From what the ranks drew:
+nothing dropped; no sample twice beyond ``DistributedSampler``'s padding; the same count on every
+rank (under DDP a rank with an extra batch waits for ever); a new order every epoch; a replayed
+epoch identical.
 """
 from __future__ import annotations
 
@@ -35,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..lessons.l07_launch import DistributedError, launch
-from ..lessons.l07_sharding import ShardingReport, sharding_report, simulate_ranks
+from ..lessons.l07_sharding import ShardingReport, sharding_report, shorten, simulate_ranks
 from ..grading import CheckResult, ExerciseFailed, grader
 
 SHARDING = "07.sharding"
@@ -47,10 +39,6 @@ EPOCHS = (0, 1, 2, 1)
 
 _SIMPLE = (int, float, str, bytes, bool, type(None))
 
-
-# --------------------------------------------------------------------------------------------
-# shipping a notebook function to the ranks
-# --------------------------------------------------------------------------------------------
 
 def _global_names(code: types.CodeType) -> set[str]:
     """Names the code reads as globals (not attribute names, which share co_names)."""
@@ -76,13 +64,9 @@ def _importable(obj: Any) -> tuple[str, str] | None:
 
 
 def function_module_source(fn: Callable, *, exercise: str = SHARDING) -> str:
-    """Python source of a module that defines ``fn`` as it was defined (e.g. in a notebook).
-
-    The function's own source (``inspect.getsource``), the functions of the notebook it calls
-    (their source too), imports for the modules, classes and functions it uses from installed
-    packages, and the simple constants (numbers, strings) it reads. Anything else it uses
-    from the notebook raises :class:`ExerciseFailed` naming the variable.
-    """
+    """Python source of a module defining ``fn`` as the notebook did: its source, the source of
+    the notebook functions it calls, imports for what it uses from installed packages, and the
+    numbers/strings it reads. Anything else raises :class:`ExerciseFailed` naming the variable."""
     lines: list[str] = ["# written by the course grader: the learner's function, for the ranks"]
     bodies: list[str] = []
     done: set[int] = set()
@@ -179,14 +163,6 @@ def _run_in_ranks(fn: Callable, *, timeout_s: float) -> tuple[list[dict], str]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-# --------------------------------------------------------------------------------------------
-# judging what the ranks drew
-# --------------------------------------------------------------------------------------------
-
-def _short(xs: list[int], k: int = 8) -> str:
-    return "[" + ", ".join(map(str, xs[:k])) + (", ...]" if len(xs) > k else "]")
-
-
 def judge(report: ShardingReport, where: str) -> str:
     """Raise ExerciseFailed for the first rule the ranks' draws break; else a summary."""
     n, world = report.n, report.world_size
@@ -196,7 +172,7 @@ def judge(report: ShardingReport, where: str) -> str:
             raise ExerciseFailed(
                 SHARDING, f"{where}: epoch {e.epoch} drew values that are not indices of the "
                 f"dataset (0..{n - 1}).", expected="the dataset's items (IndexDataset: item i is i)",
-                seen=_short(e.out_of_range), hint="iterate the dataset through a DataLoader; "
+                seen=shorten(e.out_of_range), hint="iterate the dataset through a DataLoader; "
                 "do not return the sampler's positions shifted or the batch numbers.")
         if e.missing:
             counts = e.counts
@@ -218,7 +194,7 @@ def judge(report: ShardingReport, where: str) -> str:
                 SHARDING, f"{where}: in epoch {e.epoch}, {len(e.missing)} of {n} samples were "
                 f"never drawn by any rank.",
                 expected=f"every sample at least once per epoch across the {world} ranks",
-                seen=f"never drawn: {_short(e.missing)}; samples per rank {counts}", hint=hint)
+                seen=f"never drawn: {shorten(e.missing)}; samples per rank {counts}", hint=hint)
         if e.extra > pad:
             if all(len(set(x)) >= n for x in e.per_rank):
                 hint = ("every rank iterates the whole dataset: a DataLoader(shuffle=True) per "
@@ -234,21 +210,18 @@ def judge(report: ShardingReport, where: str) -> str:
                 f"beyond one per sample, {len(e.on_several_ranks)} sample(s) on more than one rank.",
                 expected=f"disjoint shards; at most {pad} sample(s) repeated as padding "
                          f"({n} samples, {world} ranks)",
-                seen=f"drawn by several ranks: {_short(e.on_several_ranks)}; samples per rank "
+                seen=f"drawn by several ranks: {shorten(e.on_several_ranks)}; samples per rank "
                      f"{e.counts}", hint=hint)
         if not e.equal_counts:
             raise ExerciseFailed(
                 SHARDING, f"{where}: in epoch {e.epoch} the ranks drew different numbers of "
                 f"samples.", expected=f"the same number on every rank ({math.ceil(n / world)})",
                 seen=f"samples per rank {e.counts}"
-                     + (f"; drawn more than once: {_short(sorted(e.repeated))}" if e.repeated else ""),
+                     + (f"; drawn more than once: {shorten(sorted(e.repeated))}" if e.repeated else ""),
                 hint="under DDP every step all-reduces gradients across ranks: a rank with one "
                      "more batch waits for ever for the others. Split by rounding up and pad "
                      "with repeated samples, as DistributedSampler(drop_last=False) does.")
-    firsts: dict[int, Any] = {}
-    for e in report.epochs:
-        firsts.setdefault(e.epoch, e)
-    order = [firsts[k] for k in sorted(firsts)]
+    order = report.firsts()
     for a, b in zip(order, order[1:]):
         same = report.same_order(a, b)
         if any(same):
@@ -267,8 +240,9 @@ def judge(report: ShardingReport, where: str) -> str:
                 SHARDING, f"{where}: epochs {a.epoch} and {b.epoch} drew the same samples in the "
                 f"same order on rank(s) {ranks}.",
                 expected="a new order every epoch (the same seed, a different epoch)",
-                seen=f"rank {ranks[0]} in epoch {a.epoch}: {_short(a.per_rank[ranks[0]])}; in "
-                     f"epoch {b.epoch}: {_short(b.per_rank[ranks[0]])}", hint=hint)
+                seen=f"rank {ranks[0]} in epoch {a.epoch}: {shorten(a.per_rank[ranks[0]])}; in "
+                     f"epoch {b.epoch}: {shorten(b.per_rank[ranks[0]])}", hint=hint)
+    firsts = {e.epoch: e for e in order}
     for e in report.epochs:
         first = firsts[e.epoch]
         if e is first:
@@ -281,7 +255,7 @@ def judge(report: ShardingReport, where: str) -> str:
                 f"order on rank {r}.",
                 expected="the same order whenever the same epoch is asked for (a run resumed "
                          "from a checkpoint replays it)",
-                seen=f"first time {_short(first.per_rank[r])}; second time {_short(e.per_rank[r])}",
+                seen=f"first time {shorten(first.per_rank[r])}; second time {shorten(e.per_rank[r])}",
                 hint="derive the shuffle from a fixed seed and the epoch, not from the global RNG "
                      "or a call counter.")
     e0 = report.epochs[0]
@@ -294,9 +268,7 @@ def judge(report: ShardingReport, where: str) -> str:
 def grade_sharding(make_epoch_loader: Any, *, torchrun: bool = True,
                    timeout_s: float = 180) -> CheckResult:
     """Grade ``make_epoch_loader(dataset, epoch, rank, world_size)`` (see the module docstring).
-
-    ``torchrun=False`` skips the real run (the in-process simulation only; used in tests).
-    """
+    ``torchrun=False`` skips the real run (the in-process simulation only; used in tests)."""
     if not callable(make_epoch_loader) or isinstance(make_epoch_loader, type):
         raise ExerciseFailed(
             SHARDING, "the answer is not a function.",
@@ -305,41 +277,35 @@ def grade_sharding(make_epoch_loader: Any, *, torchrun: bool = True,
             hint="pass the function itself: check('07.sharding', make_epoch_loader) - no "
                  "parentheses after its name.")
     try:
-        params = list(inspect.signature(make_epoch_loader).parameters)
+        params = list(inspect.signature(make_epoch_loader).parameters.values())
     except (TypeError, ValueError):
         params = None
-    if params is not None and len(params) < 4 and not any(
-            p.kind == p.VAR_POSITIONAL for p in inspect.signature(make_epoch_loader).parameters.values()):
+    if params is not None and len(params) < 4 and not any(p.kind == p.VAR_POSITIONAL for p in params):
+        names = [p.name for p in params]
         raise ExerciseFailed(
-            SHARDING, f"make_epoch_loader takes {len(params)} argument(s) {params}.",
-            expected="4 arguments: (dataset, epoch, rank, world_size)", seen=str(params),
+            SHARDING, f"make_epoch_loader takes {len(names)} argument(s) {names}.",
+            expected="4 arguments: (dataset, epoch, rank, world_size)", seen=str(names),
             hint="the grader calls make_epoch_loader(dataset, epoch, rank, world_size).")
     records = None
     try:
         records = simulate_ranks(make_epoch_loader, N_SAMPLES, WORLD_SIZE, EPOCHS)
     except NotImplementedError:
         raise
-    except (RuntimeError, ValueError) as exc:
-        # e.g. DistributedSampler(dataset) reading the rank from the process group: only
-        # real ranks can run it, so the real run below decides.
-        if not (torchrun and "process group" in str(exc)):
-            raise ExerciseFailed(SHARDING, f"make_epoch_loader raised {type(exc).__name__}: {exc}",
-                                 expected="a loader for (dataset, epoch, rank, world_size=2)",
-                                 hint="call it yourself with rank=0 and rank=1 and read the "
-                                      "error.") from exc
-    except TypeError as exc:
-        if re.search(r"not indices|held a bool|is not iterable|object is not", str(exc)):
+    except Exception as exc:
+        if isinstance(exc, TypeError) and re.search(
+                r"not indices|held a bool|is not iterable|object is not", str(exc)):
             raise ExerciseFailed(
                 SHARDING, "what make_epoch_loader returned is not a loader of the dataset's items.",
                 expected="an iterable of batches of indices, e.g. a DataLoader over the dataset",
                 seen=str(exc), hint="return the DataLoader (do not iterate it yourself).") from exc
-        raise ExerciseFailed(SHARDING, f"make_epoch_loader raised {type(exc).__name__}: {exc}",
-                             hint="run it yourself for rank 0 and 1 and read the error.") from exc
-    except Exception as exc:
-        raise ExerciseFailed(SHARDING, f"make_epoch_loader raised {type(exc).__name__}: {exc}",
-                             expected="a loader for (dataset, epoch, rank, world_size=2)",
-                             hint="call it yourself with rank=0 and rank=1 and read the error."
-                             ) from exc
+        # e.g. DistributedSampler(dataset) reading the rank from the process group: only real
+        # ranks can run it, so the real run below decides
+        if not (torchrun and isinstance(exc, (RuntimeError, ValueError))
+                and "process group" in str(exc)):
+            raise ExerciseFailed(SHARDING, f"make_epoch_loader raised {type(exc).__name__}: {exc}",
+                                 expected="a loader for (dataset, epoch, rank, world_size=2)",
+                                 hint="call it yourself with rank=0 and rank=1 and read the "
+                                      "error.") from exc
     details: dict = {"simulated": records}
     where = "in this process"
     if records is not None:
@@ -347,8 +313,7 @@ def grade_sharding(make_epoch_loader: Any, *, torchrun: bool = True,
                         "simulated ranks (called one after the other in this process)")
     if torchrun:
         ranks, backend = _run_in_ranks(make_epoch_loader, timeout_s=timeout_s)
-        summary = judge(sharding_report(ranks, N_SAMPLES),
-                        f"{WORLD_SIZE} ranks started by torchrun")
+        summary = judge(sharding_report(ranks, N_SAMPLES), f"{WORLD_SIZE} ranks started by torchrun")
         details["ranks"] = ranks
         where = f"in {WORLD_SIZE} ranks under torchrun ({backend})"
     return CheckResult(SHARDING, f"{summary} - {where}.", details)
