@@ -1,13 +1,7 @@
-"""Self-grading for the course exercises.
-
-A learner's check cell calls :func:`check` with the exercise's id and their answer::
-
-    check("00.time_loader", time_loader)
-
-The grader for that id runs the answer for real (in real DataLoader workers, on real data)
-and either prints a short pass line or raises :class:`ExerciseFailed`, whose message says
-what was expected, what was seen, and a hint. Graders live in ``course_utils.graders``,
-one module per lesson, and register themselves with :func:`grader`.
+"""Self-grading for the course exercises: ``check("00.time_loader", time_loader)`` runs the
+grader registered (with :func:`grader`, one module per lesson in ``course_utils.graders``) for
+that id on the answer, for real, and returns a :class:`CheckResult` or raises
+:class:`ExerciseFailed`, whose message says what was expected, what was seen, and a hint.
 """
 from __future__ import annotations
 
@@ -23,20 +17,21 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
+import numpy as np
+import torch
+
 from . import graders
 
 __all__ = ["ExerciseFailed", "CheckResult", "check", "grader", "exercise_ids",
-           "refuse_course_helper"]
+           "refuse_course_helper", "require_callable", "call_answer", "describe"]
 
 #: the course package's name ("course_utils"): what its helpers' ``__module__`` starts with
 _PACKAGE = __name__.partition(".")[0]
 #: folders of the standard library and installed packages: code there is not the learner's
 _LIBRARY_DIRS = tuple(sorted({os.path.join(os.path.realpath(sysconfig.get_paths()[k]), "")
                               for k in ("stdlib", "platstdlib", "purelib", "platlib")}))
-#: how deep :func:`refuse_course_helper` follows references (function -> function -> ...)
-_MAX_DEPTH = 6
-#: containers with more items than this are not looked into (data, not code)
-_MAX_ITEMS = 64
+_MAX_DEPTH = 6   # how deep refuse_course_helper follows references
+_MAX_ITEMS = 64  # containers with more items are data, not code: not looked into
 #: values that hold no code
 _PLAIN = (str, bytes, bytearray, int, float, complex, type(None), types.ModuleType,
           types.BuiltinFunctionType, types.CodeType)
@@ -49,13 +44,8 @@ class ExerciseFailed(AssertionError):
                  hint: str = "") -> None:
         self.exercise, self.problem = exercise, problem
         self.expected, self.seen, self.hint = expected, seen, hint
-        lines = [f"{exercise}: {problem}"]
-        if expected:
-            lines.append(f"  expected: {expected}")
-        if seen:
-            lines.append(f"  seen:     {seen}")
-        if hint:
-            lines.append(f"  hint:     {hint}")
+        lines = [f"{exercise}: {problem}"] + [f"  {k}:{' ' * (9 - len(k))}{v}" for k, v in (
+            ("expected", expected), ("seen", seen), ("hint", hint)) if v]
         super().__init__("\n".join(lines))
 
 
@@ -70,8 +60,7 @@ class CheckResult:
     def __str__(self) -> str:
         return f"PASSED {self.exercise}: {self.summary}"
 
-    def __repr__(self) -> str:  # notebooks echo the return value of the last line
-        return str(self)
+    __repr__ = __str__  # notebooks echo the return value of the last line
 
 
 _GRADERS: dict[str, Callable[..., CheckResult]] = {}
@@ -115,6 +104,49 @@ def check(exercise: str, answer: Any, **options: Any) -> CheckResult:
 
 
 # --------------------------------------------------------------------------------------
+# what every grader does with an answer
+# --------------------------------------------------------------------------------------
+def describe(x: Any, limit: int = 80) -> str:
+    """A value as a failure message shows it: an array's or tensor's shape, dtype (and device),
+    else its type and the start of its repr."""
+    if isinstance(x, torch.Tensor):
+        return f"torch.Tensor {tuple(x.shape)} {x.dtype} on {x.device}"
+    if isinstance(x, np.ndarray):
+        return f"NumPy array {x.shape} {x.dtype}"
+    return f"{type(x).__name__}: {x!r}"[:limit]
+
+
+def require_callable(exercise: str, answer: Any, expected: str, *, what: str = "function",
+                     hint: str = "pass the function itself, without calling it.") -> None:
+    """Raise :class:`ExerciseFailed` unless ``answer`` can be called."""
+    if not callable(answer):
+        raise ExerciseFailed(exercise, f"the answer is not a {what}.", expected=expected,
+                             seen=describe(answer), hint=hint)
+
+
+def call_answer(exercise: str, fn: Callable[..., Any], *args: Any, what: str = "your function",
+                signature: str = "", hint: Any = None, expected: str = "", seen: str = "",
+                **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``. NotImplementedError goes on to :func:`check` ("not done yet");
+    any other error becomes a failure saying ``what`` raised it, with ``hint`` (a text, or a
+    function of the exception returning one or None); a TypeError about the arguments, when
+    ``signature`` is given, asks to keep that signature."""
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # the learner's code can raise anything
+        if signature and isinstance(exc, TypeError) and "argument" in str(exc):
+            raise ExerciseFailed(exercise, f"calling {what} failed: {exc}", expected=signature,
+                                 hint="keep the stub's signature: the check passes the keyword "
+                                      "arguments by name.") from exc
+        raise ExerciseFailed(exercise, f"{what} raised {type(exc).__name__}: {exc}",
+                             expected=expected, seen=seen,
+                             hint=(hint(exc) if callable(hint) else hint)
+                             or "run it in a cell of its own and read the traceback.") from exc
+
+
+# --------------------------------------------------------------------------------------
 # answers that are the course's own helper
 # --------------------------------------------------------------------------------------
 def _in_course(module: Any) -> bool:
@@ -128,22 +160,21 @@ def _module_of(obj: Any) -> Any:
 
 
 def _defined_in_course(obj: Any) -> bool:
-    """True for a function or class defined in the course package, or an instance of one."""
+    """A function or class defined in the course package, or an instance of one."""
     return _in_course(_module_of(obj))
 
 
 def _course_made(obj: Any) -> bool:
-    """True for a function or class defined in the course package, an instance of such a
-    class, or a class deriving from one (a method: of such a function or object)."""
+    """Also a class deriving from a course class, or an instance of one; a method: of one."""
     if isinstance(obj, types.MethodType):
         return _course_made(obj.__func__) or _course_made(obj.__self__)
-    if isinstance(obj, type):
-        return any(_in_course(k.__module__) for k in obj.__mro__)
-    return _in_course(_module_of(obj)) or any(_in_course(k.__module__) for k in type(obj).__mro__)
+    klass = obj if isinstance(obj, type) else type(obj)
+    return (not isinstance(obj, type) and _defined_in_course(obj)) or any(
+        _in_course(k.__module__) for k in klass.__mro__)
 
 
 def _is_library(obj: Any) -> bool:
-    """True for code of the standard library or an installed package (never the learner's)."""
+    """Code of the standard library or an installed package (never the learner's)."""
     if isinstance(obj, types.FunctionType):
         path = obj.__code__.co_filename
     else:
@@ -157,27 +188,23 @@ def _is_library(obj: Any) -> bool:
 
 
 def _names(code: types.CodeType) -> tuple[set[str], set[str], set[str]]:
-    """(global names, attribute names, imported modules) the code and its nested code (inner
-    functions, lambdas, comprehensions) read."""
-    globals_, attrs, modules = set(), set(), set()
+    """(global names, attribute names, imported modules) the code and its nested code read."""
+    found: tuple[set[str], set[str], set[str]] = (set(), set(), set())
+    kinds = {"LOAD_GLOBAL": 0, "LOAD_NAME": 0, "LOAD_ATTR": 1, "LOAD_METHOD": 1,
+             "LOAD_SUPER_ATTR": 1, "IMPORT_FROM": 1, "IMPORT_NAME": 2}
     for ins in dis.get_instructions(code):
-        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME"):
-            globals_.add(ins.argval)
-        elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_SUPER_ATTR", "IMPORT_FROM"):
-            attrs.add(ins.argval)
-        elif ins.opname == "IMPORT_NAME":
-            modules.add(ins.argval)
+        if ins.opname in kinds:
+            found[kinds[ins.opname]].add(ins.argval)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
-            more = _names(const)
-            globals_, attrs, modules = globals_ | more[0], attrs | more[1], modules | more[2]
-    return globals_, attrs, modules
+            for mine, more in zip(found, _names(const)):
+                mine |= more
+    return found
 
 
 def _referenced(fn: types.FunctionType) -> Iterator[Any]:
-    """What ``fn`` refers to: the objects its global names hold (in ``fn.__globals__``), the
-    course modules' attributes it reads (``course_utils.threads.make_worker_init``, also after
-    an import inside the function), its closure variables, defaults and ``__wrapped__``."""
+    """What ``fn`` refers to: its global names' objects, the course modules' attributes it
+    reads (also after an import inside it), its closure, defaults and ``__wrapped__``."""
     glob = fn.__globals__
     global_names, attrs, imported = _names(fn.__code__)
     values = [glob[n] for n in sorted(global_names) if n in glob]
@@ -189,8 +216,7 @@ def _referenced(fn: types.FunctionType) -> Iterator[Any]:
         if module.__name__ in done:
             continue
         done.add(module.__name__)
-        for name in sorted(attrs):
-            value = vars(module).get(name)
+        for value in (vars(module).get(name) for name in sorted(attrs)):
             if isinstance(value, types.ModuleType):
                 modules.append(value)
             elif value is not None:
@@ -207,19 +233,15 @@ def _referenced(fn: types.FunctionType) -> Iterator[Any]:
 
 
 def _parts(obj: Any) -> Iterator[Any]:
-    """The objects ``obj`` is made of, when it is the learner's: a function's references, a
-    partial's function and arguments, a method's function and instance, a class's methods and
-    attributes (its own and its bases'), an instance's class and attributes, a small
-    container's items. Course and library objects are compared, never looked into."""
+    """The objects a learner's ``obj`` is made of (a function's references, a partial's or
+    method's pieces, a class's and an instance's attributes, a small container's items).
+    Course and library objects are compared, never looked into."""
     if isinstance(obj, _PLAIN):
         return
     if isinstance(obj, functools.partial):
-        yield obj.func
-        yield from obj.args
-        yield from obj.keywords.values()
+        yield from (obj.func, *obj.args, *obj.keywords.values())
     elif isinstance(obj, types.MethodType):
-        yield obj.__func__
-        yield obj.__self__
+        yield from (obj.__func__, obj.__self__)
     elif isinstance(obj, (staticmethod, classmethod)):
         yield obj.__func__
     elif isinstance(obj, property):
@@ -253,7 +275,7 @@ def _label(obj: Any) -> str:
 
 
 def _path_label(obj: Any) -> str | None:
-    """How the learner's function, class or object (by its class) is named on the way to a
+    """How a learner's function, class or object (by its class) is named on the way to a
     helper; None for what is only passed through (partials, methods, containers, values)."""
     if isinstance(obj, (type, types.FunctionType)):
         return _label(obj)
@@ -265,27 +287,24 @@ def _path_label(obj: Any) -> str | None:
 
 def _same(obj: Any, helper: Any) -> bool:
     """``obj`` is ``helper``, or a course function or class of the same name and kind (a copy
-    of it left in another module, as while a helper moves between modules)."""
-    if obj is helper:
-        return True
+    left in another module while a helper moves)."""
     kinds = (type, types.FunctionType)
-    return (isinstance(obj, kinds) and isinstance(helper, kinds)
-            and isinstance(obj, type) == isinstance(helper, type)
-            and _in_course(obj.__module__) and obj.__qualname__ == helper.__qualname__)
+    return obj is helper or (isinstance(obj, kinds) and isinstance(helper, kinds)
+                             and isinstance(obj, type) == isinstance(helper, type)
+                             and _in_course(obj.__module__)
+                             and obj.__qualname__ == helper.__qualname__)
 
 
 def _match(obj: Any, helpers: list[Any]) -> tuple[Any, str] | None:
-    """(helper, relation) when ``obj`` is a helper, a subclass of a helper class, or an
-    instance of one."""
+    """(helper, "is" | "subclass" | "instance") when ``obj`` is one of ``helpers``, a
+    subclass of a helper class, or an instance of one."""
     for helper in helpers:
         if _same(obj, helper):
             return helper, "is"
-    for helper in helpers:
-        if isinstance(helper, type):
-            if isinstance(obj, type) and any(_same(k, helper) for k in obj.__mro__):
-                return helper, "subclass"
-            if not isinstance(obj, type) and any(_same(k, helper) for k in type(obj).__mro__):
-                return helper, "instance"
+    for helper in (h for h in helpers if isinstance(h, type)):
+        mro = obj.__mro__ if isinstance(obj, type) else type(obj).__mro__
+        if any(_same(k, helper) for k in mro):
+            return helper, "subclass" if isinstance(obj, type) else "instance"
     return None
 
 
@@ -310,34 +329,31 @@ def _search(obj: Any, helpers: list[Any], path: list[str], depth: int,
     return None
 
 
-def _factories(cls: type, helpers: list[Any]) -> list[str]:
-    """Names of the helper functions annotated as returning ``cls`` (e.g. make_worker_init)."""
-    names = []
+def _made_by(cls: type, helpers: list[Any]) -> str:
+    """" (what make_worker_init(...) returns)" when a helper function is annotated as
+    returning ``cls``, else ""."""
     for helper in helpers:
         if isinstance(helper, types.FunctionType):
             returns = inspect.signature(helper).return_annotation
             if returns is cls or returns == cls.__name__:
-                names.append(helper.__name__)
-    return names
+                return f" (what {helper.__name__}(...) returns)"
+    return ""
 
 
 def refuse_course_helper(exercise: str, answer: Any, helpers: Iterable[Any], *,
                          write: str) -> None:
     """Raise :class:`ExerciseFailed` when ``answer`` is the course's own version of the
-    exercise instead of the learner's code.
+    exercise instead of the learner's code; ``write`` says what to write (a hint, not the
+    answer).
 
-    Refused: anything defined in the course package handed in as the answer itself (a
-    function, a class, a class deriving from a course class, an instance of a course class
-    such as what ``make_worker_init(1)`` returns); and an answer built on one of ``helpers``
-    (the course objects this exercise asks the learner to write themselves): a subclass or an
-    instance of a helper class, or a function, method, ``functools.partial``, lambda, class or
-    instance whose code refers to a helper: by global name (resolved through the function's
-    ``__globals__`` to the object it holds, so an alias is found and an unrelated name is
-    not), as an attribute of a course module (also imported inside the function), in a
-    closure, a default value or ``__wrapped__``, followed through the learner's other
-    functions and classes. Course objects the exercise gives (not in ``helpers``) and library
-    code (torch, NumPy, OpenCV, ...) may be used freely. ``write`` says what to write (a hint,
-    not the answer).
+    Refused: anything defined in the course package as the answer itself (a function, a
+    class, a subclass or an instance of a course class); and an answer built on one of
+    ``helpers`` (the course objects the exercise asks the learner to write): a subclass or
+    instance of a helper class, or a function, method, partial, lambda, class or instance whose
+    code refers to a helper (by global name, resolved in ``__globals__`` so an alias is found
+    and an unrelated name is not; as a course module's attribute, also imported inside the
+    function; in a closure, a default or ``__wrapped__``), followed through the learner's
+    other functions and classes. Other course objects and library code may be used freely.
     """
     helpers = list(helpers)
     if _course_made(answer):
@@ -348,18 +364,15 @@ def refuse_course_helper(exercise: str, answer: Any, helpers: Iterable[Any], *,
         else:
             cls = answer if isinstance(answer, type) else type(answer)
             helper = next(k for k in cls.__mro__ if _in_course(k.__module__))
-            made = _factories(helper, helpers)
             seen = (f"`{_label(answer)}` derives from it" if isinstance(answer, type) else
-                    f"the answer is an instance of it"
-                    f"{f' (what {made[0]}(...) returns)' if made else ''}")
+                    f"the answer is an instance of it{_made_by(helper, helpers)}")
     else:
         found = _search(answer, helpers, [], 0, set())
         if found is None:
             return
         helper, relation, path = found
         where = " -> ".join(f"`{p}`" for p in path) or f"`{_label(answer)}`"
-        made = _factories(helper, helpers) if isinstance(helper, type) else []
-        made_by = f" (what {made[0]}(...) returns)" if made else ""
+        made_by = _made_by(helper, helpers) if isinstance(helper, type) else ""
         seen = {"subclass": f"{where} derives from it",
                 "instance": (f"{where} holds an instance of it" if path
                              else "the answer is an instance of it") + made_by,

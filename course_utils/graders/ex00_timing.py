@@ -1,12 +1,6 @@
-"""Grader for exercise 00: a correct timing function for a DataLoader.
-
-The learner writes ``time_loader(loader, batches, warmup_batches=2) -> float`` returning
-samples per second. The grader runs it on a real DataLoader whose worker pays a start-up delay
-(like opening files or connections in a fresh worker) and whose samples each cost a known
-storage latency, then compares the answer with an honest measurement of the same loader made
-in the same run by :func:`course_utils.bench.measure_loader`. The course's own timers
-(``measure_loader`` and its relatives), or an answer built on them, are refused: the exercise is
-to write the timing loop.
+"""Grader for exercise 00: ``time_loader(loader, batches, warmup_batches=2)`` returns the
+steady-state samples per second, judged against :func:`~course_utils.bench.measure_loader`
+on the same slow-starting loader in the same run; the course's own timers are refused.
 """
 from __future__ import annotations
 
@@ -18,7 +12,8 @@ import torch.utils.data as tud
 
 from ..bench import measure, measure_data_wait, measure_loader
 from ..data import LatencyDataset
-from ..grading import CheckResult, ExerciseFailed, grader, refuse_course_helper
+from ..grading import (CheckResult, ExerciseFailed, describe, grader, refuse_course_helper,
+                       require_callable)
 from ..lessons.l03_costs import time_epochs
 from ..lessons.l04_copies import time_op
 from ..measurement import Measurement
@@ -31,17 +26,15 @@ COURSE_TIMERS = (measure_loader, measure, measure_data_wait, Measurement, sweep_
 
 
 class RecordingLoader:
-    """Wraps a DataLoader and records how it was used (iterators made, batches pulled)."""
+    """Wraps a DataLoader and records how many batches each of its iterators gave."""
 
     def __init__(self, loader: Any) -> None:
         self._loader = loader
-        self.iterators = 0
         self.batches_per_iterator: list[int] = []
 
     def __iter__(self) -> Iterator[Any]:
-        self.iterators += 1
+        slot = len(self.batches_per_iterator)
         self.batches_per_iterator.append(0)
-        slot = len(self.batches_per_iterator) - 1
         for batch in self._loader:
             self.batches_per_iterator[slot] += 1
             yield batch
@@ -62,22 +55,20 @@ def grade_time_loader(time_loader: Callable[..., Any], *, latency_s: float = 0.0
                       startup_s: float = 0.6, batch_size: int = 8, batches: int = 12,
                       warmup_batches: int = 2) -> CheckResult:
     """Check ``time_loader`` returns the loader's steady-state samples per second."""
-    if not callable(time_loader):
-        raise ExerciseFailed(EXERCISE, "the answer is not a function.",
-                             expected="a function time_loader(loader, batches, warmup_batches=2)",
-                             seen=f"{type(time_loader).__name__}: {time_loader!r}")
+    require_callable(EXERCISE, time_loader, "a function time_loader(loader, batches, "
+                                            "warmup_batches=2)")
     refuse_course_helper(EXERCISE, time_loader, COURSE_TIMERS,
                          write="pull the batches from the loader yourself and time them with a "
                                "clock such as time.perf_counter()")
-    n = batch_size * (warmup_batches + batches + 4)
-    dataset = LatencyDataset(n=n, latency_s=latency_s, startup_s=startup_s, item_shape=(3, 8, 8))
+    dataset = LatencyDataset(n=batch_size * (warmup_batches + batches + 4), latency_s=latency_s,
+                             startup_s=startup_s, item_shape=(3, 8, 8))
     loader = tud.DataLoader(dataset, batch_size=batch_size, num_workers=1)
     recorder = RecordingLoader(loader)
     value = time_loader(recorder, batches, warmup_batches)
 
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ExerciseFailed(EXERCISE, "time_loader must return one number: samples per second.",
-                             expected="a float such as 231.5", seen=f"{type(value).__name__}: {value!r}",
+                             expected="a float such as 231.5", seen=describe(value),
                              hint="return the rate as one plain float "
                                   "(float(...) if you computed a tensor).")
     value = float(value)
@@ -95,8 +86,9 @@ def grade_time_loader(time_loader: Callable[..., Any], *, latency_s: float = 0.0
 
     honest = measure_loader(loader, batches=batches, warmup_batches=warmup_batches, repeats=1,
                             progress=False).samples_per_s
-    details = {"answer": value, "honest": honest, "iterators": recorder.iterators,
-               "batches_per_iterator": list(recorder.batches_per_iterator)}
+    iterators = len(recorder.batches_per_iterator)
+    details = {"answer": value, "honest": honest, "iterators": iterators,
+               "batches_per_iterator": recorder.batches_per_iterator}
     seen = f"{value:.4g} (an honest measurement of the same loader just gave {honest:.4g} samples/s)"
 
     if _near(value, honest):
@@ -106,35 +98,32 @@ def grade_time_loader(time_loader: Callable[..., Any], *, latency_s: float = 0.0
     # fresh iterator) can land anywhere below the honest rate - under forkserver or spawn, where
     # each worker also imports torch, near honest / batch_size, which would look like a unit slip.
     no_warmup = recorder.batches_per_iterator[0] < warmup_batches + batches
-    if value < honest and (recorder.iterators > 1 or no_warmup):
-        if recorder.iterators > 1:
-            hint = ("you made a new iterator after the warm-up: each new iterator starts fresh "
-                    "workers and pays their start-up again. Warm up and time the same iterator.")
-        else:
-            hint = (f"pull `warmup_batches` batches before starting the clock: the first batch "
-                    f"pays worker start-up (here {startup_s:.1f} s plus starting the process), "
-                    f"which a training run pays once, not every step.")
-        raise ExerciseFailed(EXERCISE, "too slow: the timing includes work that is not steady-state "
-                                       "loading.", expected=f"about {honest:.4g} samples/s", seen=seen,
-                             hint=hint)
-    if _near(value, honest / batch_size):
-        raise ExerciseFailed(EXERCISE, "wrong unit: this looks like batches per second.",
-                             expected="samples per second", seen=seen,
-                             hint="count samples, not batches: add up the size of every timed "
-                                  "batch (the last batch of an epoch may be smaller).")
-    for unit, target in (("seconds per sample", 1 / honest), ("seconds per batch", batch_size / honest),
-                         ("milliseconds per sample", 1000 / honest)):
+    too_slow = "too slow: the timing includes work that is not steady-state loading."
+    expected = f"about {honest:.4g} samples/s"
+    if value < honest and (iterators > 1 or no_warmup):
+        raise ExerciseFailed(EXERCISE, too_slow, expected=expected, seen=seen, hint=(
+            "you made a new iterator after the warm-up: each new iterator starts fresh workers "
+            "and pays their start-up again. Warm up and time the same iterator."
+            if iterators > 1 else
+            f"pull `warmup_batches` batches before starting the clock: the first batch pays "
+            f"worker start-up (here {startup_s:.1f} s plus starting the process), which a "
+            f"training run pays once, not every step."))
+    inverted = "a rate puts the samples on top and the seconds below, not the other way round."
+    for unit, target, hint in (
+            ("batches per second", honest / batch_size, "count samples, not batches: add up the "
+             "size of every timed batch (the last batch of an epoch may be smaller)."),
+            ("seconds per sample", 1 / honest, inverted),
+            ("seconds per batch", batch_size / honest, inverted),
+            ("milliseconds per sample", 1000 / honest, inverted)):
         if _near(value, target):
-            raise ExerciseFailed(EXERCISE, f"wrong unit: this looks like {unit}.",
-                                 expected="samples per second (a rate: bigger is faster)", seen=seen,
-                                 hint="a rate puts the samples on top and the seconds below, "
-                                      "not the other way round.")
+            raise ExerciseFailed(EXERCISE, f"wrong unit: this looks like {unit}.", seen=seen,
+                                 expected="samples per second (a rate: bigger is faster)",
+                                 hint=hint)
     if value < honest:
-        raise ExerciseFailed(EXERCISE, "too slow: the timing includes work that is not steady-state "
-                                       "loading.", expected=f"about {honest:.4g} samples/s", seen=seen,
-                             hint="start the clock after the warm-up batches and stop it right after "
-                                  "the last timed batch arrives; don't time anything else.")
+        raise ExerciseFailed(EXERCISE, too_slow, expected=expected, seen=seen,
+                             hint="start the clock after the warm-up batches and stop it right "
+                                  "after the last timed batch arrives; don't time anything else.")
     raise ExerciseFailed(EXERCISE, "too fast: the timing missed work the loader really does.",
-                         expected=f"about {honest:.4g} samples/s", seen=seen,
+                         expected=expected, seen=seen,
                          hint="stop the clock after the last timed batch has arrived, and count "
                               "only the samples of the batches you timed.")

@@ -1,26 +1,12 @@
-"""Grader for exercise 01: a preprocessing pipeline that stays uint8 until the end.
-
-The learner writes an object (usually a class instance) with five stages::
-
-    resize(image)          (H, W, 3) uint8 RGB  -> (h, w, 3) uint8, shorter side = params.resize
-    crop(image)            -> (crop, crop, 3) uint8, the centre square
-    flip(image, do_flip)   -> (crop, crop, 3) uint8, mirrored left-right when do_flip
-    to_tensor(image)       -> (3, crop, crop) uint8 torch tensor (the worker's output)
-    normalize(batch)       (N, 3, crop, crop) uint8 -> float32 (x / 255 - mean) / std
-
-The first four run per sample in DataLoader workers; ``normalize`` runs once per batch in the
-main process (on the GPU in real training). The grader runs the stages on real course JPEGs
-(:class:`course_utils.data.JpegDataset`), checks the type, dtype, shape and values after every
-stage boundary, compares the final values with :func:`course_utils.transforms.exact_pipeline`
-within the course tolerance, then runs the four worker stages in real DataLoader workers and
-reports the bytes each batch moved from the workers to the main process. The course's own
-pipelines and stages (:mod:`course_utils.transforms`, ``ToTensorUint8``), or an answer built on
-them, are refused: the exercise is to write the stages (``PipelineParams`` is given).
+"""Grader for exercise 01: a pipeline (resize, crop, flip, to_tensor per sample in the
+workers; normalize per batch) that stays uint8 until normalize. Each stage is checked on real
+course JPEGs against :func:`~course_utils.transforms.exact_pipeline`, then the four worker
+stages run in real DataLoader workers; the course's own pipelines and stages are refused.
 """
 from __future__ import annotations
 
 import multiprocessing
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -28,7 +14,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from .. import data, transforms
 from ..data import JpegDataset
-from ..grading import CheckResult, ExerciseFailed, grader, refuse_course_helper
+from ..grading import (CheckResult, ExerciseFailed, call_answer, describe, grader,
+                       refuse_course_helper)
 from ..machine import start_method
 from ..threads import make_worker_init
 from ..transforms import (MAX_DIFF_LEVELS, MEAN_DIFF_LEVELS, PipelineParams, center_crop,
@@ -50,27 +37,17 @@ COURSE_STAGES = (
 _WRITE = ("write each stage yourself, with NumPy, OpenCV or torch calls on the image (or "
           "batch) it receives")
 STAGES = ("resize", "crop", "flip", "to_tensor", "normalize")
-WORKER_STAGES = ("resize", "crop", "flip", "to_tensor")
-
 _WHY_UINT8 = ("uint8 is 1 byte per value and float32 is 4: every stage after the conversion "
               "reads and writes 4x the bytes, and the batch crosses from the worker to the main "
               "process (shared memory, collation) and later to the GPU 4x bigger")
 
 
-def _describe(x: Any) -> str:
-    if isinstance(x, np.ndarray):
-        return f"NumPy array {x.shape} {x.dtype}"
-    if isinstance(x, torch.Tensor):
-        return f"torch.Tensor {tuple(x.shape)} {x.dtype}"
-    return f"{type(x).__name__}: {x!r:.80}"
+def _fail(problem: str, **kw: str) -> ExerciseFailed:
+    return ExerciseFailed(EXERCISE, problem, **kw)
 
 
-def _flip_of(index: int) -> bool:
-    """The flip decision the grader uses for sample ``index`` (every other sample)."""
-    return index % 2 == 1
-
-
-def _hint_for(stage: str, text: str) -> str:
+def _hint_for(stage: str, exc: Exception) -> str:
+    text = str(exc)
     if "negative stride" in text:
         return ("torch.from_numpy cannot wrap a view with negative strides, such as a "
                 "reversed slice: give it a contiguous copy of the array (NumPy has a function "
@@ -82,23 +59,15 @@ def _hint_for(stage: str, text: str) -> str:
 
 
 def _call(stage: str, fn: Callable, *args: Any) -> Any:
-    """Run one of the learner's stages; errors other than NotImplementedError become teaching
-    failures (NotImplementedError goes up to check(), which says "not done yet")."""
-    try:
-        return fn(*args)
-    except NotImplementedError:
-        raise
-    except Exception as exc:  # the learner's code can raise anything
-        text = str(exc)
-        raise ExerciseFailed(EXERCISE, f"`{stage}` raised {type(exc).__name__}: {text}",
-                             expected=f"`{stage}` to run on {_describe(args[0])}",
-                             hint=_hint_for(stage, text)) from exc
+    """Run one of the learner's stages (an error becomes a teaching failure)."""
+    return call_answer(EXERCISE, fn, *args, what=f"`{stage}`",
+                       expected=f"`{stage}` to run on {describe(args[0])}",
+                       hint=lambda exc: _hint_for(stage, exc))
 
 
 def _not_uint8(stage: str, out: Any, expected: str) -> ExerciseFailed:
-    dtype = getattr(out, "dtype", None)
-    floaty = dtype is not None and (np.dtype(dtype).kind == "f" if isinstance(out, np.ndarray)
-                                    else out.is_floating_point())
+    dtype = out.dtype
+    floaty = np.dtype(dtype).kind == "f" if isinstance(out, np.ndarray) else out.is_floating_point()
     if stage == "to_tensor" and floaty:
         hint = ("this looks like normalising per sample in the worker. to_tensor is the last "
                 "stage in the worker: return the uint8 pixels as a (3, H, W) tensor and do the "
@@ -110,46 +79,37 @@ def _not_uint8(stage: str, out: Any, expected: str) -> ExerciseFailed:
                 "normalize.")
     else:
         hint = f"return uint8 pixels (0..255) from `{stage}`; only normalize returns float32."
-    return ExerciseFailed(
-        EXERCISE, f"`{stage}` returned {dtype}: every stage before normalize must stay uint8.",
-        expected=expected, seen=_describe(out), hint=hint)
+    return _fail(f"`{stage}` returned {dtype}: every stage before normalize must stay uint8.",
+                 expected=expected, seen=describe(out), hint=hint)
 
 
-def _check_image_stage(stage: str, out: Any, shape: tuple[int, ...], *, extra_hint: str = "") -> np.ndarray:
+def _check_image_stage(stage: str, out: Any, shape: tuple[int, ...]) -> np.ndarray:
     expected = f"NumPy uint8 array of shape {shape}"
     if isinstance(out, torch.Tensor):
-        raise ExerciseFailed(
-            EXERCISE, f"`{stage}` returned a torch tensor; the image stays a NumPy (H, W, 3) "
-                      f"array until to_tensor.", expected=expected, seen=_describe(out),
-            hint="return a NumPy array here (cv2 and slicing give you one); make the tensor in "
-                 "to_tensor.")
+        raise _fail(f"`{stage}` returned a torch tensor; the image stays a NumPy (H, W, 3) "
+                    f"array until to_tensor.", expected=expected, seen=describe(out),
+                    hint="return a NumPy array here (cv2 and slicing give you one); make the "
+                         "tensor in to_tensor.")
     if not isinstance(out, np.ndarray):
-        raise ExerciseFailed(EXERCISE, f"`{stage}` must return a NumPy array.",
-                             expected=expected, seen=_describe(out),
-                             hint=f"did `{stage}` forget a `return`?")
+        raise _fail(f"`{stage}` must return a NumPy array.", expected=expected,
+                    seen=describe(out), hint=f"did `{stage}` forget a `return`?")
     if out.dtype != np.uint8:
         raise _not_uint8(stage, out, expected)
     if out.shape != shape:
-        hint = extra_hint or f"`{stage}` should give {shape}."
+        hint = f"`{stage}` should give {shape}."
         if stage == "resize" and out.shape == (shape[1], shape[0], 3):
             hint = ("height and width are swapped: cv2.resize takes dsize=(width, height), "
                     "while NumPy shapes are (height, width, channels).")
-        raise ExerciseFailed(EXERCISE, f"`{stage}` returned the wrong shape.",
-                             expected=expected, seen=_describe(out), hint=hint)
+        raise _fail(f"`{stage}` returned the wrong shape.", expected=expected,
+                    seen=describe(out), hint=hint)
     return out
 
 
-def _levels(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-    d = a.astype(np.float64) - b.astype(np.float64)
-    return float(np.abs(d).max()) if d.size else 0.0, float(d.mean()) if d.size else 0.0
-
-
-def _check_resize_values(out: np.ndarray, image: np.ndarray, params: Any) -> None:
-    exact = numpy_resize(image.astype(np.float32), out.shape[:2])
-    worst, bias = _levels(out, exact)
+def _check_resize_values(out: np.ndarray, image: np.ndarray) -> None:
+    d = out.astype(np.float64) - numpy_resize(image.astype(np.float32), out.shape[:2])
+    worst, bias = (float(np.abs(d).max()), float(d.mean())) if d.size else (0.0, 0.0)
     if worst <= MAX_DIFF_LEVELS + 1e-3 and abs(bias) <= MEAN_DIFF_LEVELS:
         return
-    seen = f"max |error| {worst:.2f} grey levels, mean error {bias:+.2f} levels"
     if worst <= 1.5 and bias < -0.3:
         hint = ("the pixels are biased about half a grey level low: converting a float result "
                 "with .astype(np.uint8) truncates (254.9 -> 254). Round to the nearest level "
@@ -161,24 +121,22 @@ def _check_resize_values(out: np.ndarray, image: np.ndarray, params: Any) -> Non
     else:
         hint = ("use bilinear interpolation (cv2.INTER_LINEAR, or F.interpolate(mode='bilinear', "
                 "align_corners=False, antialias=False)) on the image as it comes in: RGB, uint8.")
-    raise ExerciseFailed(
-        EXERCISE, "`resize` returned the right shape but the wrong pixel values.",
-        expected=f"within {MAX_DIFF_LEVELS:g} grey level of exact bilinear interpolation, mean "
-                 f"error within {MEAN_DIFF_LEVELS:g}", seen=seen, hint=hint)
+    raise _fail("`resize` returned the right shape but the wrong pixel values.", hint=hint,
+                expected=f"within {MAX_DIFF_LEVELS:g} grey level of exact bilinear "
+                         f"interpolation, mean error within {MEAN_DIFF_LEVELS:g}",
+                seen=f"max |error| {worst:.2f} grey levels, mean error {bias:+.2f} levels")
 
 
-def _check_crop(out: np.ndarray, resized: np.ndarray, params: Any) -> None:
-    c = params.crop
+def _check_crop(out: np.ndarray, resized: np.ndarray, c: int) -> None:
     if np.array_equal(out, center_crop(resized, c)):
         return
-    if np.array_equal(out, resized[:c, :c]):
-        hint = ("that is the top-left corner. The centre crop starts at the row and column "
-                "params.crop_box(height, width) gives for the resized image.")
-    else:
-        hint = ("slice `crop` rows and `crop` columns, starting at the top row and left column "
-                "params.crop_box(height, width) gives for the resized image.")
-    raise ExerciseFailed(EXERCISE, "`crop` did not return the centre square of the resized image.",
-                         expected=f"the centre {c}x{c} pixels", seen=_describe(out), hint=hint)
+    where = ("that is the top-left corner. The centre crop starts at"
+             if np.array_equal(out, resized[:c, :c]) else
+             "slice `crop` rows and `crop` columns, starting at")
+    raise _fail("`crop` did not return the centre square of the resized image.",
+                expected=f"the centre {c}x{c} pixels", seen=describe(out),
+                hint=f"{where} the top row and left column params.crop_box(height, width) "
+                     f"gives for the resized image.")
 
 
 def _check_flip(pipeline: Any, cropped: np.ndarray, shape: tuple[int, ...]) -> None:
@@ -187,10 +145,9 @@ def _check_flip(pipeline: Any, cropped: np.ndarray, shape: tuple[int, ...]) -> N
         out = _check_image_stage("flip", _call("flip", pipeline.flip, cropped, do_flip), shape)
         out = out.copy()
         if not np.array_equal(cropped, cropped_copy):
-            raise ExerciseFailed(EXERCISE, "`flip` changed its input image in place.",
-                                 hint="return a new (or view) array; don't write into the input.")
-        right = cropped[:, ::-1] if do_flip else cropped
-        if np.array_equal(out, right):
+            raise _fail("`flip` changed its input image in place.",
+                        hint="return a new (or view) array; don't write into the input.")
+        if np.array_equal(out, cropped[:, ::-1] if do_flip else cropped):
             continue
         if do_flip and np.array_equal(out, cropped[::-1]):
             problem = "`flip` mirrored the image upside down (axis 0, the height)."
@@ -209,161 +166,128 @@ def _check_flip(pipeline: Any, cropped: np.ndarray, shape: tuple[int, ...]) -> N
             problem = f"`flip(image, {do_flip})` changed the pixels in an unexpected way."
             hint = ("a flip only reorders pixels: the width reversed when do_flip, the image "
                     "as it is otherwise.")
-        raise ExerciseFailed(EXERCISE, problem,
-                             expected="the same image mirrored left-right" if do_flip
-                             else "the image unchanged",
-                             seen=_describe(out), hint=hint)
+        raise _fail(problem, seen=describe(out), hint=hint, expected=(
+            "the same image mirrored left-right" if do_flip else "the image unchanged"))
 
 
-def _check_to_tensor(out: Any, flipped: np.ndarray, params: Any) -> torch.Tensor:
-    c = params.crop
+def _check_to_tensor(out: Any, flipped: np.ndarray, c: int) -> torch.Tensor:
     expected = f"torch.Tensor of shape (3, {c}, {c}), dtype torch.uint8"
     if not isinstance(out, torch.Tensor):
-        raise ExerciseFailed(EXERCISE, "`to_tensor` must return a torch tensor.", expected=expected,
-                             seen=_describe(out),
-                             hint="make a tensor of the NumPy pixels without converting them "
-                                  "(torch can wrap a contiguous array as it is), then put the "
-                                  "channel axis first.")
+        raise _fail("`to_tensor` must return a torch tensor.", expected=expected,
+                    seen=describe(out),
+                    hint="make a tensor of the NumPy pixels without converting them (torch can "
+                         "wrap a contiguous array as it is), then put the channel axis first.")
     if out.dtype != torch.uint8:
         raise _not_uint8("to_tensor", out, expected)
     if tuple(out.shape) == (c, c, 3):
-        raise ExerciseFailed(EXERCISE, "`to_tensor` kept the channels last.", expected=expected,
-                             seen=_describe(out),
-                             hint="models take channels first: reorder the axes of the "
-                                  "(H, W, 3) tensor to (3, H, W) (a reshape or view would "
-                                  "scramble the pixels).")
+        raise _fail("`to_tensor` kept the channels last.", expected=expected, seen=describe(out),
+                    hint="models take channels first: reorder the axes of the (H, W, 3) tensor "
+                         "to (3, H, W) (a reshape or view would scramble the pixels).")
     if tuple(out.shape) != (3, c, c):
-        raise ExerciseFailed(EXERCISE, "`to_tensor` returned the wrong shape.", expected=expected,
-                             seen=_describe(out))
+        raise _fail("`to_tensor` returned the wrong shape.", expected=expected,
+                    seen=describe(out))
     if not torch.equal(out, torch.from_numpy(np.ascontiguousarray(flipped)).permute(2, 0, 1)):
-        raise ExerciseFailed(EXERCISE, "`to_tensor` changed the pixel values.",
-                             expected="the same uint8 pixels, laid out (3, H, W)",
-                             seen=_describe(out),
-                             hint="only move the axes; don't reorder channels or scale.")
+        raise _fail("`to_tensor` changed the pixel values.", seen=describe(out),
+                    expected="the same uint8 pixels, laid out (3, H, W)",
+                    hint="only move the axes; don't reorder channels or scale.")
     return out
 
 
-def _same_pixels(out: torch.Tensor, reference: torch.Tensor, params: Any, dim: int) -> bool:
-    """True when ``out``, read back as pixels (x * 255 * std + 255 * mean) and reversed along
-    ``dim``, is the reference's pixels within 1.5 grey levels (recognises a swapped channel
-    order, dim=1, or a mirror, dim=3)."""
-    std = torch.tensor(params.std, dtype=torch.float64).view(1, 3, 1, 1) * 255
-    mean = torch.tensor(params.mean, dtype=torch.float64).view(1, 3, 1, 1) * 255
-    a = (out.detach().double() * std + mean).flip(dim)
-    b = reference.double() * std + mean
-    return bool((a - b).abs().max() <= 1.5)
-
-
-def _check_normalized(out: Any, reference: torch.Tensor, params: Any,
+def _check_normalized(out: Any, reference: torch.Tensor, params: PipelineParams,
                       where: str = "normalize(batch)") -> Any:
     expected = f"torch.Tensor {tuple(reference.shape)} float32"
     if not isinstance(out, torch.Tensor):
-        raise ExerciseFailed(EXERCISE, "`normalize` must return a torch tensor.",
-                             expected=expected, seen=_describe(out))
+        raise _fail("`normalize` must return a torch tensor.", expected=expected,
+                    seen=describe(out))
     if out.dtype == torch.float64:
-        raise ExerciseFailed(EXERCISE, "`normalize` returned float64.", expected=expected,
-                             seen=_describe(out),
-                             hint="float64 doubles the bytes again: convert to float32, and "
-                                  "keep mean/std float32 too.")
+        raise _fail("`normalize` returned float64.", expected=expected, seen=describe(out),
+                    hint="float64 doubles the bytes again: convert to float32, and keep mean/std "
+                         "float32 too.")
     if out.dtype != torch.float32:
-        raise ExerciseFailed(EXERCISE, f"`normalize` returned {out.dtype}.", expected=expected,
-                             seen=_describe(out),
-                             hint="normalize is where the conversion happens: to float32 "
-                                  "first, then (x / 255 - mean) / std.")
+        raise _fail(f"`normalize` returned {out.dtype}.", expected=expected, seen=describe(out),
+                    hint="normalize is where the conversion happens: to float32 first, then "
+                         "(x / 255 - mean) / std.")
     if out.shape != reference.shape:
-        raise ExerciseFailed(EXERCISE, "`normalize` returned the wrong shape.", expected=expected,
-                             seen=_describe(out), hint="keep the batch's (N, 3, H, W) shape.")
+        raise _fail("`normalize` returned the wrong shape.", expected=expected,
+                    seen=describe(out), hint="keep the batch's (N, 3, H, W) shape.")
     diff = output_difference(out, reference, params)
     if diff.within_tolerance:
         return diff
     std = torch.tensor(params.std, dtype=torch.float64).view(1, 3, 1, 1) * 255
-    levels = (out.detach().double() - reference.double()) * std
-    wrapped = float(((levels.abs() - 256).abs() < 2).double().mean())
-    seen = f"{diff.max_abs_levels:.1f} grey levels off at worst, mean error {diff.mean_levels:+.2f} levels"
-    if wrapped > 1e-3:
+    mean = torch.tensor(params.mean, dtype=torch.float64).view(1, 3, 1, 1) * 255
+    levels, ref_levels = out.detach().double() * std + mean, reference.double() * std + mean
+    # the same pixels within 1.5 grey levels once reversed along dim (1: channels, 3: a mirror)
+    same = {dim: bool((levels.flip(dim) - ref_levels).abs().max() <= 1.5) for dim in (1, 3)}
+    if float((((levels - ref_levels).abs() - 256).abs() < 2).double().mean()) > 1e-3:
         hint = ("some values are about 256 grey levels off: uint8 arithmetic wrapped around "
                 "(in uint8, 10 - 124 = 142). Convert to float before any arithmetic.")
-    elif _same_pixels(out, reference, params, 1):
+    elif same[1]:
         hint = ("the channels are in reverse order (BGR). The images are RGB already "
                 "(the dataset decodes to RGB): don't swap channels.")
-    elif _same_pixels(out, reference, params, 3):
+    elif same[3]:
         hint = "every image is mirrored: check that only the flip stage flips."
     else:
-        got = out.detach().double().mean(dim=(0, 2, 3)).tolist()
-        want = reference.double().mean(dim=(0, 2, 3)).tolist()
-        hint = (f"per-channel means are {[round(v, 3) for v in got]}, expected "
-                f"{[round(v, 3) for v in want]}. normalize should compute "
+        got = [round(v, 3) for v in out.detach().double().mean(dim=(0, 2, 3)).tolist()]
+        want = [round(v, 3) for v in reference.double().mean(dim=(0, 2, 3)).tolist()]
+        hint = (f"per-channel means are {got}, expected {want}. normalize should compute "
                 f"(x / 255 - mean) / std with mean={params.mean} and std={params.std} shaped "
                 f"(1, 3, 1, 1), so each channel gets its own values.")
-    raise ExerciseFailed(EXERCISE, f"{where} gave the wrong values.",
-                         expected=f"within {MAX_DIFF_LEVELS:g} grey level of the reference "
-                                  f"(mean error within {MEAN_DIFF_LEVELS:g})",
-                         seen=seen, hint=hint)
+    raise _fail(f"{where} gave the wrong values.", hint=hint,
+                expected=f"within {MAX_DIFF_LEVELS:g} grey level of the reference (mean error "
+                         f"within {MEAN_DIFF_LEVELS:g})",
+                seen=f"{diff.max_abs_levels:.1f} grey levels off at worst, mean error "
+                     f"{diff.mean_levels:+.2f} levels")
 
 
 class _StagesDataset(Dataset):
     """Runs the learner's four worker stages on course JPEGs (sample i flipped when i is odd)."""
 
     def __init__(self, images: Any, pipeline: Any) -> None:
-        self.images = images
-        self.pipeline = pipeline
+        self.images, self.pipeline = images, pipeline
 
     def __len__(self) -> int:
         return len(self.images)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         p = self.pipeline
-        image, _ = self.images[i]
-        x = p.to_tensor(p.flip(p.crop(p.resize(image)), _flip_of(i)))
-        return x, i
-
-
-def _worker_context(pipeline: Any) -> tuple[Optional[str], int, str]:
-    """(multiprocessing context, workers factor, note): notebook classes need fork to reach
-    workers (spawn cannot import __main__ of a notebook); without fork, run in the main process."""
-    module = type(pipeline).__module__
-    if module != "__main__":
-        return None, 1, start_method()
-    if "fork" in multiprocessing.get_all_start_methods():
-        return "fork", 1, "fork, because spawn cannot import a class defined in a notebook"
-    return None, 0, ("main process, because this platform has no fork and spawn cannot import a "
-                     "class defined in a notebook")
+        return p.to_tensor(p.flip(p.crop(p.resize(self.images[i][0])), i % 2 == 1)), i
 
 
 def _run_in_workers(pipeline: Any, images: Any, refs: list[torch.Tensor], params: Any,
                     num_workers: int, batch_size: int, timeout_s: float) -> dict:
-    context, factor, note = _worker_context(pipeline)
-    workers = num_workers * factor
-    kwargs: dict = {}
-    if workers > 0:
-        kwargs = dict(timeout=float(timeout_s), worker_init_fn=make_worker_init(1),
-                      multiprocessing_context=context)
+    """The four stages in real DataLoader workers: fork for a notebook class (spawn cannot
+    import a notebook's __main__), the main process where there is no fork."""
+    context, note = None, start_method()
+    if type(pipeline).__module__ == "__main__":
+        if "fork" in multiprocessing.get_all_start_methods():
+            context, note = "fork", "fork, because spawn cannot import a class defined in a notebook"
+        else:
+            num_workers, note = 0, ("main process, because this platform has no fork and spawn "
+                                    "cannot import a class defined in a notebook")
+    kwargs = dict(timeout=float(timeout_s), worker_init_fn=make_worker_init(1),
+                  multiprocessing_context=context) if num_workers else {}
     loader = DataLoader(_StagesDataset(images, pipeline), batch_size=batch_size,
-                        num_workers=workers, **kwargs)
+                        num_workers=num_workers, **kwargs)
     batch_bytes: list[int] = []
     try:
         for batch, index in loader:
             if batch.dtype != torch.uint8:
-                raise ExerciseFailed(EXERCISE, "the batches the workers sent were not uint8.",
-                                     expected="torch.uint8 batches", seen=_describe(batch))
+                raise _fail("the batches the workers sent were not uint8.",
+                            expected="torch.uint8 batches", seen=describe(batch))
             batch_bytes.append(int(batch.nbytes))
             out = _call("normalize", pipeline.normalize, batch.clone())
-            reference = torch.stack([refs[int(i)] for i in index])
-            _check_normalized(out, reference, params,
+            _check_normalized(out, torch.stack([refs[int(i)] for i in index]), params,
                               where="the pipeline run in DataLoader workers")
-    except ExerciseFailed:
-        raise
-    except NotImplementedError:
+    except (ExerciseFailed, NotImplementedError):
         raise
     except Exception as exc:
-        text = str(exc)
-        hint = _hint_for("", text)
-        if "timed out" in text:
+        hint = _hint_for("", exc)
+        if "timed out" in str(exc):
             hint = (f"a worker gave no batch within {timeout_s:g} s: does a stage wait on "
                     f"something, or start threads? Keep the stages plain NumPy/OpenCV/torch calls.")
-        raise ExerciseFailed(EXERCISE, f"running the stages in DataLoader workers failed: "
-                                       f"{type(exc).__name__}: {text}", hint=hint) from exc
-    return {"workers": workers, "start_method": note, "batch_bytes": batch_bytes}
+        raise _fail(f"running the stages in DataLoader workers failed: {type(exc).__name__}: "
+                    f"{exc}", hint=hint) from exc
+    return {"workers": num_workers, "start_method": note, "batch_bytes": batch_bytes}
 
 
 @grader(EXERCISE)
@@ -372,49 +296,41 @@ def grade_uint8_pipeline(pipeline: Any, *, n_images: int = 8, num_workers: int =
     """Check that ``pipeline``'s stages stay uint8 until ``normalize`` and match the reference."""
     refuse_course_helper(EXERCISE, pipeline, COURSE_STAGES, write=_WRITE)
     if isinstance(pipeline, type):
-        try:
-            pipeline = pipeline()
-        except NotImplementedError:
-            raise
-        except Exception as exc:
-            raise ExerciseFailed(EXERCISE, f"could not create {pipeline.__name__}(): {exc}",
-                                 hint="pass an instance, e.g. check(..., Uint8Pipeline()).") from exc
+        pipeline = call_answer(EXERCISE, pipeline, what=f"{pipeline.__name__}()",
+                               hint="pass an instance, e.g. check(..., Uint8Pipeline()).")
         refuse_course_helper(EXERCISE, pipeline, COURSE_STAGES, write=_WRITE)
     missing = [s for s in STAGES if not callable(getattr(pipeline, s, None))]
     if missing:
-        raise ExerciseFailed(EXERCISE, f"the answer has no {', '.join(missing)} method(s).",
-                             expected=f"an object with methods {', '.join(STAGES)}",
-                             seen=f"{type(pipeline).__name__} with "
-                                  f"{sorted(a for a in dir(pipeline) if not a.startswith('_'))}",
-                             hint="pass an instance of your class: Uint8Pipeline().")
+        raise _fail(f"the answer has no {', '.join(missing)} method(s).",
+                    expected=f"an object with methods {', '.join(STAGES)}",
+                    seen=f"{type(pipeline).__name__} with "
+                         f"{sorted(a for a in dir(pipeline) if not a.startswith('_'))}",
+                    hint="pass an instance of your class: Uint8Pipeline().")
     params = getattr(pipeline, "params", None)
     if not isinstance(params, PipelineParams):
         params = PipelineParams()
     c = params.crop
-
     images = JpegDataset(n=n_images, seed=seed, progress=False)
     tensors: list[torch.Tensor] = []
     refs: list[torch.Tensor] = []
     for i in range(len(images)):
         image, _ = images[i]
-        flip = _flip_of(i)
-        h, w = params.resized_hw(*image.shape[:2])
         # each stage gets the previous stage's output as it is (views, strides and all), as in
         # a real pipeline; copies kept aside are what the outputs are compared with
-        resized = _check_image_stage("resize", _call("resize", pipeline.resize, image.copy()), (h, w, 3))
-        _check_resize_values(resized, image, params)
+        resized = _check_image_stage("resize", _call("resize", pipeline.resize, image.copy()),
+                                     (*params.resized_hw(*image.shape[:2]), 3))
+        _check_resize_values(resized, image)
         resized_copy = resized.copy()
         cropped = _check_image_stage("crop", _call("crop", pipeline.crop, resized), (c, c, 3))
-        _check_crop(cropped, resized_copy, params)
+        _check_crop(cropped, resized_copy, c)
         _check_flip(pipeline, cropped, (c, c, 3))
-        flipped = _check_image_stage("flip", _call("flip", pipeline.flip, cropped, flip), (c, c, 3))
+        flipped = _check_image_stage("flip", _call("flip", pipeline.flip, cropped, i % 2 == 1),
+                                     (c, c, 3))
         flipped_copy = flipped.copy()
-        tensor = _check_to_tensor(_call("to_tensor", pipeline.to_tensor, flipped), flipped_copy, params)
-        tensors.append(tensor)
-        refs.append(exact_pipeline(image, flip, params))
-
-    batch = torch.stack(tensors)
-    out = _call("normalize", pipeline.normalize, batch.clone())
+        tensors.append(_check_to_tensor(_call("to_tensor", pipeline.to_tensor, flipped),
+                                        flipped_copy, c))
+        refs.append(exact_pipeline(image, i % 2 == 1, params))
+    out = _call("normalize", pipeline.normalize, torch.stack(tensors))
     diff = _check_normalized(out, torch.stack(refs), params)
 
     run = _run_in_workers(pipeline, images, refs, params, num_workers, batch_size, timeout_s)

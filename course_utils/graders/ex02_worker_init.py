@@ -1,19 +1,9 @@
-"""Grader for exercise 02: a ``worker_init_fn`` factory that shares a CPU budget between workers.
-
-The learner writes, in a module (a ``%%writefile`` cell), ``make_budget_init(cpu_budget)``: it
-returns a picklable ``worker_init_fn`` that gives every pool of each worker (torch, every
-BLAS/OpenMP pool, OpenCV) ``max(1, cpu_budget // num_workers)`` threads, and 1 in a worker
-started with ``fork``, where growing a pool the parent had used can hang. The grader runs what
-the factory returns as the ``worker_init_fn`` of real DataLoaders (:data:`RUNS`): forked from
-this process *after* it has used OpenCV's, BLAS's and torch's pools, then in fresh forkserver
-workers (spawn where there is none). In each worker it records the pools before and after the
-function, the variables it set and the values it passed to ``cv2.setNumThreads``; then the
-worker runs an OpenCV-heavy sample (a course JPEG), a BLAS product and a torch op, and reports
-its pools again. A worker that hangs dumps its stack (``faulthandler``) before the DataLoader's
-timeout, so a deadlocking answer fails with where it was stuck. A pool that must end at 1 has to
-start above 1 (on one CPU the grader raises BLAS, and OpenCV outside a forked worker, to 2
-first); a pool that already had the expected size is named as not checked. The course's own
-``make_worker_init`` (or an answer built on it) is refused.
+"""Grader for exercise 02: ``make_budget_init(cpu_budget)`` returns a picklable worker_init_fn
+giving every pool of a worker ``max(1, cpu_budget // num_workers)`` threads, and 1 under
+``fork``. It runs in real DataLoaders (:data:`RUNS`), forked after this process used OpenCV,
+BLAS and torch, and in fresh workers; each worker reports its pools before and after the answer
+and after real work, and a hung worker dumps where it was stuck. Pools that start at the
+expected size are named as not checked; the course's ``make_worker_init`` is refused.
 """
 from __future__ import annotations
 
@@ -39,7 +29,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from ..data import JpegDataset, decode_jpeg
-from ..grading import CheckResult, ExerciseFailed, grader, refuse_course_helper
+from ..grading import (CheckResult, ExerciseFailed, call_answer, grader, refuse_course_helper,
+                       require_callable)
 from ..lessons.l02_workload import OpenCVHeavyTransform, forkserver_context
 from ..threads import (THREAD_ENV_VARS, ThreadPools, WorkerThreadLimiter, is_torch_openmp,
                        limit_threads, make_worker_init, thread_pools)
@@ -74,11 +65,9 @@ def _env() -> dict[str, str | None]:
 
 
 def _raise_small_pools(forked: bool) -> list[str]:
-    """Raise every BLAS pool of this worker that runs fewer than 2 threads to 2, and OpenCV
-    too outside a forked worker (in a forked one, resizing OpenCV's pool can hang; it reads the
-    parent's size, which :func:`_use_parent_pools` set to 2). Without this, on a machine with
-    one CPU the pools start at 1 and an answer that does nothing passes. Returns the pools
-    raised, by name. Raising a BLAS pool is safe under fork (it starts fresh threads)."""
+    """Raise this worker's BLAS pools, and OpenCV's outside a forked worker (there resizing it
+    can hang; it reads the parent's size, set to 2), to at least 2 threads, so that on one CPU
+    an answer that does nothing cannot pass. Returns the pools raised, by name."""
     start = thread_pools().pools
     for lib in threadpoolctl.ThreadpoolController().lib_controllers:
         if lib.user_api == "blas" and (lib.num_threads or 0) < 2:
@@ -220,11 +209,6 @@ def _use_parent_pools() -> int:
     return before
 
 
-def _restore_opencv(before: int) -> None:
-    if before < 2:  # _use_parent_pools raised it to 2; 0 is "sequential", which reads 1
-        cv2.setNumThreads(0)
-
-
 def _stop_workers(iterator: Any, kill: bool) -> None:
     """Shut the DataLoader's workers down; with ``kill``, kill stuck ones first (at once,
     instead of the DataLoader's 5 s join per worker), after telling the DataLoader's SIGCHLD
@@ -243,9 +227,7 @@ def _stop_workers(iterator: Any, kill: bool) -> None:
                 if w.is_alive():
                     w.kill()
                     w.join(timeout=5)
-    shutdown = getattr(iterator, "_shutdown_workers", None)
-    if shutdown is not None:
-        shutdown()
+    getattr(iterator, "_shutdown_workers", lambda: None)()
 
 
 def _run_in_workers(init: Callable[[int], Any], method: str, num_workers: int,
@@ -378,22 +360,27 @@ def _not_shown(before: ThreadPools, expect: int) -> list[str]:
     return [name for name, n in before.pools.items() if n == expect and name not in skip]
 
 
+def _takes_one(fn: Callable, problem: str, expected: str, label: str) -> None:
+    """Fail with ``problem`` unless ``fn`` can be called with one positional argument."""
+    try:
+        inspect.signature(fn).bind(0)
+    except TypeError:
+        raise ExerciseFailed(EXERCISE, problem, expected=expected,
+                             seen=f"{label} has the signature {inspect.signature(fn)}") from None
+    except ValueError:
+        pass  # builtins without a signature: let the real call decide
+
+
 def _init_for(answer: Callable[[int], Any], budget: int) -> Callable[[int], Any]:
     """``answer(budget)``, checked to be a worker_init_fn spawn/forkserver workers can receive."""
     name = getattr(answer, "__name__", "make_budget_init")
-    init = answer(budget)  # a NotImplementedError goes on to check(): "not done yet"
+    init = call_answer(EXERCISE, answer, budget, what=f"{name}({budget})")
     if not callable(init):
         raise ExerciseFailed(EXERCISE, f"{name}({budget}) returned {type(init).__name__}, not a "
                                        f"worker_init_fn.", expected="a callable taking the worker id")
     refuse_course_helper(EXERCISE, init, _COURSE_LIMITERS, write=_WRITE)
-    try:
-        inspect.signature(init).bind(0)
-    except TypeError:
-        raise ExerciseFailed(EXERCISE, "a worker_init_fn is called with one argument, the worker id.",
-                             expected=f"{name}({budget})(worker_id)",
-                             seen=f"{name}({budget}) has the signature {inspect.signature(init)}") from None
-    except ValueError:
-        pass  # builtins without a signature: let the real call decide
+    _takes_one(init, "a worker_init_fn is called with one argument, the worker id.",
+               f"{name}({budget})(worker_id)", f"{name}({budget})")
     try:  # a notebook's function or class is found by pickle here, but not in fresh workers
         data = b"__main__" if getattr(init, "__module__", None) == "__main__" else pickle.dumps(init)
     except Exception as exc:
@@ -546,19 +533,10 @@ def grade_worker_init(answer: Callable[[int], Any], *, timeout_s: float = 20.0,
     ``timeout_s``: the DataLoader timeout in seconds (fresh workers get at least 60 s to start);
     a worker that does not answer in time fails the check with the place it was stuck.
     """
-    if not callable(answer):
-        raise ExerciseFailed(EXERCISE, "the answer is not a function.",
-                             expected="a function make_budget_init(cpu_budget)",
-                             seen=f"{type(answer).__name__}: {answer!r}")
+    require_callable(EXERCISE, answer, "a function make_budget_init(cpu_budget)")
     refuse_course_helper(EXERCISE, answer, _COURSE_LIMITERS, write=_WRITE)
-    try:
-        inspect.signature(answer).bind(7)
-    except TypeError:
-        raise ExerciseFailed(EXERCISE, "make_budget_init is called with one argument, the CPU "
-                                       "budget.", expected="def make_budget_init(cpu_budget): ...",
-                             seen=f"{getattr(answer, '__name__', answer)}{inspect.signature(answer)}") from None
-    except ValueError:
-        pass  # builtins without a signature: let the real call decide
+    _takes_one(answer, "make_budget_init is called with one argument, the CPU budget.",
+               "def make_budget_init(cpu_budget): ...", getattr(answer, "__name__", "the answer"))
     methods = multiprocessing.get_all_start_methods()
     fresh = "forkserver" if "forkserver" in methods else "spawn"
     plan = [(fresh if m == "fresh" else m, int(b), int(w)) for m, b, w in runs]
@@ -578,7 +556,8 @@ def grade_worker_init(answer: Callable[[int], Any], *, timeout_s: float = 20.0,
                 raise _hung_failure(hung, wait, _clamp(method, budget, workers)) from None
             reports.append(_judge(answers, method, budget, workers))
     finally:
-        _restore_opencv(opencv_before)
+        if opencv_before < 2:  # _use_parent_pools raised it to 2; 0 is "sequential", which reads 1
+            cv2.setNumThreads(0)
     summary = ("in real DataLoader workers (forked ones after this process had used OpenCV, BLAS "
                "and torch), " + "; ".join(
                    f"{r['start_method']}, budget {r['cpu_budget']} over {r['num_workers']} workers: every "

@@ -1,25 +1,7 @@
-"""Graders for exercise 03: choose num_workers from a curve; make a dataset copy-on-read safe.
-
-``03.choose_workers``: the learner writes ``choose_num_workers(workers, samples_per_s) -> int``.
-The grader feeds curves of several shapes whose true (noise-free) rates it knows — a rise then
-a plateau, a peak then a decline (oversubscription), a latency-bound curve still rising at the
-largest count measured, a curve where workers do not help, a noisy plateau — with a fixed,
-seeded measurement noise, then one curve measured for real on this machine. An answer passes a
-curve when it is one of the measured counts, its true rate is at least 85 % of the best, and it
-is not beyond the first count that reaches 97 % of the best by more than one step of the grid
-(more workers than that cost CPU, memory and start-up for nothing). Every synthetic curve is
-also given with its measurements in a shuffled (seeded) order, as a sweep run in random order or
-results merged from several runs would give them: the choice must not depend on the order.
-
-``03.copy_on_read``: the learner writes a class (or function) that takes the list of record
-dicts from :func:`course_utils.lessons.l03_memory.make_records` and returns a dataset giving the
-same items as :class:`~course_utils.lessons.l03_memory.RecordListDataset`, without a Python
-object per record. The grader checks the items are equal, that no attribute still holds one Python object per record,
-and then runs one real epoch of both datasets in forked DataLoader workers and compares each
-worker's private-memory (USS) growth.
-
-Both refuse the course's own version (``find_knee`` and its relatives; ``RecordArrayDataset``),
-handed in or built on: the exercise is to write it.
+"""Graders for exercise 03. ``03.choose_workers``: pick ``num_workers`` from synthetic curves
+of known shape (each also shuffled: the order must not matter) and one measured here.
+``03.copy_on_read``: a dataset equal to ``RecordListDataset`` without a Python object per
+record, whose forked workers' private memory does not grow. The course's versions are refused.
 """
 from __future__ import annotations
 
@@ -33,7 +15,8 @@ import torch
 
 from ..config import pick
 from ..data import JpegDataset, ToTensorUint8
-from ..grading import CheckResult, ExerciseFailed, grader, refuse_course_helper
+from ..grading import (CheckResult, ExerciseFailed, call_answer, grader, refuse_course_helper,
+                       require_callable)
 from ..lessons.l03_memory import RecordArrayDataset, RecordListDataset, make_records, worker_memory
 from ..machine import usable_cpus
 from ..scaling import CurveShape, describe_curve, find_knee, sweep_workers
@@ -65,10 +48,8 @@ def _curve(name: str, story: str, workers: Sequence[int], truth: Sequence[float]
 
 
 def synthetic_curves() -> list[dict]:
-    """The curves the grader feeds: name, story, workers, true rates and measured (noisy) rates.
-
-    Rates are samples/s. The noise is multiplicative, uniform, seeded: the same curves every run.
-    """
+    """The curves the grader feeds: name, story, workers, true and measured rates (samples/s,
+    with seeded multiplicative noise: the same curves every run)."""
     plateau = [90, 100, 200, 300, 400, 500, 600, 700, 800, 798, 795, 793, 790, 788, 785, 782, 780]
     peak = [250, 240, 460, 650, 750, 680, 610, 560, 510, 470, 430, 400, 380]
     rising = [100, 100, 198, 390, 760, 1450, 2600]
@@ -115,7 +96,7 @@ def _fmt_curve(workers: Sequence[int], rates: Sequence[float]) -> str:
 
 
 def _call_choice(choose: Callable, curve: dict) -> Any:
-    return choose(list(curve["workers"]), list(curve["measured"]))
+    return call_answer(CHOOSE, choose, list(curve["workers"]), list(curve["measured"]))
 
 
 def _judge(curve: dict, answer: Any, label: str,
@@ -210,10 +191,8 @@ def grade_choose_workers(choose_num_workers: Callable[..., Any], *,
                          measure_real_curve: bool = True,
                          max_workers: int | None = None) -> CheckResult:
     """Check ``choose_num_workers(workers, samples_per_s)`` on synthetic curves and a real one."""
-    if not callable(choose_num_workers):
-        raise ExerciseFailed(CHOOSE, "the answer is not a function.",
-                             expected="a function choose_num_workers(workers, samples_per_s)",
-                             seen=f"{type(choose_num_workers).__name__}: {choose_num_workers!r}")
+    require_callable(CHOOSE, choose_num_workers,
+                     "a function choose_num_workers(workers, samples_per_s)")
     refuse_course_helper(CHOOSE, choose_num_workers, COURSE_CHOOSERS,
                          write="read the best rate off the measurements and pick the worker "
                                "count yourself, in plain Python")
@@ -333,11 +312,9 @@ def grade_copy_on_read(make_safe: Callable[[list], Any], *, n_records: int = 60_
     """Check ``make_safe(records)`` gives the same items as RecordListDataset(records) and does
     not grow every forked worker's private memory while it reads them."""
 
-    if not callable(make_safe):
-        raise ExerciseFailed(COPY, "the answer is not a class or function.",
-                             expected="a class (or function) called with the list of records, "
-                                      "returning a dataset",
-                             seen=f"{type(make_safe).__name__}: {make_safe!r}")
+    require_callable(COPY, make_safe, "a class (or function) called with the list of records, "
+                                      "returning a dataset", what="class or function",
+                     hint="pass the class itself, without calling it.")
     refuse_course_helper(COPY, make_safe, COURSE_PACKED, write=_WRITE_PACKED)
     records = make_records(n_records, seed=seed)
     reference = RecordListDataset(records)

@@ -1,44 +1,9 @@
-"""Grader for exercise 06: a batched JPEG pipeline, the fastest under a CPU budget.
-
-``06.fast_pipeline``: the learner writes a Dataset whose fetch makes a whole batch at once, and
-``build_loader(dataset, *, batch_size, size, cpu_budget) -> DataLoader`` for a
-:class:`~course_utils.data.JpegDataset`. Checked, in this order:
-
-**The batches** are ``(images, labels)``: images a ``uint8`` tensor of shape ``(batch_size, 3,
-size, size)`` equal, sample for sample, to ``ToTensorUint8(size)(dataset[i][0])``, labels
-``int64`` equal to ``dataset.labels``. The grader reads indices ``0 .. batch_size-1`` in this
-process the way the DataLoader's fetcher (``torch/utils/data/_utils/fetch.py``) does: with
-automatic batching (``batch_size=B`` or a ``batch_sampler``), ``dataset.__getitems__(indices)``
-when the dataset has it, else ``[dataset[i] for i in indices]``, then ``collate_fn``; without
-(``batch_size=None``), ``dataset[index]`` for whatever the sampler yields (a list of indices when
-the sampler is a ``BatchSampler``), then ``collate_fn``.
-
-**The batched fetch**: one dataset call per batch (``__getitems__``, or ``dataset[indices]``
-from a ``BatchSampler``), and the images of the batch are the memory that call filled:
-``collate_fn`` passes the batch on instead of stacking samples into a new tensor.
-
-**The CPU budget** ``cpu_budget = K`` (cores) means two things, both checked:
-
-* structurally: at most ``K`` workers (``num_workers <= K``; with ``num_workers = 0`` the main
-  process does the work on its own cores);
-* measured: over the timed windows, the loader's whole process tree (main process + workers)
-  uses at most ``K + CPU_ALLOWANCE`` CPU-seconds per wall-second (``CPU-seconds per sample x
-  samples/s``, from :func:`~course_utils.bench.measure_loader`). The allowance is for the main
-  process receiving batches; a worker (or main process) with more than one busy thread shows
-  up here.
-
-**Speed**: the learner's loader and the reference (:func:`~course_utils.pipelines.tuned_loader`
-with ``K`` workers, kept between rounds) read the same dataset, the same number of samples per
-window, after each one's own warm-up, in :data:`ROUNDS` interleaved rounds; the answer passes when the median of
-the per-round ratios (answer / reference samples/s) is at least :data:`PASS_RATIO`. The ratio
-was chosen on a busy 2-core machine (another job running) where the reference against itself
-ranged 0.59-1.16 (hence 5 rounds, paired ratios and 0.6); a loader that sleeps 20 ms per
-sample reaches about 0.1.
-
-The course's own pipeline (``tuned_loader``, ``BatchedJpegDataset``, ``keep_batch``: the
-answer of this exercise), handed in, subclassed or wrapped, is refused, both in the answer's
-code and in the loader it returns. ``make_worker_init`` (exercise 02's answer) and the dataset's
-own ``encoded(i)`` and ``labels`` may be used.
+"""Grader for exercise 06: ``build_loader(dataset, *, batch_size, size, cpu_budget)`` returns a
+DataLoader whose first batch, read as the DataLoader's fetcher reads it, equals the reference
+and is made by one dataset call per batch; it uses at most ``cpu_budget`` workers and cores,
+and reaches :data:`PASS_RATIO` of :func:`~course_utils.pipelines.tuned_loader`'s samples/s in
+interleaved rounds (the ratio was chosen on a busy 2-core machine, where the reference against
+itself ranged 0.59-1.16). The course's pipeline is refused, in the answer and in its loader.
 """
 from __future__ import annotations
 
@@ -53,7 +18,8 @@ from torch.utils.data._utils.collate import default_collate
 from ..bench import measure_loader
 from ..config import pick
 from ..data import JpegDataset, ToTensorUint8
-from ..grading import CheckResult, ExerciseFailed, grader, refuse_course_helper
+from ..grading import (CheckResult, ExerciseFailed, describe, grader, refuse_course_helper,
+                       require_callable)
 from ..machine import usable_cpus
 from ..measurement import Measurement, compare
 from ..pipelines import BatchedJpegDataset, keep_batch, tuned_loader
@@ -83,19 +49,14 @@ def _fail(problem: str, **kw: str) -> ExerciseFailed:
     return ExerciseFailed(FAST, problem, **kw)
 
 
-def _short(obj: Any, limit: int = 200) -> str:
-    return f"{type(obj).__name__}: {obj!r}"[:limit]
-
-
 # --------------------------------------------------------------------------------------
 # how the loader batches, and its first batch read as the fetcher reads it
 # --------------------------------------------------------------------------------------
-def _batching(loader: DataLoader) -> tuple[bool, int | None]:
-    """(automatic batching?, samples per batch or None when it cannot be told)."""
+def _per_batch(loader: DataLoader) -> int | None:
+    """Samples per batch, or None when it cannot be told."""
     if loader.batch_sampler is not None:
-        size = loader.batch_size or getattr(loader.batch_sampler, "batch_size", None)
-        return True, size
-    return False, getattr(loader.sampler, "batch_size", None)
+        return loader.batch_size or getattr(loader.batch_sampler, "batch_size", None)
+    return getattr(loader.sampler, "batch_size", None)
 
 
 def _first_indices(loader: DataLoader, batch_size: int) -> Any:
@@ -108,7 +69,7 @@ def _first_indices(loader: DataLoader, batch_size: int) -> Any:
     if not isinstance(first, (list, tuple)):
         raise _fail("with batch_size=None the loader fetches one index at a time.",
                     expected=f"batches of {batch_size} samples, one dataset call per batch",
-                    seen=f"the sampler yields {_short(first, 80)}; each becomes a 'batch' as is",
+                    seen=f"the sampler yields {describe(first)}; each becomes a 'batch' as is",
                     hint="without automatic batching, dataset[...] receives exactly what the "
                          "sampler yields. Which sampler yields lists of indices?")
     return indices
@@ -161,7 +122,7 @@ def _check_batch(batch: Any, dataset: JpegDataset, batch_size: int, size: int) -
     want = (f"a tuple (images, labels): images a torch.uint8 tensor of shape {shape}, labels a "
             f"torch.int64 tensor of shape ({batch_size},)")
     if not isinstance(batch, (tuple, list)) or len(batch) != 2:
-        raise _fail("a batch is not (images, labels).", expected=want, seen=_short(batch))
+        raise _fail("a batch is not (images, labels).", expected=want, seen=describe(batch, 200))
     images, labels = batch
     if not isinstance(images, torch.Tensor):
         raise _fail("the images of a batch are not a torch tensor.", expected=want,
@@ -196,7 +157,7 @@ def _check_batch(batch: Any, dataset: JpegDataset, batch_size: int, size: int) -
             or not torch.equal(labels, want_labels):
         raise _fail("the labels differ from the dataset's.", expected=f"{want_labels.tolist()}",
                     seen=(f"{labels.dtype} {labels.tolist()}" if isinstance(labels, torch.Tensor)
-                          else _short(labels))[:200],
+                          else describe(labels, 200))[:200],
                     hint="sample i's label is dataset.labels[i]; the batch holds them as one "
                          "int64 tensor, in the order of the indices asked for.")
 
@@ -297,7 +258,7 @@ def _check_loader(loader: Any, batch_size: int) -> None:
     """A map-style DataLoader, not built on the course's pipeline, batching ``batch_size``."""
     if not isinstance(loader, DataLoader):
         raise _fail("build_loader did not return a DataLoader.",
-                    expected="a torch.utils.data.DataLoader", seen=_short(loader),
+                    expected="a torch.utils.data.DataLoader", seen=describe(loader, 200),
                     hint="return DataLoader(...) itself, not a list of batches, an iterator or "
                          "a generator: the training loop iterates it once per epoch.")
     if isinstance(loader.dataset, IterableDataset):
@@ -308,7 +269,7 @@ def _check_loader(loader: Any, batch_size: int) -> None:
     parts = (loader.dataset, loader.collate_fn, loader.sampler, loader.batch_sampler,
              loader.worker_init_fn)
     refuse_course_helper(FAST, parts, COURSE_HELPERS, write=_WRITE)
-    _, per_batch = _batching(loader)
+    per_batch = _per_batch(loader)
     if per_batch is not None and per_batch != batch_size:
         raise _fail("the loader's batch size is not the one you were given.",
                     expected=f"{batch_size} samples per batch (the model decides it)",
@@ -325,12 +286,10 @@ def grade_fast_pipeline(build_loader: Callable[..., Any], *, cpu_budget: int | N
     """Check ``build_loader(dataset, batch_size=, size=, cpu_budget=)``: right samples made by
     one fetch per batch, within the CPU budget (cores), at least ``pass_ratio`` of the
     reference's samples/s measured side by side."""
-    if not callable(build_loader):
-        raise _fail("the answer is not a function.",
-                    expected="a function build_loader(dataset, *, batch_size, size, cpu_budget) "
-                             "returning a DataLoader", seen=_short(build_loader),
-                    hint="pass the function itself, not what it returns: "
-                         "check(\"06.fast_pipeline\", build_loader).")
+    require_callable(FAST, build_loader, "a function build_loader(dataset, *, batch_size, size, "
+                                         "cpu_budget) returning a DataLoader",
+                     hint="pass the function itself, not what it returns: "
+                          "check(\"06.fast_pipeline\", build_loader).")
     refuse_course_helper(FAST, build_loader, COURSE_HELPERS, write=_WRITE)
     k = default_cpu_budget() if cpu_budget is None else int(cpu_budget)
     dataset = JpegDataset(n=pick(full=600, quick=240) if n_images is None else n_images,

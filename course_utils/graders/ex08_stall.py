@@ -1,35 +1,8 @@
-"""Grader for exercise 08: the data-wait fraction of a profiled loop, and its bottleneck.
-
-The learner writes two functions of a Chrome trace's events (``json.load(f)["traceEvents"]``,
-the file ``prof.export_chrome_trace`` writes; times ``ts`` and ``dur`` in microseconds)::
-
-    data_wait_fraction(events, warmup_steps=1) -> float        # "08.wait_fraction"
-    bottleneck(events, warmup_steps=1, threshold=0.10) -> str  # "08.stall": "data" or "compute"
-
-The definitions, as exercise 08 states them:
-
-* the loop's **steps** are the complete events (``"ph": "X"``) named ``ProfilerStep#N`` (one per
-  ``prof.step()``); in time order, the first ``warmup_steps`` are the loader's warm-up (the
-  workers' start-up and the batches they made ahead) and are left out;
-* the **wait** is the time in the loop's ``"fetch"`` and ``"h2d copy"`` spans
-  (``record_function`` around ``next(it)`` and the copy to the device) that start inside a
-  counted step; the fraction is wait / the counted steps' total duration;
-* the **bottleneck** is ``"data"`` when that fraction is more than ``threshold``, else
-  ``"compute"``.
-
-What the grader runs, with known answers:
-
-* synthetic traces built here (:func:`synthetic_trace`): a plain loop, a trace whose first step
-  holds the workers' start-up, and steps numbered past 9 listed out of time order, with the
-  loader's own ``__next__`` span nested inside each ``"fetch"``, metadata, instant and flow
-  events as real traces have them. Each plausible mistake (warm-up counted, the step counted as
-  wait, the copy left out, the marked spans as the denominator, ``__next__`` counted twice,
-  steps sorted by name, a percentage) gives its own value, and its own message;
-* two loops profiled for real here with ``torch.profiler`` (one DataLoader worker): a loader
-  that sleeps per batch in front of a fast step (data-bound), and a ready loader in front of a
-  step that takes 50 ms (compute-bound), each with the workers' start-up in its first step.
-
-The grader's reference (:func:`_reference_fraction`), handed in or built on, is refused.
+"""Grader for exercise 08: ``data_wait_fraction(events, warmup_steps=1)`` (the time in "fetch"
+and "h2d copy" spans inside the counted ``ProfilerStep#N`` steps, over those steps' time, after
+the first ``warmup_steps`` in time order) and ``bottleneck(...)`` ("data" above ``threshold``).
+Checked on synthetic Chrome traces where each plausible mistake gives its own value and
+message, and on two loops profiled here; the grader's reference is refused.
 """
 from __future__ import annotations
 
@@ -42,14 +15,15 @@ import os
 import random
 import tempfile
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 from torch.utils.data import DataLoader, Dataset
 
-from ..grading import CheckResult, ExerciseFailed, grader, refuse_course_helper
+from ..grading import (CheckResult, ExerciseFailed, call_answer, describe, grader,
+                       refuse_course_helper, require_callable)
 
 WAIT = "08.wait_fraction"
 STALL = "08.stall"
@@ -93,14 +67,10 @@ REFERENCE = (_reference_fraction, _reference_bottleneck)
 
 def synthetic_trace(steps: Sequence[tuple[float, float, float, float]], *, first: int = 2,
                     shuffle_seed: int | None = None) -> list[dict]:
-    """Chrome-trace events of a loop whose steps take ``(fetch, copy, step, other)`` ms each.
-
-    Each ``ProfilerStep#N`` (N from ``first``) holds, in order: a "fetch" span with the
-    loader's ``__next__`` span nested inside it, an "h2d copy" span with an ``aten::copy_``
-    inside, a "step" span with an operator inside, then ``other`` ms that no span marks. Also
-    metadata (``ph`` "M"), instant ("i") and flow ("s"/"f") events, which have no ``dur``, and
-    the trace's own "Trace" span. ``shuffle_seed``: list the events in a shuffled order.
-    """
+    """Chrome-trace events of a loop whose steps take ``(fetch, copy, step, other)`` ms each:
+    each ``ProfilerStep#N`` (N from ``first``) holds "fetch" (the loader's ``__next__`` inside),
+    "h2d copy", "step" (operators inside) and unmarked time, with metadata, instant and flow
+    events (no ``dur``) as real traces have them; ``shuffle_seed`` shuffles the list."""
     pid = tid = 4242
     t = 1_700_000_000_000.0                                   # µs, like a real trace
     events: list[dict] = [
@@ -144,18 +114,6 @@ def _fraction(steps: Sequence[tuple], parts: str = "fc", over: str = "all") -> f
     wait = sum(take[p](r) for r in steps for p in parts)
     total = sum((r[0] + r[1] + r[2]) if over == "marked" else sum(r) for r in steps)
     return wait / total
-
-
-def _by_name(steps: Sequence[tuple], first: int, warmup: int) -> list[tuple]:
-    order = sorted(range(len(steps)), key=lambda k: f"ProfilerStep#{first + k}")
-    return [steps[k] for k in order[warmup:]]
-
-
-def _in_list_order(steps: Sequence[tuple], events: list[dict], first: int, warmup: int) -> list[tuple]:
-    names = [e["name"] for e in events if e.get("ph") == "X"
-             and str(e.get("name", "")).startswith("ProfilerStep#")]
-    order = [int(n.partition("#")[2]) - first for n in names]
-    return [steps[k] for k in order[warmup:]]
 
 
 MISTAKES = {
@@ -203,11 +161,14 @@ def synthetic_cases() -> list[dict]:
         events = synthetic_trace(steps, first=first, shuffle_seed=seed)
         counted = steps[warmup:]
         right = _fraction(counted)
+        by_name = sorted(range(len(steps)), key=lambda k: f"ProfilerStep#{first + k}")
+        listed = [int(e["name"].partition("#")[2]) - first for e in events if e.get("ph") == "X"
+                  and str(e.get("name", "")).startswith("ProfilerStep#")]
         mistakes = {"warm-up": _fraction(steps), "step": _fraction(counted, "fcs"),
                     "no copy": _fraction(counted, "f"), "marked": _fraction(counted, over="marked"),
                     "next twice": _fraction(counted, "nc"),
-                    "by name": _fraction(_by_name(steps, first, warmup)),
-                    "list order": _fraction(_in_list_order(steps, events, first, warmup)),
+                    "by name": _fraction([steps[k] for k in by_name[warmup:]]),
+                    "list order": _fraction([steps[k] for k in listed[warmup:]]),
                     "percent": 100 * right}
         mistakes = {k: v for k, v in mistakes.items() if abs(v - right) > 10 * TOLERANCE}
         out.append({"name": name, "steps": steps, "warmup_steps": warmup, "events": events,
@@ -220,11 +181,9 @@ def synthetic_cases() -> list[dict]:
 # --------------------------------------------------------------------------------------------
 
 class SleepyBatches(Dataset):
-    """Ready-made batches (4 small images, 4 labels, as NumPy arrays), each after ``delay_s``
-    seconds of sleep (storage or decode the worker waits on). Use with ``batch_size=None`` and
-    ``collate_fn=as_is``: arrays travel from the worker pickled in the queue's pipe, while a
-    tensor would send a shared-memory handle that the main process fetches from the worker
-    (a round trip per tensor, slow on a busy machine)."""
+    """Ready-made batches of NumPy arrays (4 small images, 4 labels), each after ``delay_s``
+    seconds of sleep; with ``collate_fn=as_is`` arrays travel pickled in the queue's pipe
+    (a tensor would cost a shared-memory round trip, slow on a busy machine)."""
 
     def __init__(self, n: int, delay_s: float) -> None:
         self.n, self.delay_s = int(n), float(delay_s)
@@ -270,28 +229,22 @@ def profile_loop(loader: DataLoader, step: Callable[[Any], Any], steps: int) -> 
             return json.load(fh)["traceEvents"]
 
 
-def _light_step(batch: Any) -> None:
-    images, _ = batch
-    images.sum()
-
-
-def _slow_step(batch: Any) -> None:
-    images, _ = batch
-    images.sum()
-    time.sleep(0.05)                                 # 50 ms of "training"
+def _step(batch: Any, sleep_s: float = 0.0) -> None:
+    batch[0].sum()
+    time.sleep(sleep_s)                              # "training"
 
 
 @functools.lru_cache(maxsize=1)
 def real_traces(steps: int = 8) -> tuple[dict, ...]:
     """Two loops profiled here (cached per process): a data-bound and a compute-bound one."""
     out = []
-    for name, delay, step in (("a loader that sleeps 30 ms per batch, a fast step", 0.03, _light_step),
-                              ("a ready loader, a step that takes 50 ms", 0.0, _slow_step)):
+    for name, delay, sleep_s in (("a loader that sleeps 30 ms per batch, a fast step", 0.03, 0.0),
+                                 ("a ready loader, a step that takes 50 ms", 0.0, 0.05)):
         loader = DataLoader(SleepyBatches(steps + 4, delay), batch_size=None, collate_fn=as_is,
                             num_workers=1, timeout=120)
-        events = profile_loop(loader, step, steps)
-        answer = _reference_fraction(events, 1)
-        out.append({"name": name, "warmup_steps": 1, "events": events, "answer": answer})
+        events = profile_loop(loader, functools.partial(_step, sleep_s=sleep_s), steps)
+        out.append({"name": name, "warmup_steps": 1, "events": events,
+                    "answer": _reference_fraction(events, 1)})
     return tuple(out)
 
 
@@ -299,30 +252,19 @@ def real_traces(steps: int = 8) -> tuple[dict, ...]:
 # calling the learner's functions
 # --------------------------------------------------------------------------------------------
 
-def _call(exercise: str, fn: Callable, events: list[dict], signature: str, **kwargs: Any) -> Any:
-    try:
-        return fn(copy.deepcopy(events), **kwargs)
-    except NotImplementedError:
-        raise
-    except TypeError as exc:
-        if "argument" in str(exc):
-            raise ExerciseFailed(exercise, f"calling your function failed: {exc}", expected=signature,
-                                 hint="keep the stub's signature: the check passes the keyword "
-                                      "arguments by name.") from exc
-        raise _raised(exercise, exc) from exc
-    except Exception as exc:
-        raise _raised(exercise, exc) from exc
-
-
-def _raised(exercise: str, exc: Exception) -> ExerciseFailed:
-    hint = "run it on the trace above in a cell of its own and read the traceback."
+def _raised_hint(exc: Exception) -> str:
     if isinstance(exc, KeyError) and exc.args and exc.args[0] in ("dur", "ts"):
-        hint = (f"not every event has {exc.args[0]!r}: metadata ('ph': 'M'), instant ('i') and "
+        return (f"not every event has {exc.args[0]!r}: metadata ('ph': 'M'), instant ('i') and "
                 f"flow ('s', 'f') events have no duration; keep the complete events, ph == 'X'.")
-    elif isinstance(exc, (ValueError, IndexError, ZeroDivisionError)):
-        hint = ("the trace has steps to count; print the ProfilerStep spans you found and the "
+    if isinstance(exc, (ValueError, IndexError, ZeroDivisionError)):
+        return ("the trace has steps to count; print the ProfilerStep spans you found and the "
                 "ones left after the warm-up.")
-    return ExerciseFailed(exercise, f"your function raised {type(exc).__name__}: {exc}", hint=hint)
+    return "run it on the trace above in a cell of its own and read the traceback."
+
+
+def _call(exercise: str, fn: Callable, events: list[dict], signature: str, **kwargs: Any) -> Any:
+    return call_answer(exercise, fn, copy.deepcopy(events), signature=signature,
+                       hint=_raised_hint, **kwargs)
 
 
 def _as_fraction(value: Any, where: str) -> float:
@@ -331,8 +273,7 @@ def _as_fraction(value: Any, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ExerciseFailed(WAIT, f"{where}: data_wait_fraction must return one number.",
                              expected="a float between 0 and 1, such as 0.42",
-                             seen=f"{type(value).__name__}: {value!r:.80}",
-                             hint="return wait / time as a plain float (did it forget a `return`?).")
+                             seen=describe(value), hint="return wait / time as a plain float (did it forget a `return`?).")
     value = float(value)
     if not math.isfinite(value):
         raise ExerciseFailed(WAIT, f"{where}: the fraction is not finite.", seen=repr(value),
@@ -361,10 +302,7 @@ def _judge(value: float, answer: float, mistakes: dict[str, float], where: str, 
 
 
 def _check_function(answer: Any, exercise: str, what: str) -> None:
-    if not callable(answer):
-        raise ExerciseFailed(exercise, "the answer is not a function.", expected=what,
-                             seen=f"{type(answer).__name__}: {answer!r:.80}",
-                             hint="pass the function itself, without calling it.")
+    require_callable(exercise, answer, what)
     refuse_course_helper(exercise, answer, REFERENCE,
                          write="pick the ProfilerStep, 'fetch' and 'h2d copy' spans out of the "
                                "events and add up their 'dur' yourself")
@@ -379,22 +317,22 @@ def grade_wait_fraction(data_wait_fraction: Callable[..., Any], *, real: bool = 
     """Check ``data_wait_fraction(events, warmup_steps=1)`` on synthetic and real traces."""
     signature = "data_wait_fraction(events, warmup_steps=1)"
     _check_function(data_wait_fraction, WAIT, signature)
+
+    def cases() -> Iterator[tuple[str, dict, dict[str, float], float]]:
+        for case in synthetic_cases():
+            yield f"on {case['name']}", case, case["mistakes"], TOLERANCE
+        for case in real_traces() if real else ():
+            with_startup = _reference_fraction(case["events"], 0)
+            yield (f"on a loop profiled here ({case['name']})", case,
+                   {"warm-up": with_startup} if abs(with_startup - case["answer"]) > 0.03 else {},
+                   REAL_TOLERANCE)
+
     found = {}
-    for case in synthetic_cases():
-        where = f"on {case['name']}"
+    for where, case, mistakes, tol in cases():
         value = _as_fraction(_call(WAIT, data_wait_fraction, case["events"], signature,
                                    warmup_steps=case["warmup_steps"]), where)
-        _judge(value, case["answer"], case["mistakes"], where, TOLERANCE)
+        _judge(value, case["answer"], mistakes, where, tol)
         found[case["name"]] = value
-    if real:
-        for case in real_traces():
-            where = f"on a loop profiled here ({case['name']})"
-            value = _as_fraction(_call(WAIT, data_wait_fraction, case["events"], signature,
-                                       warmup_steps=case["warmup_steps"]), where)
-            with_startup = _reference_fraction(case["events"], 0)
-            mistakes = {"warm-up": with_startup} if abs(with_startup - case["answer"]) > 0.03 else {}
-            _judge(value, case["answer"], mistakes, where, REAL_TOLERANCE)
-            found[case["name"]] = value
     shown = "; ".join(f"{k}: {v:.3f}" for k, v in found.items())
     return CheckResult(WAIT, f"every trace's fraction is right ({shown}).", found)
 
@@ -404,9 +342,9 @@ def grade_bottleneck(bottleneck: Callable[..., Any], *, real: bool = True) -> Ch
     """Check ``bottleneck(events, warmup_steps=1, threshold=0.10)`` names the held-back loops."""
     signature = "bottleneck(events, warmup_steps=1, threshold=0.10)"
     _check_function(bottleneck, STALL, signature)
-    cases = synthetic_cases()
     # (what, events, warmup_steps, threshold, fraction)
-    trials = [(c["name"], c["events"], c["warmup_steps"], 0.10, c["answer"]) for c in cases]
+    trials = [(c["name"], c["events"], c["warmup_steps"], 0.10, c["answer"])
+              for c in synthetic_cases()]
     near = synthetic_trace([(1.5, 0, 8.5, 0)] * 5)                 # waits 15 % of the time
     trials += [("a loop that waits 15 % of its time", near, 0, 0.10, 0.15),
                ("the same loop with threshold=0.25", near, 0, 0.25, 0.15)]
@@ -423,8 +361,7 @@ def grade_bottleneck(bottleneck: Callable[..., Any], *, real: bool = True) -> Ch
                 hint = ("diagnose prints 'data-bound'; this function returns the short words, "
                         "exactly 'data' or 'compute' (lower case).")
             raise ExerciseFailed(STALL, f"on {what}: the answer must be 'data' or 'compute'.",
-                                 expected=repr(expected), seen=f"{type(label).__name__}: {label!r:.80}",
-                                 hint=hint)
+                                 expected=repr(expected), seen=describe(label), hint=hint)
         if label != expected:
             seen = f"{label!r}; the loop waited {fraction:.0%} of its counted steps' time"
             hint = (f"'data' when the wait fraction is more than threshold (here {threshold:.2f}), "
