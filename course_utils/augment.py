@@ -1,44 +1,13 @@
 """Lesson 05: augmentation on the device, batched, with per-sample randomness.
 
-One augmentation, written twice with the same parameterisation:
-
-* :func:`augment_batch` — batched, in plain torch ops that run on any device (CUDA, MPS, CPU,
-  even ``meta``): a uint8 (N, 3, H, W) batch in, a float32 normalised (N, 3, size, size)
-  batch out, every sample with its own random crop, flip, brightness and contrast. A handful
-  of kernels per *batch*, whatever N is.
-* :class:`AugmentTransform` — per sample, on the CPU, with OpenCV: what a DataLoader worker
-  runs for every image (picklable; works under fork, forkserver and spawn).
-
-The augmentation, in the order it runs (the same in both):
-
-1. **random resized crop** — a box of ``area_fraction`` in ``params.scale`` of the image and
-   aspect ratio (w/h) log-uniform in ``params.ratio`` (torchvision's ``RandomResizedCrop``
-   sampling: up to ``params.attempts`` tries, then a centre crop), with integer ``top, left,
-   height, width``; the box is resized to ``size`` x ``size`` with bilinear interpolation,
-   half-pixel centres, clamped at the box's edges (``cv2.resize(INTER_LINEAR)`` of the crop;
-   ``F.grid_sample(align_corners=False)`` with a per-sample sampling grid in the batch);
-2. **horizontal flip** with probability ``params.flip_p`` (in the batch: the sampling grid is
-   mirrored, so the flip costs nothing);
-3. **brightness** — multiply by a factor uniform in ``[max(0, 1 - b), 1 + b]``, clamp to 0..255;
-4. **contrast** — blend with the image's mean grey level ``m`` (0.2989 R + 0.587 G + 0.114 B):
-   ``(x - m) * c + m``, ``c`` uniform in ``[max(0, 1 - c), 1 + c]``, clamp to 0..255;
-5. **normalise** — float32 ``(x / 255 - mean) / std`` per channel.
-
-The random parameters of a sample are a :class:`SampleDraw`; of a batch, an
-:class:`AugmentDraws` (one tensor per parameter). :func:`draw_batch` draws a batch's with a
-handful of tensor ops (no Python loop over samples); :func:`draw_sample` draws one sample's
-with a Python loop over the attempts, as torchvision does. They are two implementations of the
-same distribution (tests/test_augment.py checks it statistically), and for the *same* draws the
-two augmentations give the same values within :data:`AGREE_MAX_LEVELS` grey levels (the CPU
-version rounds the resized crop to uint8, as a fast worker does; with ``exact=True`` it keeps
-float32 and agrees within :data:`EXACT_MAX_LEVELS`).
-
-Lesson 05 measures it with the harness in :mod:`course_utils.lessons` (``l05_measure``:
-samples/s vs batch size, batched on the device vs per sample in DataLoader workers;
-``l05_training``: a small CNN's training loop, step time and data-wait fraction per pipeline;
-``course_authoring.gpu_lesson05``: the same on a CUDA machine for the reference results).
-
-Nothing happens at import time.
+One augmentation written twice: :func:`augment_batch`, a handful of torch kernels per batch on
+any device, and :class:`AugmentTransform`, per sample with OpenCV in a DataLoader worker. Both
+run random resized crop (torchvision's sampling, bilinear, half-pixel), horizontal flip,
+brightness, contrast (blend with the grey mean) and normalise. :func:`draw_batch` and
+:func:`draw_sample` draw the same distribution; for the same draws the two agree within
+:data:`AGREE_MAX_LEVELS` grey levels (the CPU one rounds the resized crop to uint8;
+``exact=True`` agrees within :data:`EXACT_MAX_LEVELS`). Lesson 05 writes the batched version
+in full.
 """
 from __future__ import annotations
 
@@ -52,25 +21,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .checks import check_int
 from .device import constants_on
 from .image_ops import IMAGENET_MEAN, IMAGENET_STD
 from .transforms import PerProcessRandom
 
-__all__ = [
-    "GRAY_WEIGHTS",
-    "AGREE_MAX_LEVELS",
-    "AGREE_MEAN_LEVELS",
-    "EXACT_MAX_LEVELS",
-    "AugmentParams",
-    "SampleDraw",
-    "AugmentDraws",
-    "draw_batch",
-    "draw_sample",
-    "crop_grid",
-    "augment_batch",
-    "augment_sample",
-    "AugmentTransform",
-]
+__all__ = ["GRAY_WEIGHTS", "AGREE_MAX_LEVELS", "AGREE_MEAN_LEVELS", "EXACT_MAX_LEVELS", "AugmentParams",
+           "SampleDraw", "AugmentDraws", "draw_batch", "draw_sample", "crop_grid", "augment_batch",
+           "augment_sample", "AugmentTransform"]
 
 
 #: Weights of R, G, B in the grey level the contrast blends with (ITU-R 601, as torchvision).
@@ -86,10 +44,6 @@ AGREE_MEAN_LEVELS = 0.5
 #: With ``exact=True`` (float32 resize, no rounding) the two agree to float32 precision.
 EXACT_MAX_LEVELS = 0.05
 
-
-# --------------------------------------------------------------------------------------------
-# parameters
-# --------------------------------------------------------------------------------------------
 
 def _range(name: str, value: Any, *, lo: float, where: str) -> tuple[float, float]:
     try:
@@ -109,15 +63,9 @@ def _unit(name: str, value: Any, where: str, *, hi: float = 1.0) -> float:
 
 @dataclass(frozen=True)
 class AugmentParams:
-    """Settings of the lesson-05 augmentation (immutable, hashable, picklable).
-
-    size: output side in pixels. scale: (low, high) fraction of the image's area the crop box
-    covers. ratio: (low, high) aspect ratio (width / height) of the box, drawn log-uniformly.
-    attempts: tries to find a box that fits before falling back to a centre crop. flip_p:
-    probability of a horizontal flip. brightness, contrast: the factors are drawn uniformly in
-    [max(0, 1 - value), 1 + value] (0 switches the step off). mean, std: per channel (R, G, B)
-    on the [0, 1] scale, for the final normalisation.
-    """
+    """Settings of the lesson-05 augmentation: size in pixels; scale, the (low, high) share of the
+    area the crop covers; ratio, its width / height (log-uniform); attempts before the centre
+    crop; brightness, contrast: factors in [max(0, 1 - value), 1 + value], 0 switches them off."""
 
     size: int = 224
     scale: tuple[float, float] = (0.08, 1.0)
@@ -133,10 +81,7 @@ class AugmentParams:
         where = "AugmentParams"
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731
         for name in ("size", "attempts"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
-                raise ValueError(f"{where}: {name} must be a positive int, got {v!r}.")
-            set_(name, int(v))
+            set_(name, check_int(name, getattr(self, name), 1, where))
         scale = _range("scale", self.scale, lo=0.0, where=where)
         if scale[1] > 1.0:
             raise ValueError(f"{where}: scale={self.scale!r}: the crop cannot cover more than the "
@@ -191,10 +136,6 @@ def _params(params: Any, where: str) -> AugmentParams:
     return params
 
 
-# --------------------------------------------------------------------------------------------
-# random draws
-# --------------------------------------------------------------------------------------------
-
 @dataclass(frozen=True)
 class SampleDraw:
     """The random parameters of one sample: crop box (integer pixels), flip, factors."""
@@ -210,11 +151,8 @@ class SampleDraw:
 
 @dataclass
 class AugmentDraws:
-    """The random parameters of a batch, one 1-D tensor of length N per parameter.
-
-    top, left, height, width: int64 crop boxes; flip: bool; brightness, contrast: float32.
-    All on one device (:meth:`to` moves them).
-    """
+    """The random parameters of a batch, one 1-D tensor of length N per parameter, on one
+    device."""
 
     top: torch.Tensor
     left: torch.Tensor
@@ -258,28 +196,20 @@ class AugmentDraws:
 
 
 def _check_hw(height: Any, width: Any, where: str) -> tuple[int, int]:
-    for name, v in (("height", height), ("width", width)):
-        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
-            raise ValueError(f"{where}: {name} must be a positive int (pixels), got {v!r}.")
-    return int(height), int(width)
+    return check_int("height", height, 1, where), check_int("width", width, 1, where)
 
 
 def draw_batch(n: int, height: int, width: int, params: Optional[AugmentParams] = None, *,
                generator: Optional[torch.Generator] = None, device: Any = None) -> AugmentDraws:
     """Draw the random parameters of ``n`` samples of ``height`` x ``width`` pixels, batched.
 
-    One ``torch.rand`` of shape (n, 2 * attempts + 5) and a few tensor ops: every attempt of
-    every sample at once; each sample keeps its first box that fits (``argmax`` over a boolean
-    mask), else the centre crop. No Python loop over samples, no copy to the host, so on a GPU
-    it queues a handful of kernels and returns.
-
-    The numbers are drawn with ``generator`` on its device (reproducible: the same seed gives
-    the same draws on every device when the generator is a CPU one), else with torch's default
-    generator on ``device``; the result is moved to ``device`` (default: where it was drawn).
+    One ``torch.rand`` covers every attempt of every sample; each keeps its first box that fits
+    (``argmax`` over a mask), else the centre crop: no Python loop, no copy to the host. Drawn
+    with ``generator`` on its device (a CPU one gives the same draws for every device), else on
+    ``device``; the result is moved to ``device``.
     """
     where = "draw_batch"
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
-        raise ValueError(f"{where}: n must be a positive int (samples), got {n!r}.")
+    n = check_int("n", n, 1, where)
     height, width = _check_hw(height, width, where)
     p = _params(params, where)
     if generator is not None and not isinstance(generator, torch.Generator):
@@ -315,12 +245,8 @@ def draw_batch(n: int, height: int, width: int, params: Optional[AugmentParams] 
 
 def draw_sample(height: int, width: int, params: Optional[AugmentParams] = None,
                 rng: Optional[np.random.Generator] = None) -> SampleDraw:
-    """Draw one sample's random parameters on the CPU, the way a per-sample transform does.
-
-    A Python loop over up to ``params.attempts`` tries (torchvision's ``RandomResizedCrop``
-    sampling), then the flip and the two factors, from the NumPy generator ``rng`` (default: a
-    fresh unseeded one). Same distribution as :func:`draw_batch`.
-    """
+    """Draw one sample's random parameters on the CPU with ``rng`` (default unseeded), looping
+    over the attempts as torchvision's ``RandomResizedCrop`` does."""
     where = "draw_sample"
     height, width = _check_hw(height, width, where)
     p = _params(params, where)
@@ -347,19 +273,9 @@ def draw_sample(height: int, width: int, params: Optional[AugmentParams] = None,
                       float(rng.uniform(*p.contrast_range)))
 
 
-# --------------------------------------------------------------------------------------------
-# the batched augmentation (any device)
-# --------------------------------------------------------------------------------------------
-
 def crop_grid(draws: AugmentDraws, height: int, width: int, size: int) -> torch.Tensor:
-    """The (N, size, size, 2) sampling grid of ``F.grid_sample`` for every sample's crop box.
-
-    Output pixel ``j`` of a box starting at ``left`` with width ``w`` reads input position
-    ``left + (j + 0.5) * w / size - 0.5`` (half-pixel centres), clamped to the box (as
-    ``cv2.resize`` of the cropped box clamps at its edges); rows likewise. A flipped sample
-    reads its columns in reverse order. Positions are converted to grid_sample's [-1, 1]
-    coordinates for ``align_corners=False``: ``(2 * x + 1) / width - 1``.
-    """
+    """The (N, size, size, 2) sampling grid of ``F.grid_sample`` for every sample's crop box:
+    half-pixel centres clamped to the box (as ``cv2.resize`` of the crop), a flip mirrored."""
     height, width = _check_hw(height, width, "crop_grid")
     j = (torch.arange(size, device=draws.device, dtype=torch.float32) + 0.5) / size
 
@@ -413,14 +329,9 @@ def _constants(p: AugmentParams, device: torch.device) -> tuple[torch.Tensor, to
 def augment_batch(batch: torch.Tensor, params: Optional[AugmentParams] = None, *,
                   generator: Optional[torch.Generator] = None,
                   draws: Optional[AugmentDraws] = None) -> torch.Tensor:
-    """Augment a uint8 (N, 3, H, W) batch on its own device -> float32 (N, 3, size, size).
-
-    Random resized crop + flip (one ``F.grid_sample`` with a per-sample grid), brightness and
-    contrast (per-sample factors broadcast over (N, 1, 1, 1)), normalise. The random
-    parameters come from :func:`draw_batch` with ``generator`` (pass a seeded
-    ``torch.Generator`` for reproducible output; on CUDA a CUDA generator avoids a host copy),
-    or are given as ``draws``. The output is on ``batch.device``; nothing is copied to the host.
-    """
+    """Augment a uint8 (N, 3, H, W) batch on its own device -> float32 (N, 3, size, size), with
+    :func:`draw_batch` (``generator``: a seeded one for reproducible output) or given ``draws``;
+    nothing is copied to the host."""
     where = "augment_batch"
     batch = _check_batch(batch, where)
     p = _params(params, where)
@@ -447,15 +358,10 @@ def augment_batch(batch: torch.Tensor, params: Optional[AugmentParams] = None, *
     return x.mul_(scale).add_(shift)                                       # (x / 255 - mean) / std
 
 
-# --------------------------------------------------------------------------------------------
-# the per-sample CPU version (DataLoader workers)
-# --------------------------------------------------------------------------------------------
-
 def _check_image(image: Any, where: str) -> np.ndarray:
     if isinstance(image, torch.Tensor):
-        raise TypeError(f"{where}: image must be a NumPy (H, W, 3) uint8 RGB array (as the course "
-                        f"datasets return), got a torch.Tensor; use a dataset without a "
-                        f"to-tensor transform.")
+        raise TypeError(f"{where}: image must be a NumPy (H, W, 3) uint8 RGB array, got a "
+                        f"torch.Tensor; use a dataset without a to-tensor transform.")
     if not isinstance(image, np.ndarray) or image.ndim != 3 or image.shape[2] != 3:
         raise ValueError(f"{where}: image must be a (H, W, 3) array, got "
                          f"{getattr(image, 'shape', type(image).__name__)}.")
@@ -466,12 +372,8 @@ def _check_image(image: Any, where: str) -> np.ndarray:
 
 def augment_sample(image: np.ndarray, draw: SampleDraw, params: Optional[AugmentParams] = None,
                    *, exact: bool = False) -> torch.Tensor:
-    """Augment one (H, W, 3) uint8 RGB image with the given parameters -> float32 (3, size, size).
-
-    What a worker runs per sample: crop (a view), ``cv2.resize`` of the box (uint8, rounded;
-    with ``exact=True`` in float32), ``cv2.flip``, then brightness, contrast and normalise in
-    float32 NumPy, and a CHW tensor. Same steps, order and formulas as :func:`augment_batch`.
-    """
+    """Augment one (H, W, 3) uint8 RGB image with the given parameters -> float32 (3, size,
+    size), as :func:`augment_batch` does; ``exact=True`` resizes in float32, not uint8."""
     where = "augment_sample"
     image = _check_image(image, where)
     p = _params(params, where)
@@ -480,8 +382,7 @@ def augment_sample(image: np.ndarray, draw: SampleDraw, params: Optional[Augment
     t, l, h, w = draw.top, draw.left, draw.height, draw.width
     if not (0 <= t and 0 <= l and h >= 1 and w >= 1 and t + h <= image.shape[0] and l + w <= image.shape[1]):
         raise ValueError(f"{where}: the crop box (top={t}, left={l}, height={h}, width={w}) does not "
-                         f"fit in an image of {image.shape[0]}x{image.shape[1]} pixels; draw it for "
-                         f"this image's size.")
+                         f"fit in this {image.shape[0]}x{image.shape[1]} image; draw it for its size.")
     box = image[t:t + h, l:l + w]
     if exact:
         box = box.astype(np.float32)
@@ -506,15 +407,8 @@ def augment_sample(image: np.ndarray, draw: SampleDraw, params: Optional[Augment
 
 
 class AugmentTransform(PerProcessRandom):
-    """The per-sample augmentation as a DataLoader transform: (H, W, 3) uint8 -> float32 (3, size, size).
-
-    Picklable (fork, forkserver, spawn). Each call draws a :class:`SampleDraw` with
-    :func:`draw_sample` and runs :func:`augment_sample`. The NumPy generator is made lazily in
-    each process and never pickled, so every worker has its own stream: ``seed=None`` seeds it
-    from ``torch.initial_seed()`` (which the DataLoader sets differently in every worker and
-    epoch; ``torch.manual_seed`` in the main process makes runs reproducible); ``seed=s`` seeds
-    it from ``s`` in the main process and from ``(s, worker seed)`` in a worker.
-    """
+    """The per-sample augmentation as a picklable DataLoader transform: (H, W, 3) uint8 ->
+    float32 (3, size, size), drawing per process as :class:`PerProcessRandom` says."""
 
     def __init__(self, params: Optional[AugmentParams] = None, seed: Optional[int] = None, *,
                  exact: bool = False) -> None:

@@ -1,36 +1,16 @@
-"""The one timing engine: measure a callable, a DataLoader, or the data wait of a training loop.
+"""The one timing engine: measure a callable, a DataLoader, or the data wait of a training loop
+(lesson 00 shows why each step is there).
 
-What is measured, and in what unit:
+* **wall time per repeat** (seconds, ``time.perf_counter``), warm-up untimed; the **median** and
+  **IQR** of the repeats are reported; **samples per second** = samples per repeat / median.
+* **CPU seconds per sample**: user + system CPU of the *whole process tree* (workers included)
+  over the timed windows, per sample timed (1.0 ms means one core per 1000 samples/s).
+* **involuntary context switches** of the tree over the timed windows (oversubscription).
+* **peak memory** of the tree in bytes, sampled by a thread: summed USS (private pages: what
+  copy-on-read grows) and PSS (shared pages split: the total footprint; Linux only).
 
-* **wall time per repeat** (seconds, ``time.perf_counter``): each repeat times one call of a
-  function (:func:`measure`) or one pass over ``batches`` batches of a loader
-  (:func:`measure_loader`). Warm-up calls/batches are run first and are never timed, so worker
-  start-up, lazy imports and caches filling up do not pollute the result. We report the
-  **median** and the **interquartile range (IQR)** of the repeats, like ``torch.utils.benchmark``.
-* **samples per second** = samples in one repeat / median time per repeat.
-* **CPU seconds per sample**: user + system CPU time of the *whole process tree* (this process and
-  all its children, e.g. DataLoader workers), summed over the timed windows only, divided by the
-  number of samples timed. Read with :mod:`psutil`. ``1.0 ms`` CPU per sample means the pipeline
-  needs one core for 1000 samples/s, wherever that core's work happens.
-* **involuntary context switches** of the process tree over the timed windows (how often the OS
-  took a core away from a thread that still wanted it: a sign of oversubscription). ``None``
-  where the platform does not report them.
-* **peak memory** of the process tree during the timed windows, sampled by a background thread:
-  the largest sum over the tree of USS (memory private to each process: what copy-on-read
-  makes grow in every worker; pages a forked worker still shares with its parent are in
-  nobody's USS) and of PSS (each shared page split between the processes sharing it: the
-  tree's total footprint). ``None`` where the platform does not report them (PSS: Linux only).
-
-The process tree is read by :class:`course_utils.process_tree.TreeMonitor` (its sampler thread's
-own CPU time is subtracted); the results are :class:`course_utils.measurement.Measurement` objects,
-which :func:`course_utils.measurement.compare` puts side by side.
-
-A caveat that no timer avoids: a loader with workers keeps working ahead (up to
-``prefetch_factor * num_workers`` batches in flight), so batches made before the clock starts
-look free. The default warm-up of ``max(2, num_workers * prefetch_factor)`` batches and a window
-of many batches keep that error small; a window of a handful of batches cannot.
-
-Nothing happens at import time.
+A loader's workers work ahead, so batches made before the clock starts look free: the default
+warm-up is every batch in flight, ``max(2, num_workers * prefetch_factor)``.
 """
 from __future__ import annotations
 
@@ -54,20 +34,13 @@ __all__ = ["measure", "measure_loader", "batch_size_of", "DataWait", "measure_da
 _now: Callable[[], float] = time.perf_counter
 
 
-# --------------------------------------------------------------------------------------
-# measure a callable
-# --------------------------------------------------------------------------------------
-
 def measure(fn: Callable[[], Any], *, items: int = 1, warmup: int = 1, repeats: int = 5,
             label: str | None = None, settings: dict | None = None,
             device: Any = None) -> Measurement:
-    """Time ``fn()``: ``warmup`` untimed calls, then ``repeats`` timed calls, one call per repeat.
+    """Time ``fn()``: ``warmup`` untimed calls, then ``repeats`` timed calls, one per repeat.
 
-    ``items`` is how many samples one call processes (for samples/s and CPU-s/sample).
-    When ``device`` is a CUDA device (or CUDA is already initialised) the device is synchronised
-    before the clock starts and after every call, so queued GPU work is part of the time.
-    CPU time and context switches of the process tree are measured around each timed call.
-    Returns a :class:`Measurement` (times in seconds).
+    ``items`` is how many samples one call processes. On CUDA (``device``, or CUDA already
+    initialised) the device is synchronised around every call, so queued GPU work is timed.
     """
     if not callable(fn):
         raise TypeError(f"fn must be a callable taking no arguments (e.g. a function or "
@@ -80,10 +53,7 @@ def measure(fn: Callable[[], Any], *, items: int = 1, warmup: int = 1, repeats: 
     sync = synchronizer(device)
     if label is None:
         label = getattr(fn, "__name__", None) or type(fn).__name__
-    all_settings: dict = {}
-    if device is not None:
-        all_settings["device"] = str(device)
-    all_settings.update(settings or {})
+    all_settings = ({} if device is None else {"device": str(device)}) | dict(settings or {})
 
     for _ in range(warmup):
         fn()
@@ -117,19 +87,10 @@ def measure(fn: Callable[[], Any], *, items: int = 1, warmup: int = 1, repeats: 
         peak_uss_bytes=uss, peak_pss_bytes=pss, settings=all_settings)
 
 
-# --------------------------------------------------------------------------------------
-# measure a loader
-# --------------------------------------------------------------------------------------
-
 def batch_size_of(batch: Any) -> int:
-    """How many samples are in ``batch``.
-
-    Rules, in order: a tensor or array -> its first dimension; a dict -> the size of its first
-    value; a tuple/list -> the size of its first element when that is a tensor/array/dict/
-    tuple/list (so ``(images, labels)`` counts images), otherwise its length (a list of
-    strings or numbers). A batch that is a list of *samples* (``collate_fn=list``) is not
-    recognised: wrap it or count it yourself.
-    """
+    """How many samples are in ``batch``: a tensor's first dimension, else that of a dict's first
+    value or a tuple's first element (``(images, labels)`` counts images), else a list's length.
+    A list of *samples* (``collate_fn=list``) is not recognised: count it yourself."""
     shape = getattr(batch, "shape", None)
     if shape is not None and not isinstance(batch, (str, bytes)):
         if len(shape) == 0:
@@ -159,21 +120,9 @@ def _loader_settings(loader: Any) -> dict:
             settings[name] = getattr(loader, name)
     if getattr(loader, "num_workers", 0):
         ctx = getattr(loader, "multiprocessing_context", None)
-        if ctx is None:
-            method = start_method()
-        elif isinstance(ctx, str):
-            method = ctx
-        else:
-            method = ctx.get_start_method()
-        settings["start_method"] = method
+        settings["start_method"] = (start_method() if ctx is None else
+                                    ctx if isinstance(ctx, str) else ctx.get_start_method())
     return settings
-
-
-def _default_label(loader: Any) -> str:
-    if hasattr(loader, "num_workers"):
-        return (f"{type(loader).__name__}(num_workers={loader.num_workers}, "
-                f"batch_size={getattr(loader, 'batch_size', None)})")
-    return type(loader).__name__
 
 
 def _plan_batches(loader: Any, batches: int | None, warmup: int, what: str) -> int | None:
@@ -182,16 +131,11 @@ def _plan_batches(loader: Any, batches: int | None, warmup: int, what: str) -> i
         n_total = len(loader)
     except TypeError:
         n_total = None
-    if n_total is not None and batches is None and n_total <= warmup:
-        raise ValueError(
-            f"the loader has only {n_total} batches per epoch and warmup_{what}={warmup} would "
-            f"use them all, leaving none to time: use a bigger dataset, a smaller batch_size, "
-            f"or fewer warmup_{what}.")
-    if n_total is not None and batches is not None and n_total < warmup + batches:
-        raise ValueError(
-            f"the loader has only {n_total} batches per epoch, fewer than "
-            f"warmup_{what}={warmup} + {what}={batches} = {warmup + batches}: use a bigger "
-            f"dataset, a smaller batch_size, or fewer warmup_{what}/{what}.")
+    if n_total is not None and n_total < warmup + (batches or 1):
+        asked = "" if batches is None else f" + {what}={batches}"
+        raise ValueError(f"the loader has only {n_total} batches per epoch, too few for warmup_{what}="
+                         f"{warmup}{asked} and one to time: use a bigger dataset, a smaller "
+                         f"batch_size, or fewer warmup_{what}/{what}.")
     if batches is not None:
         return batches
     cap = pick(full=None, quick=10)
@@ -212,25 +156,15 @@ def _next_or_explain(it: Any, pulled: int, warmup: int, asked: int | None, what:
     except StopIteration:
         if not strict:
             return _END
-        if pulled < warmup or asked is None:
-            raise ValueError(
-                f"the loader ran out after {pulled} batches, during warmup_{what}={warmup}: "
-                f"use fewer warmup_{what}, or a loader with more batches.") from None
-        raise ValueError(
-            f"the loader ran out after {pulled} batches, but warmup_{what}={warmup} + "
-            f"{what}={asked} were asked for: use fewer, or a loader with more batches."
-        ) from None
+        asked_text = "" if pulled < warmup or asked is None else f" + {what}={asked}"
+        raise ValueError(f"the loader ran out after {pulled} batches of warmup_{what}={warmup}"
+                         f"{asked_text}: ask for fewer, or use a loader with more batches.") from None
 
 
 def _warmup_for(loader: Any, warmup_batches: int | None) -> int:
-    """The warm-up to use: as given, or by default every batch the workers hold in flight.
-
-    Workers start one after another and each runs ``prefetch_factor`` batches ahead, so until
-    ``num_workers * prefetch_factor`` batches have been pulled, batches finished before the
-    clock started would be counted as free (a latency-bound loader read 146% of its physical
-    limit that way). Default: ``max(2, num_workers * prefetch_factor)``, capped at half the
-    loader's length when it has one, so that at least half an epoch is timed.
-    """
+    """The warm-up to use: as given, or every batch the workers hold in flight,
+    ``max(2, num_workers * prefetch_factor)``, at most half the loader (else batches made before
+    the clock count as free: a latency-bound loader read 146% of its physical limit)."""
     if warmup_batches is not None:
         return warmup_batches
     workers = int(getattr(loader, "num_workers", 0) or 0)
@@ -249,18 +183,10 @@ def measure_loader(loader: Iterable, *, batches: int | None = None,
                    progress: bool = True) -> Measurement:
     """Time how fast ``loader`` delivers batches, in samples per second.
 
-    Each repeat: a fresh ``iter(loader)`` (fresh workers unless ``persistent_workers``);
-    ``warmup_batches`` batches pulled untimed (default: the batches the workers hold in flight,
-    ``max(2, num_workers * prefetch_factor)``, at most half the epoch, so worker start-up and
-    batches finished before the clock started are excluded); then ``batches``
-    batches timed (default: the rest of the epoch; at most 10 in quick mode). Samples are counted
-    from the real batch sizes (:func:`batch_size_of`), so a last partial batch counts exactly.
-    CPU time and involuntary context switches of the process tree (main process + workers) are
-    measured over the timed window only; peak memory (USS/PSS) is sampled during it. The iterator
-    is deleted after each window (outside the timing), which shuts its workers down.
-
-    ``settings`` is merged over what is read from the loader (num_workers, batch_size,
-    pin_memory, persistent_workers, prefetch_factor, start_method).
+    Each repeat takes a fresh ``iter(loader)``, pulls ``warmup_batches`` untimed (default: the
+    batches in flight, see :func:`_warmup_for`), then times ``batches`` (default: the rest of the
+    epoch; at most 10 in quick mode), counting real batch sizes. ``settings`` is merged over
+    what is read from the loader.
     """
     if not hasattr(loader, "__iter__"):
         raise TypeError(f"loader must be iterable (e.g. a torch.utils.data.DataLoader), got "
@@ -272,10 +198,11 @@ def measure_loader(loader: Iterable, *, batches: int | None = None,
         raise TypeError(f"settings must be a dict of names to values, got {type(settings).__name__}.")
     warmup_batches = _warmup_for(loader, warmup_batches)
     n_timed = _plan_batches(loader, batches, warmup_batches, "batches")
-    all_settings = _loader_settings(loader)
-    all_settings.update(settings or {})
+    all_settings = _loader_settings(loader) | dict(settings or {})
     if label is None:
-        label = _default_label(loader)
+        label = (f"{type(loader).__name__}(num_workers={loader.num_workers}, batch_size="
+                 f"{getattr(loader, 'batch_size', None)})" if hasattr(loader, "num_workers")
+                 else type(loader).__name__)
 
     from tqdm.auto import tqdm  # lazy: kept out of `import course_utils` (workers)
 
@@ -344,17 +271,10 @@ def measure_loader(loader: Iterable, *, batches: int | None = None,
         peak_uss_bytes=uss, peak_pss_bytes=pss, settings=all_settings, warnings=notes)
 
 
-# --------------------------------------------------------------------------------------
-# data wait inside a training loop
-# --------------------------------------------------------------------------------------
-
 @dataclass
 class DataWait:
-    """How much of each training step was spent waiting for data (seconds per step).
-
-    ``wait_s``: time blocked in ``next(iterator)`` plus the copy to the device;
-    ``step_s``: the whole iteration (wait + ``step_fn``); ``wait_fraction`` = sum(wait)/sum(step).
-    """
+    """How much of each training step was spent waiting for data (seconds per step): ``wait_s``
+    is ``next(iterator)`` plus the copy to the device, ``step_s`` the whole iteration."""
 
     steps: int
     wait_s: list[float]
@@ -384,17 +304,10 @@ def measure_data_wait(loader: Iterable, step_fn: Callable[[Any], Any], *,
                       device: Any = None) -> DataWait:
     """Run a training loop and time how long each step waits for data.
 
-    ``warmup_steps`` full steps run untimed first (default ``max(2, num_workers *
-    prefetch_factor)``, at most half the loader, so the batches the workers made ahead at start-up
-    are not counted as free). Then each timed step: the wait is the time
-    spent in ``next(iterator)`` plus moving the batch to ``device`` (when given; non_blocking only
-    from pinned memory); the step is the whole iteration including ``step_fn(batch)``.
-    ``steps`` defaults to the rest of the epoch (at most 10 in quick mode). On CUDA the device is
-    synchronised before each clock reading, so the copy counts as wait and queued GPU work counts
-    in the step it belongs to (this also stops the GPU running ahead, as ``loss.item()`` would).
-    On a GPU the fraction is therefore an upper bound: the forced syncs keep the CPU from queueing
-    the next step while the GPU still works, so loading cannot overlap the GPU's last kernels.
-    On a CPU the step is synchronous anyway and the fraction is what the loop really waited.
+    After ``warmup_steps`` untimed steps (default as :func:`measure_loader`), the wait is
+    ``next(iterator)`` plus the move to ``device`` (when given). On CUDA the device is
+    synchronised before each clock reading, so the fraction is an upper bound: the syncs keep
+    loading from overlapping the GPU's last kernels. On a CPU it is what the loop really waited.
     """
     if not hasattr(loader, "__iter__"):
         raise TypeError(f"loader must be iterable (e.g. a torch.utils.data.DataLoader), got "

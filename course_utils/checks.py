@@ -1,12 +1,6 @@
-"""Argument checks, one family: each names the argument, what it must be, and what it got.
-
-Helpers call these instead of writing their own ``isinstance``/range checks, so every bad
-argument in the course fails the same clear way. ``where`` (the function's name) starts the
-message when given; ``hint`` ends it. The wrong *kind* of value raises :class:`WrongType`, which
-is both a TypeError and a ValueError (callers and learners may catch either); a value out of
-range raises ValueError. Each check returns the value, converted (``int``, ``float``).
-Nothing happens at import time.
-"""
+"""Argument checks, one family: each names the argument, what it must be, and what it got, and
+returns the value converted. ``where`` (the function's name) starts the message, ``hint`` ends
+it; the wrong *kind* of value raises :class:`WrongType`, both a TypeError and a ValueError."""
 from __future__ import annotations
 
 import math
@@ -95,8 +89,8 @@ def check_transform(transform: Any, where: str) -> Optional[Callable]:
 
 
 def check_folder(value: Union[str, os.PathLike], name: str, hint: str) -> Path:
-    """``value`` as an existing folder (``~`` expanded); otherwise FileNotFoundError or
-    NotADirectoryError that names ``name`` and ends in ``hint`` (what to pass instead)."""
+    """``value`` as an existing folder (``~`` expanded), else an error that names ``name`` and
+    ends in ``hint`` (what to pass instead)."""
     path = Path(value).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"{name}={str(value)!r}: no such folder; {hint}")

@@ -1,14 +1,6 @@
-"""Course settings, read in one place.
-
-Quick mode shrinks every experiment so the whole test suite runs in a few minutes on a
-2-core machine. It is switched on by one environment variable, ``COURSE_QUICK``:
-
-    COURSE_QUICK=1 jupyter lab        # quick: small datasets, few repeats
-    COURSE_QUICK=0 jupyter lab        # full: real measurement (the default)
-
-Every helper that sizes an experiment calls :func:`quick_mode` or :func:`pick`; nothing else
-reads the variable.
-"""
+"""Course settings, read in one place: quick mode (``COURSE_QUICK=1``) shrinks every experiment
+so the test suite runs in minutes; every helper that sizes one calls :func:`quick_mode` or
+:func:`pick`, and nothing else reads the variable."""
 from __future__ import annotations
 
 import os
@@ -23,21 +15,16 @@ T = TypeVar("T")
 
 
 def quick_mode() -> bool:
-    """Return True when ``COURSE_QUICK`` asks for quick mode.
-
-    Raises ValueError naming the variable when its value is not one of
-    1/true/yes/on or 0/false/no/off (case-insensitive).
-    """
+    """True when ``COURSE_QUICK`` asks for quick mode; a ValueError naming it when it is not one of
+    1/true/yes/on or 0/false/no/off."""
     raw = os.environ.get(QUICK_ENV, "")
     value = raw.strip().lower()
     if value in _TRUE:
         return True
     if value in _FALSE:
         return False
-    raise ValueError(
-        f"{QUICK_ENV}={raw!r} is not understood: set it to 1 (quick mode) or 0 (full mode), "
-        f"or unset it."
-    )
+    raise ValueError(f"{QUICK_ENV}={raw!r} is not understood: set it to 1 (quick mode) or 0 "
+                     f"(full mode), or unset it.")
 
 
 def pick(full: T, quick: T) -> T:

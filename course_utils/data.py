@@ -1,25 +1,8 @@
-"""Course datasets and the two baseline transforms.
-
-Everything here is importable, so DataLoader workers can unpickle it under every start method
-(``fork``, ``forkserver``, ``spawn``). Nothing happens at import time.
-
-Datasets
-    :class:`JpegDataset`        real JPEG bytes (crops of a photograph that ships with matplotlib),
-                                decoded with OpenCV on every fetch: the CPU-heavy case.
-    :class:`ArrayDataset`       a synthetic in-memory array, refused when it would not fit in RAM:
-                                the light case.
-    :class:`LatencyDataset`     sleeps per sample (and once per process at start-up): the
-                                storage/network-bound case.
-
-(A folder of the learner's own images is :class:`course_utils.image_folder.ImageFolderDataset`.)
+"""Course datasets (JPEG decode: CPU-heavy; in-memory array: light; latency: storage-bound) and
+the two baseline transforms, importable so workers unpickle them under every start method.
 
 Every dataset keeps its data in NumPy arrays (one buffer + offsets, never a Python list of
 objects), so reading it in a forked worker does not copy pages ("copy-on-read").
-
-Transforms (picklable classes, not lambdas)
-    :class:`CommonRecipeTransform` resize, then per-sample ``float32 / 255``, CHW tensor
-                                   (the usual recipe, our baseline).
-    :class:`ToTensorUint8`         resize, keep ``uint8``, CHW tensor (the tuned variant).
 """
 from __future__ import annotations
 
@@ -40,6 +23,7 @@ from torch.utils.data import Dataset
 
 from .checks import check_index, check_int, check_seconds, check_transform
 from .config import pick
+from .image_ops import check_hwc
 
 __all__ = [
     "sample_photo", "decode_jpeg", "ram_budget_bytes", "RamBudgetError", "JpegDataset",
@@ -51,12 +35,7 @@ _N_CLASSES = 10
 _MB = 1e6
 
 
-# --------------------------------------------------------------------------------------------
-# small validation helpers (errors name the argument and say what to do)
-# --------------------------------------------------------------------------------------------
-
 def _as_shape(name: str, value: Any, *, where: str) -> tuple[int, ...]:
-    """Return ``value`` as a tuple of positive ints, or raise naming ``name``."""
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         value = (value,)
     try:
@@ -75,13 +54,7 @@ def _as_shape(name: str, value: Any, *, where: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-
-# --------------------------------------------------------------------------------------------
-# the photograph and JPEG decoding
-# --------------------------------------------------------------------------------------------
-
 def _photo_path() -> Path:
-    """Path of matplotlib's shipped sample photograph (``grace_hopper.jpg``)."""
     import matplotlib  # local import: only needed here, keeps ``import course_utils.data`` light
     candidates = []
     try:
@@ -94,14 +67,12 @@ def _photo_path() -> Path:
         if path.is_file():
             return path
     raise FileNotFoundError(
-        f"sample_photo(): matplotlib's sample photograph {PHOTO_NAME!r} was not found (looked in "
-        f"{', '.join(str(p) for p in candidates)}). Reinstall matplotlib from pip or conda-forge "
-        f"(its sample data ships with the package), or use ImageFolderDataset on your own images.")
+        f"sample_photo(): matplotlib's sample photograph {PHOTO_NAME!r} is not in "
+        f"{', '.join(str(p) for p in candidates)}; reinstall matplotlib, or use ImageFolderDataset.")
 
 
 @functools.lru_cache(maxsize=1)
 def _photo_bgr() -> np.ndarray:
-    """Decoded photograph, cached once per process, read-only."""
     path = _photo_path()
     # np.fromfile + imdecode (rather than cv2.imread) also works for non-ASCII paths on Windows.
     img = cv2.imdecode(np.fromfile(str(path), dtype=np.uint8), cv2.IMREAD_COLOR)
@@ -113,20 +84,14 @@ def _photo_bgr() -> np.ndarray:
 
 
 def sample_photo() -> np.ndarray:
-    """A real photograph: matplotlib's ``grace_hopper.jpg`` as an (H, W, 3) uint8 **BGR** array.
-
-    BGR is OpenCV's channel order (use ``img[..., ::-1]`` or ``cv2.cvtColor`` for RGB). The
-    decoded image is cached per process; each call returns a fresh copy you may modify.
-    """
+    """A real photograph: matplotlib's ``grace_hopper.jpg`` as an (H, W, 3) uint8 **BGR** array
+    (OpenCV's channel order), a fresh copy of the per-process cache."""
     return _photo_bgr().copy()
 
 
 def decode_jpeg(buf: Union[bytes, bytearray, memoryview, np.ndarray]) -> np.ndarray:
-    """Decode encoded image bytes (JPEG, PNG, ...) with OpenCV into an (H, W, 3) uint8 **RGB** array.
-
-    This is the decode step every :class:`JpegDataset` fetch pays: ``cv2.imdecode`` (BGR)
-    followed by a BGR -> RGB channel swap.
-    """
+    """Decode encoded image bytes (JPEG, PNG, ...) with OpenCV into an (H, W, 3) uint8 **RGB**
+    array: the decode step every :class:`JpegDataset` fetch pays."""
     if isinstance(buf, np.ndarray):
         if buf.dtype != np.uint8:
             raise TypeError(f"decode_jpeg(buf): buf must hold uint8 bytes, got dtype {buf.dtype}.")
@@ -145,43 +110,24 @@ def decode_jpeg(buf: Union[bytes, bytearray, memoryview, np.ndarray]) -> np.ndar
     return cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
 
 
-# --------------------------------------------------------------------------------------------
-# RAM budget
-# --------------------------------------------------------------------------------------------
-
 class RamBudgetError(MemoryError, ValueError):
-    """An in-memory dataset would need more RAM than the budget allows (nothing was allocated).
-
-    A subclass of both MemoryError and ValueError, so either ``except`` catches it.
-    """
+    """An in-memory dataset would need more RAM than the budget allows (nothing was allocated)."""
 
 
 def ram_budget_bytes(fraction: float = 0.25) -> int:
-    """Bytes a course dataset may allocate: ``fraction`` of the RAM available right now.
-
-    Available RAM is ``psutil.virtual_memory().available`` (bytes), read at call time.
-    """
+    """Bytes a course dataset may allocate: ``fraction`` of the RAM available right now."""
     if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real):
         raise TypeError(f"ram_budget_bytes(fraction={fraction!r}): fraction must be a number "
                         f"in (0, 1], e.g. 0.25 for a quarter of the available RAM.")
-    fraction = float(fraction)
     if not (0.0 < fraction <= 1.0):
-        raise ValueError(f"ram_budget_bytes(fraction={fraction!r}): fraction must be in (0, 1], "
-                         f"e.g. 0.25 for a quarter of the available RAM.")
-    return int(psutil.virtual_memory().available * fraction)
+        raise ValueError(f"ram_budget_bytes(fraction={fraction!r}): fraction must be in (0, 1].")
+    return int(psutil.virtual_memory().available * float(fraction))
 
-
-# --------------------------------------------------------------------------------------------
-# JpegDataset
-# --------------------------------------------------------------------------------------------
 
 def _make_variant(photo: np.ndarray, rng: np.random.Generator, min_side: int,
                   max_side: int) -> np.ndarray:
-    """One randomised BGR variant of ``photo``: crop, resize, colour change, flips.
-
-    Draws the same number of random values whatever the outcome, so image k depends only on
-    the seed (the first k images are identical for every n).
-    """
+    """One randomised BGR variant of ``photo``: crop, resize, colour change, flips. Draws the
+    same number of random values whatever the outcome, so image k depends only on the seed."""
     h0, w0 = photo.shape[:2]
     # crop box: 25-100 % of the area, aspect ratio 3/4..4/3 (like RandomResizedCrop)
     area = rng.uniform(0.25, 1.0) * h0 * w0
@@ -224,21 +170,10 @@ def _make_variant(photo: np.ndarray, rng: np.random.Generator, min_side: int,
 
 
 class JpegDataset(Dataset):
-    """``n`` real JPEGs made from one photograph, decoded with OpenCV on every fetch.
-
-    At construction every image is a random crop of :func:`sample_photo`, resized so its longest
-    side is between ``min_side`` and ``max_side`` pixels, colour-shifted (per-channel gain,
-    gamma, brightness, sometimes a hue rotation), sometimes flipped, and encoded once with
-    ``cv2.imencode`` at JPEG ``quality``. All encoded bytes live in ONE contiguous uint8 array
-    (:attr:`buffer`) indexed by an int64 :attr:`offsets` array, so reading the dataset in a
-    forked worker touches no Python objects (copy-on-read safe).
-
-    ``ds[i]`` returns ``(image, label)``: ``image`` is the decoded (H, W, 3) uint8 RGB array,
-    or ``transform(image)`` when a transform is given; ``label = i % 10`` (an int).
-
-    The same ``seed`` gives byte-identical JPEGs (for a given OpenCV build); the first k images
-    do not depend on ``n``.
-    """
+    """``n`` real JPEGs made from one photograph, decoded with OpenCV on every fetch: random crops
+    of :func:`sample_photo` (longest side ``min_side`` to ``max_side`` px), colour-shifted, encoded
+    once into ONE uint8 :attr:`buffer` indexed by :attr:`offsets`. ``ds[i]`` is ``(RGB uint8 image
+    or transform(image), i % 10)``; the first k images depend only on ``seed``."""
 
     def __init__(self, n: Optional[int] = None, *, min_side: int = 160, max_side: int = 512,
                  quality: int = 90, seed: int = 0, transform: Optional[Callable] = None,
@@ -259,9 +194,8 @@ class JpegDataset(Dataset):
         photo = _photo_bgr()
         rng = np.random.default_rng(self.seed)
         params = [int(cv2.IMWRITE_JPEG_QUALITY), self.quality]
-        show = self.n >= 1000 if progress is None else bool(progress)
         indices: Sequence[int] = range(self.n)
-        if show:
+        if self.n >= 1000 if progress is None else progress:
             from tqdm import tqdm  # plain tqdm: works in a terminal and (as text) in Jupyter
             indices = tqdm(indices, desc="encoding JPEGs", unit="img", leave=False)
         chunks: list[np.ndarray] = []  # temporary; only the concatenated buffer is kept
@@ -323,10 +257,6 @@ class JpegDataset(Dataset):
                 f"quality={self.quality}, seed={self.seed}, transform={self.transform!r})")
 
 
-# --------------------------------------------------------------------------------------------
-# ArrayDataset
-# --------------------------------------------------------------------------------------------
-
 _ARRAY_DTYPES = tuple(np.dtype(d) for d in (
     np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, np.float32, np.float64))
 
@@ -349,18 +279,11 @@ def _fill_random(out: np.ndarray, rng: np.random.Generator) -> None:
 
 
 class ArrayDataset(Dataset):
-    """A synthetic in-memory dataset: one NumPy array of shape ``(n, *shape)``, random values.
+    """A synthetic in-memory dataset: one NumPy array of shape ``(n, *shape)`` filled from
+    ``seed``; ``ds[i]`` is ``(torch.from_numpy(array[i]), i % 10)``, sharing its memory.
 
-    Integer dtypes hold values 0..255 (clipped to the dtype's range), float dtypes values in
-    [0, 1). The array is allocated once and filled deterministically from ``seed``.
-
-    RAM guard: the array may use at most :func:`ram_budget_bytes` ``(ram_fraction)``. When ``n``
-    is None the default (``pick(full=10000, quick=512)``) is shrunk to fit and
-    :meth:`describe` says so; an explicit ``n`` that does not fit raises
-    :class:`RamBudgetError` (a MemoryError and ValueError) before anything is allocated.
-
-    ``ds[i]`` returns ``(torch.from_numpy(array[i]), i % 10)``: the tensor shares memory with
-    the dataset (no copy); ``transform(tensor)`` is applied when given.
+    The array may use at most :func:`ram_budget_bytes` ``(ram_fraction)``: the default ``n`` is
+    shrunk to fit, an explicit one that does not fit raises :class:`RamBudgetError`.
     """
 
     def __init__(self, n: Optional[int] = None, shape: Sequence[int] = (3, 224, 224),
@@ -382,14 +305,13 @@ class ArrayDataset(Dataset):
             self.budget_bytes = ram_budget_bytes(ram_fraction)
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{where}: ram_fraction={ram_fraction!r} must be a number in (0, 1], "
-                            f"the share of the available RAM the array may use "
-                            f"(default 0.25).") from None
+                            f"the share of the available RAM the array may use.") from None
         self.ram_fraction = float(ram_fraction)
         self.item_nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
         self.requested_n = n
         self.shrunk_from: Optional[int] = None
 
-        fix = (f"pass a smaller n, keep dtype=np.uint8 (float32 takes 4x the bytes), use a "
+        fix = (f"Pass a smaller n, keep dtype=np.uint8 (float32 takes 4x the bytes), use a "
                f"smaller shape, or raise ram_fraction (now {ram_fraction}) if you know the RAM is free")
         if n is None:
             default_n = pick(full=10000, quick=512)
@@ -398,10 +320,9 @@ class ArrayDataset(Dataset):
                 raise RamBudgetError(
                     f"{where}: even one sample of shape {self.shape} {self.dtype} "
                     f"({self.item_nbytes:,} bytes) exceeds the RAM budget of "
-                    f"{self.budget_bytes:,} bytes ({ram_fraction} of the available RAM); {fix}.")
+                    f"{self.budget_bytes:,} bytes. {fix}.")
             if default_n > fits:
-                self.shrunk_from = default_n
-                n = int(fits)
+                self.shrunk_from, n = default_n, int(fits)
             else:
                 n = default_n
         self.n = check_int("n", n, 1, where)
@@ -409,9 +330,8 @@ class ArrayDataset(Dataset):
         if need > self.budget_bytes:
             raise RamBudgetError(
                 f"{where}: n={self.n} samples of shape {self.shape} {self.dtype} would take "
-                f"{need:,} bytes ({need / 1e9:.2f} GB), more than the RAM budget of "
-                f"{self.budget_bytes:,} bytes ({self.budget_bytes / 1e9:.2f} GB = {ram_fraction} "
-                f"of the available RAM); nothing was allocated. To fix it: {fix}.")
+                f"{need:,} bytes, more than the RAM budget of {self.budget_bytes:,} bytes "
+                f"({ram_fraction} of the available RAM); nothing was allocated. {fix}.")
 
         self.data: np.ndarray = np.empty((self.n, *self.shape), dtype=self.dtype)
         _fill_random(self.data, np.random.default_rng(self.seed))
@@ -447,17 +367,12 @@ class ArrayDataset(Dataset):
                 f"seed={self.seed}, transform={self.transform!r})")
 
 
-# --------------------------------------------------------------------------------------------
-# LatencyDataset
-# --------------------------------------------------------------------------------------------
-
 class LatencyDataset(Dataset):
     """Samples that cost waiting, not CPU: a simulated slow storage or network.
 
-    Every fetch sleeps ``latency_s`` seconds; the first fetch in each process (keyed on
-    ``os.getpid()``) also sleeps ``startup_s`` seconds, as a fresh DataLoader worker pays for
-    opening files or connections once. Returns ``(uint8 tensor of item_shape, i % 10)``; the
-    tensor is filled with ``i % 256``, so tests can check which sample they got.
+    Every fetch sleeps ``latency_s`` seconds; the first fetch in each process also sleeps
+    ``startup_s`` seconds, as a fresh worker pays for opening files once. Returns
+    ``(uint8 tensor of item_shape filled with i % 256, i % 10)``.
     """
 
     def __init__(self, n: Optional[int] = None, latency_s: float = 0.005, startup_s: float = 0.0,
@@ -487,31 +402,16 @@ class LatencyDataset(Dataset):
 
     def describe(self) -> str:
         """One line: count, per-sample latency, per-process start-up (seconds)."""
-        return (f"LatencyDataset: {self.n} samples of {self.item_shape} uint8, "
-                f"{self.latency_s * 1e3:g} ms sleep per sample, {self.startup_s:g} s start-up "
-                f"once per process; at most {1 / self.latency_s:.0f} samples/s per worker"
-                if self.latency_s > 0 else
-                f"LatencyDataset: {self.n} samples of {self.item_shape} uint8, no per-sample "
-                f"sleep, {self.startup_s:g} s start-up once per process")
+        sleep, cap = "no per-sample sleep", ""
+        if self.latency_s > 0:
+            sleep = f"{self.latency_s * 1e3:g} ms sleep per sample"
+            cap = f"; at most {1 / self.latency_s:.0f} samples/s per worker"
+        return (f"LatencyDataset: {self.n} samples of {self.item_shape} uint8, {sleep}, "
+                f"{self.startup_s:g} s start-up once per process{cap}")
 
     def __repr__(self) -> str:
         return (f"LatencyDataset(n={self.n}, latency_s={self.latency_s}, "
                 f"startup_s={self.startup_s}, item_shape={self.item_shape})")
-
-
-# --------------------------------------------------------------------------------------------
-# transforms
-# --------------------------------------------------------------------------------------------
-
-def _check_image(image: Any, where: str) -> np.ndarray:
-    if not isinstance(image, np.ndarray):
-        raise TypeError(f"{where}: image must be an (H, W, 3) uint8 NumPy array (as the course "
-                        f"datasets return), got {type(image).__name__}.")
-    if image.ndim != 3 or image.shape[2] != 3:
-        raise ValueError(f"{where}: image must have shape (H, W, 3), got {image.shape}.")
-    if image.dtype != np.uint8:
-        raise ValueError(f"{where}: image must be uint8, got {image.dtype}.")
-    return image
 
 
 def _check_size(obj: Any, where: str) -> None:
@@ -520,12 +420,8 @@ def _check_size(obj: Any, where: str) -> None:
 
 @dataclass(frozen=True)
 class CommonRecipeTransform:
-    """The common recipe: resize, then per-sample ``float32 / 255``, then a CHW tensor.
-
-    ``cv2.resize`` to ``size`` x ``size`` (bilinear), ``image.astype(np.float32) / 255``,
-    ``torch.from_numpy(...).permute(2, 0, 1).contiguous()``. Output: (3, size, size) float32
-    in [0, 1], four times the bytes of the uint8 image, made per sample in the worker.
-    """
+    """The common recipe: bilinear resize, then per-sample ``float32 / 255``, then a CHW tensor
+    (four times the bytes of the uint8 image, made per sample in the worker)."""
 
     size: int = 224
 
@@ -533,7 +429,7 @@ class CommonRecipeTransform:
         _check_size(self, "CommonRecipeTransform")
 
     def __call__(self, image: np.ndarray) -> torch.Tensor:
-        image = _check_image(image, "CommonRecipeTransform")
+        image = check_hwc(image, "CommonRecipeTransform", uint8_only=True)
         img = cv2.resize(image, (self.size, self.size), interpolation=cv2.INTER_LINEAR)
         x = img.astype(np.float32) / 255
         return torch.from_numpy(x).permute(2, 0, 1).contiguous()
@@ -541,11 +437,8 @@ class CommonRecipeTransform:
 
 @dataclass(frozen=True)
 class ToTensorUint8:
-    """The tuned variant: resize, keep ``uint8``, CHW tensor (convert to float later, in batch).
-
-    ``cv2.resize`` to ``size`` x ``size`` (bilinear), then
-    ``torch.from_numpy(img).permute(2, 0, 1).contiguous()``. Output: (3, size, size) uint8.
-    """
+    """The tuned variant: bilinear resize, keep ``uint8``, CHW tensor (convert to float later,
+    in batch)."""
 
     size: int = 224
 
@@ -553,6 +446,6 @@ class ToTensorUint8:
         _check_size(self, "ToTensorUint8")
 
     def __call__(self, image: np.ndarray) -> torch.Tensor:
-        image = _check_image(image, "ToTensorUint8")
+        image = check_hwc(image, "ToTensorUint8", uint8_only=True)
         img = cv2.resize(image, (self.size, self.size), interpolation=cv2.INTER_LINEAR)
         return torch.from_numpy(img).permute(2, 0, 1).contiguous()

@@ -1,18 +1,5 @@
-"""The device, in one place: resolve it, wait for it, pin memory for it, copy batches to it.
-
-One of each, used by every lesson and helper:
-
-* :func:`resolve_device` — ``None`` (this machine's accelerator, else the CPU), ``'cpu'``,
-  ``'cuda'``, ``'cuda:1'`` or ``'mps'`` as a ``torch.device``; a clear error when it is not here;
-* :func:`synchronize` — wait until the work queued on a device is done (a clock read without it
-  on a GPU measures how fast work was queued, lesson 00); :func:`synchronizer` returns that wait
-  as a function, for timing loops;
-* :func:`try_pin` — a pinned (page-locked) copy of a tensor where the device can use one;
-* :func:`move_to_device` — every tensor of a batch (nested tuples, lists, dicts) on the device;
-* :func:`constants_on` — small constant tensors (a mean, a std) made on a device once.
-
-Nothing happens at import time.
-"""
+"""The device, in one place: resolve it, wait for it (lesson 00 shows why a GPU timing needs the
+wait), pin memory for it, copy batches and small constants to it."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -35,12 +22,8 @@ def _mps_available() -> bool:
 
 
 def resolve_device(device: Any = None, *, allow_meta: bool = False) -> torch.device:
-    """``torch.device`` for ``device`` (None: the machine's accelerator, else the CPU).
-
-    Raises ValueError naming ``device`` when it is not understood or not present here
-    (e.g. 'cuda' on a machine without CUDA). ``allow_meta`` also accepts 'meta' (a device with
-    shapes and dtypes but no data, used by the grader on CPU-only machines).
-    """
+    """``torch.device`` for ``device`` (None: the machine's accelerator, else the CPU); a
+    ValueError when it is not here. ``allow_meta`` accepts 'meta' (the grader on CPU machines)."""
     if device is None:
         return default_device()
     try:
@@ -70,11 +53,8 @@ def synchronize(device: Any) -> None:
 
 
 def synchronizer(device: Any) -> Callable[[], None]:
-    """A function that waits for the work queued on ``device``, or does nothing where none can be.
-
-    ``device=None`` means "whatever this process uses": CUDA is waited for when it is already
-    initialised here (so timing never initialises CUDA by itself), nothing otherwise.
-    """
+    """A function that waits for the work queued on ``device``, or does nothing where none can be;
+    with ``device=None``, CUDA only when already initialised (timing never initialises it)."""
     if device is None:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             return lambda: torch.cuda.synchronize()
@@ -95,12 +75,7 @@ def synchronizer(device: Any) -> Callable[[], None]:
 
 
 def try_pin(tensor: torch.Tensor, device: Any) -> tuple[torch.Tensor | None, str]:
-    """(pinned copy of ``tensor``, "") where ``device`` can use pinned memory, else (None, why).
-
-    Pinned (page-locked) host memory is what lets a copy run asynchronously (DMA) to a CUDA
-    device. On a machine without an accelerator ``pin_memory()`` raises; the exact message is
-    returned as the reason.
-    """
+    """(pinned copy of ``tensor``, "") where ``device`` can use pinned memory, else (None, why)."""
     dev = torch.device(device)
     if dev.type not in ("cuda", "mps"):
         try:
@@ -115,13 +90,8 @@ def try_pin(tensor: torch.Tensor, device: Any) -> tuple[torch.Tensor | None, str
 
 
 def move_to_device(batch: Any, device: Any, *, non_blocking: bool | None = None) -> Any:
-    """Every tensor in ``batch`` (tensor, tuple/list, dict, namedtuple, nested) on ``device``.
-
-    dtypes are kept (a uint8 batch stays uint8: convert after the copy). ``non_blocking=None``
-    (the default) copies asynchronously exactly where that can overlap: from pinned memory;
-    ``True``/``False`` force it (from pageable memory ``True`` is silently synchronous anyway).
-    Other values are returned unchanged.
-    """
+    """Every tensor in ``batch`` (nested tuples, lists, dicts, namedtuples) on ``device``, dtypes
+    kept; ``non_blocking=None`` copies asynchronously where that can overlap: from pinned memory."""
     if isinstance(batch, torch.Tensor):
         asynchronous = batch.is_pinned() if non_blocking is None else non_blocking
         return batch.to(device, non_blocking=asynchronous)

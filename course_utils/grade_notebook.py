@@ -93,11 +93,7 @@ def _failure_message(longrepr: str) -> str:
 
 
 def read_notebook(path: str | os.PathLike, *, argument: str = "path") -> dict:
-    """The notebook at ``path`` as a dict; errors name ``argument`` and say what to pass.
-
-    FileNotFoundError: no such file. IsADirectoryError: a folder. OSError: unreadable.
-    ValueError: not an .ipynb file, or not notebook JSON (e.g. damaged by a failed copy).
-    """
+    """The notebook at ``path`` as a dict; errors name ``argument`` and say what to pass."""
     nb_path = Path(path)
     where = f"{argument} {str(path)!r}"
     if not nb_path.exists():
@@ -125,10 +121,8 @@ def read_notebook(path: str | os.PathLike, *, argument: str = "path") -> dict:
 
 
 def grade_notebook(path: str | os.PathLike, *, cell_timeout: int = 600) -> NotebookGrade:
-    """Run ``path`` through ``pytest --nbval-lax`` and return the grade per exercise.
-
-    A path that is not a readable notebook raises before anything runs (see
-    :func:`read_notebook`)."""
+    """Run ``path`` through ``pytest --nbval-lax`` and return the grade per exercise (a path that
+    is not a readable notebook raises before anything runs)."""
     nb_path = Path(path)
     checks = exercise_cells(read_notebook(nb_path))
     with tempfile.TemporaryDirectory() as tmp:

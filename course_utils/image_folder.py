@@ -1,12 +1,5 @@
-"""The learner's own images: :class:`ImageFolderDataset` and the damage check that scans a folder once.
-
-A folder of real files brings what generated data never has: sub-folders as classes, files that
-are not images, truncated downloads. This module finds the images, labels them by folder, and
-(with ``skip_damaged=True``) leaves damaged files out before any DataLoader worker meets one
-(:func:`image_damage`). Paths are kept in a NumPy string array, so reading the dataset in a forked
-worker does not copy pages (copy-on-read safe); the class is importable, so workers unpickle it
-under every start method. Nothing happens at import time.
-"""
+"""The learner's own images: :class:`ImageFolderDataset` (sub-folders as classes) and the damage
+check (:func:`image_damage`) that leaves truncated or fake images out before a worker meets one."""
 from __future__ import annotations
 
 import copy
@@ -30,9 +23,8 @@ _CHECK_THREADS = 8   # image_damage runs this many files at once (OpenCV release
 def _jpeg_is_truncated(buf: bytes) -> bool:
     """True when the JPEG in ``buf`` stops before the end-of-image marker of its main image.
 
-    The header segments are walked by their lengths up to the first start-of-scan (so an EXIF
-    thumbnail, a whole JPEG inside a header, is stepped over); the main image's end marker is
-    the first one after that (data appended after it, e.g. a motion photo's video, is ignored).
+    Headers are walked by their lengths up to the first start-of-scan, so an EXIF thumbnail (a
+    whole JPEG inside a header) is stepped over, and data after the end marker is ignored.
     """
     pos = 2
     while pos + 4 <= len(buf):
@@ -53,12 +45,8 @@ def _jpeg_is_truncated(buf: bytes) -> bool:
 
 
 def image_damage(file: Union[str, os.PathLike]) -> Optional[str]:
-    """Why ``file`` cannot be used as an image, in a few words, or None when it is fine.
-
-    A cheap check, meant for scanning a folder once: the file is read, a JPEG must reach its
-    end-of-image marker (a truncated download or copy does not), and OpenCV must decode it
-    (JPEGs at 1/8 scale, several times cheaper than a full decode).
-    """
+    """Why ``file`` cannot be used as an image, in a few words, or None when it is fine: a JPEG
+    must reach its end marker and OpenCV must decode it (JPEGs at 1/8 scale, to be cheap)."""
     try:
         buf = Path(file).read_bytes()
     except OSError as exc:
@@ -78,23 +66,9 @@ def image_damage(file: Union[str, os.PathLike]) -> Optional[str]:
 
 
 class ImageFolderDataset(Dataset):
-    """The learner's own images: every image file under ``path`` (recursive), decoded with OpenCV.
-
-    Files are found recursively (hidden files and folders such as ``.ipynb_checkpoints`` are
-    skipped) and sorted by path. A file's label is the index of its immediate parent folder's
-    name among the sorted class names (:attr:`classes`); images directly in ``path`` belong to
-    class ``"."``, so a flat folder has every label 0. Paths are kept in a NumPy string array
-    (copy-on-read safe).
-
-    ``ds[i]`` returns ``(image, label)``: (H, W, 3) uint8 RGB (grey and alpha images are
-    converted), or ``transform(image)`` when a transform is given. A file OpenCV cannot decode
-    raises a ValueError that names it.
-
-    ``skip_damaged=True`` checks every file once while the folder is scanned
-    (:func:`image_damage`: truncated JPEGs, files that are not images) and leaves the damaged
-    ones out, so a DataLoader's workers never meet one; :attr:`damaged` lists them as
-    ``(path, why)`` (it is empty, and :attr:`checked` False, without the check). The dataset
-    may then hold fewer images than the folder, even none.
+    """Every image file under ``path`` (recursive, hidden ones skipped), decoded to (H, W, 3) uint8
+    RGB, labelled by its parent folder's index in :attr:`classes` (``"."`` for ``path`` itself).
+    ``skip_damaged=True`` leaves damaged files out, listed in :attr:`damaged` as ``(path, why)``.
     """
 
     def __init__(self, path: Union[str, os.PathLike], transform: Optional[Callable] = None,
@@ -117,7 +91,6 @@ class ImageFolderDataset(Dataset):
 
         self.root = root = check_folder(path, "ImageFolderDataset: path", "pass the folder that "
                                         "holds your images.")
-
         files: list[Path] = []
         for dirpath, dirnames, filenames in os.walk(root):
             dirnames[:] = [d for d in dirnames if not d.startswith(".")]
@@ -125,9 +98,8 @@ class ImageFolderDataset(Dataset):
                 if not name.startswith(".") and os.path.splitext(name)[1].lower() in self.extensions:
                     files.append(Path(dirpath) / name)
         if not files:
-            raise ValueError(f"{where}: no images found (searched all sub-folders for files "
-                             f"ending in {', '.join(self.extensions)}); put your images there or "
-                             f"pass extensions=... to match your files.")
+            raise ValueError(f"{where}: no images found ending in {', '.join(self.extensions)}; "
+                             f"put your images there or pass extensions=... to match your files.")
         files.sort(key=lambda p: p.relative_to(root).as_posix())
         self.checked: bool = bool(skip_damaged)
         self.damaged: list[tuple[str, str]] = []
@@ -168,8 +140,7 @@ class ImageFolderDataset(Dataset):
             img = None
         if img is None:
             raise ValueError(f"ImageFolderDataset: OpenCV could not decode {file!r} (sample {i}); "
-                             f"the file is damaged or not really an image. Remove it or convert "
-                             f"it (e.g. to .jpg or .png), or pass skip_damaged=True to leave "
+                             f"remove or convert it, or pass skip_damaged=True to leave "
                              f"damaged files out.")
         image = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
         if self.transform is not None:

@@ -1,12 +1,6 @@
-"""The reference pipeline's operations: one function per stage and backend (NumPy, OpenCV, torch).
-
-Resize, centre crop, horizontal flip, normalise and the HWC -> CHW layout, each written three
-ways so that lesson 01 can time every operation on its own; the conventions they share (half-pixel
-bilinear resize, torchvision's crop box, ``(x / 255 - mean) / std``) are stated in
-:mod:`course_utils.transforms`, which chains them into pipelines and DataLoader transforms and is
-where the lessons import them from. Every function checks its input and names itself in the
-error. Nothing happens at import time.
-"""
+"""The reference pipeline's operations, one function per stage and backend (NumPy, OpenCV, torch),
+so lesson 01 can time each on its own; :mod:`course_utils.transforms` states their conventions,
+chains them and is where the lessons import them from."""
 from __future__ import annotations
 
 import functools
@@ -31,10 +25,6 @@ IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
 
 
-# --------------------------------------------------------------------------------------------
-# argument checks (transforms' parameters use the first three too)
-# --------------------------------------------------------------------------------------------
-
 def positive_int(name: str, value: Any, where: str) -> int:
     """``value`` as an int >= 1 (a size in pixels), or a ValueError naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 1:
@@ -48,9 +38,8 @@ def rgb_triple(name: str, value: Any, where: str, *, positive: bool) -> tuple[fl
     try:
         values = tuple(float(v) for v in value)
     except (TypeError, ValueError):
-        raise TypeError(f"{where}: {name} must be three numbers (R, G, B) on the [0, 1] scale, "
-                        f"got {value!r}; e.g. {name}={IMAGENET_MEAN if name == 'mean' else IMAGENET_STD}."
-                        ) from None
+        raise TypeError(f"{where}: {name} must be three numbers (R, G, B) on the [0, 1] scale, got "
+                        f"{value!r}; e.g. {name}={IMAGENET_MEAN if name == 'mean' else IMAGENET_STD}.") from None
     if len(values) != 3 or not all(math.isfinite(v) for v in values):
         raise ValueError(f"{where}: {name} must be three finite numbers (R, G, B), got {value!r}.")
     if positive and min(values) <= 0:
@@ -95,10 +84,8 @@ def _check_size_hw(size_hw: Any, where: str) -> tuple[int, int]:
 
 
 def resized_hw(height: int, width: int, shorter: int) -> tuple[int, int]:
-    """Output (height, width) when the shorter side becomes ``shorter`` pixels.
-
-    The longer side is ``int(shorter * longer / shorter_in)`` (truncated, as torchvision does).
-    """
+    """Output (height, width) when the shorter side becomes ``shorter`` pixels (the longer side
+    truncated, as torchvision does)."""
     height = positive_int("height", height, "resized_hw")
     width = positive_int("width", width, "resized_hw")
     shorter = positive_int("shorter", shorter, "resized_hw")
@@ -115,17 +102,10 @@ def crop_box(height: int, width: int, size: int) -> tuple[int, int]:
     return int(round((height - size) / 2.0)), int(round((width - size) / 2.0))
 
 
-# --------------------------------------------------------------------------------------------
-# resize
-# --------------------------------------------------------------------------------------------
-
 @functools.lru_cache(maxsize=256)
 def _bilinear_axis(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Source indices (i0, i1) and weights w of one axis: out[d] = (1 - w) * in[i0] + w * in[i1].
-
-    Half-pixel convention: output pixel d samples the input at (d + 0.5) * n_in / n_out - 0.5,
-    clamped to [0, n_in - 1] (what cv2.INTER_LINEAR and align_corners=False do).
-    """
+    """Source indices (i0, i1) and weights w of one axis: out[d] = (1 - w) * in[i0] + w * in[i1]
+    (half-pixel convention, as cv2.INTER_LINEAR and align_corners=False)."""
     src = (np.arange(n_out, dtype=np.float64) + 0.5) * (n_in / n_out) - 0.5
     src = np.clip(src, 0.0, n_in - 1)
     i0 = np.floor(src).astype(np.intp)
@@ -137,13 +117,8 @@ def _bilinear_axis(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray, np.nd
 
 
 def numpy_resize(image: np.ndarray, size_hw: Sequence[int]) -> np.ndarray:
-    """Bilinear resize of an (H, W, 3) image to ``size_hw`` = (height, width), in NumPy.
-
-    Vectorised, separable: gather the two source rows of every output row and blend them
-    (float32), then the two source columns of every output column and blend those. Same
-    half-pixel convention as ``cv2.INTER_LINEAR``, no antialiasing. uint8 in -> uint8 out,
-    rounded half up (``floor(x + 0.5)``); float32 in -> float32 out, not rounded.
-    """
+    """Bilinear resize of an (H, W, 3) image to ``size_hw`` = (height, width), in NumPy: rows,
+    then columns, as ``cv2.INTER_LINEAR`` (lesson 01 writes it by hand); uint8 rounds half up."""
     image = check_hwc(image, "numpy_resize")
     h, w = _check_size_hw(size_hw, "numpy_resize")
     y0, y1, wy = _bilinear_axis(image.shape[0], h)
@@ -171,25 +146,17 @@ def opencv_resize(image: np.ndarray, size_hw: Sequence[int]) -> np.ndarray:
 
 
 def torch_resize(x: torch.Tensor, size_hw: Sequence[int]) -> torch.Tensor:
-    """``F.interpolate(x[None], size, mode='bilinear', align_corners=False, antialias=False)[0]``.
-
-    ``x`` is (3, H, W), uint8 or float32 (torch has a uint8 bilinear kernel on CPU). A (3, H, W)
-    view of HWC memory (:func:`torch_from_image`) is "channels last" to torch, which picks its
-    channels-last kernel; the result keeps that memory layout.
-    """
+    """Bilinear resize of a (3, H, W) uint8 or float32 tensor with ``F.interpolate``; a view of
+    HWC memory (:func:`torch_from_image`) takes torch's channels-last kernel and stays so."""
     x = _check_chw(x, "torch_resize")
     h, w = _check_size_hw(size_hw, "torch_resize")
     return F.interpolate(x[None], size=(h, w), mode="bilinear", align_corners=False,
                          antialias=False)[0]
 
 
-# --------------------------------------------------------------------------------------------
-# crop, flip
-# --------------------------------------------------------------------------------------------
-
 def center_crop(image: np.ndarray, size: int) -> np.ndarray:
-    """Centre ``size`` x ``size`` crop of an (H, W, C) array: a view (no copy), for NumPy and
-    OpenCV alike (OpenCV's crop is an ROI, which in Python is exactly this NumPy slice)."""
+    """Centre ``size`` x ``size`` crop of an (H, W, C) array: a view, for NumPy and OpenCV alike
+    (an OpenCV ROI is this slice)."""
     image = check_hwc(image, "center_crop")
     size = positive_int("size", size, "center_crop")
     top, left = crop_box(image.shape[0], image.shape[1], size)
@@ -205,18 +172,14 @@ def torch_center_crop(x: torch.Tensor, size: int) -> torch.Tensor:
 
 
 def numpy_hflip(image: np.ndarray) -> np.ndarray:
-    """Left-right mirror of an (H, W, C) array, as a new contiguous array.
-
-    ``image[:, ::-1]`` alone is a free *view* with a negative stride: the cost moves to the next
-    operation that reads it (and ``torch.from_numpy`` refuses negative strides). We copy, so
-    every backend's flip does the same work.
-    """
+    """Left-right mirror of an (H, W, C) array, copied: ``image[:, ::-1]`` alone is a free view
+    whose cost moves to the next reader, so every backend's flip does the same work."""
     image = check_hwc(image, "numpy_hflip")
     return np.ascontiguousarray(image[:, ::-1])
 
 
 def opencv_hflip(image: np.ndarray) -> np.ndarray:
-    """``cv2.flip(image, 1)``: left-right mirror (flipCode 1 = around the vertical axis)."""
+    """``cv2.flip(image, 1)``: left-right mirror."""
     image = check_hwc(image, "opencv_hflip")
     return cv2.flip(image, 1)
 
@@ -226,10 +189,6 @@ def torch_hflip(x: torch.Tensor) -> torch.Tensor:
     x = _check_chw(x, "torch_hflip")
     return torch.flip(x, dims=(-1,))
 
-
-# --------------------------------------------------------------------------------------------
-# normalise, CHW
-# --------------------------------------------------------------------------------------------
 
 @functools.lru_cache(maxsize=32)
 def _scale_shift(mean: tuple, std: tuple) -> tuple[np.ndarray, np.ndarray]:
@@ -255,11 +214,8 @@ def _mean_std(mean: Any, std: Any, where: str) -> tuple[tuple, tuple]:
 
 def numpy_normalize(image: np.ndarray, mean: Sequence[float] = IMAGENET_MEAN,
                     std: Sequence[float] = IMAGENET_STD) -> np.ndarray:
-    """(H, W, 3) uint8 (or float32 0..255) -> float32 ``(x / 255 - mean) / std``, channels last.
-
-    Computed as ``(x - 255 * mean) * (1 / (255 * std))``: one conversion and two element-wise
-    passes over the image.
-    """
+    """(H, W, 3) uint8 (or float32 0..255) -> float32 ``(x / 255 - mean) / std``, channels last,
+    as ``(x - 255 * mean) * (1 / (255 * std))``."""
     image = check_hwc(image, "numpy_normalize")
     shift, scale = _scale_shift(*_mean_std(mean, std, "numpy_normalize"))
     out = image.astype(np.float32)
@@ -280,11 +236,8 @@ def opencv_normalize(image: np.ndarray, mean: Sequence[float] = IMAGENET_MEAN,
 
 def torch_normalize(x: torch.Tensor, mean: Sequence[float] = IMAGENET_MEAN,
                     std: Sequence[float] = IMAGENET_STD) -> torch.Tensor:
-    """(3, H, W) uint8 (or float32 0..255) tensor -> float32 ``(x / 255 - mean) / std``.
-
-    ``x.float()`` (a copy), then in-place ``sub_`` and ``mul_`` with per-channel constants.
-    The memory layout of ``x`` is kept.
-    """
+    """(3, H, W) uint8 (or float32 0..255) tensor -> float32 ``(x / 255 - mean) / std``, keeping
+    the memory layout of ``x``."""
     x = _check_chw(x, "torch_normalize")
     shift, scale = torch_scale_shift(*_mean_std(mean, std, "torch_normalize"))
     out = x.to(torch.float32, copy=True)
@@ -299,10 +252,8 @@ def numpy_to_chw(image: np.ndarray) -> torch.Tensor:
 
 
 def opencv_to_chw(image: np.ndarray) -> torch.Tensor:
-    """(H, W, 3) float32 array -> contiguous (3, H, W) tensor with ``cv2.dnn.blobFromImage``
-    (OpenCV's HWC -> NCHW packing, used for its own networks). uint8 input (blobFromImage
-    always returns float32), or an OpenCV built without its dnn module, goes through
-    :func:`numpy_to_chw`."""
+    """(H, W, 3) float32 array -> contiguous (3, H, W) tensor with ``cv2.dnn.blobFromImage``;
+    uint8 (blobFromImage returns float32) or an OpenCV without dnn uses :func:`numpy_to_chw`."""
     image = check_hwc(image, "opencv_to_chw")
     dnn = getattr(cv2, "dnn", None)   # every opencv-python wheel has it; some custom builds don't
     if image.dtype != np.float32 or dnn is None:

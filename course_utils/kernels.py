@@ -1,25 +1,9 @@
-"""Start Jupyter kernels over Unix sockets, so that kernels starting at the same time cannot
-take each other's ports.
-
-jupyter_client gives a kernel five TCP ports by binding port 0, reading the number and closing
-the socket; the kernel binds them a moment later. When several kernels start at once (pytest-xdist
-running notebooks next to tests that grade or time notebooks), two can pick the same port: one
-dies with ``Address already in use`` ("Kernel died before replying to kernel_info"), or a client
-talks to another kernel's socket (``Invalid Signature`` in the kernel's log). Measured on the
-2-core development machine: 4 processes starting and stopping kernels for 120 s, 2 of 313 starts
-failed over TCP and 0 of 312 over IPC.
-
-Over IPC (zmq's ``ipc://`` transport, a Unix domain socket) each kernel's sockets are files named
-after a fresh random name, so there is nothing to race for. Where IPC is not available (Windows
-builds of zmq, or a temporary directory whose path is too long for a socket name) the kernels use
-TCP as usual.
-
-    from nbclient import NotebookClient
-    NotebookClient(nb, kernel_manager_class=kernel_manager_class())
-
-For nbval, ``pytest -p course_utils._nbval_kernels`` makes its kernels do the same.
-Nothing happens on import.
-"""
+"""Start Jupyter kernels over Unix sockets, so that kernels starting at once cannot take each
+other's ports: jupyter_client binds port 0 and closes it, the kernel binds it a moment later, and
+two kernels can collide ("Kernel died before replying to kernel_info", ``Invalid Signature``):
+2 of 313 starts failed over TCP on the 2-core machine, 0 of 312 over IPC (sockets are files of a
+fresh random name). Without IPC (Windows, a too-long temp path) kernels use TCP. For nbval:
+``pytest -p course_utils._nbval_kernels``."""
 from __future__ import annotations
 
 import os
@@ -65,8 +49,7 @@ def _ipc_subclass(base: type) -> type:
 
 
 def kernel_manager_class(asynchronous: bool = True) -> type:
-    """The kernel manager class to start kernels with: jupyter_client's ``AsyncKernelManager``
-    (``asynchronous=True``, what nbclient uses) or ``KernelManager`` (what nbval uses), on IPC
-    where :func:`ipc_available`, else the class itself (TCP)."""
+    """jupyter_client's ``AsyncKernelManager`` (nbclient's) or ``KernelManager`` (nbval's), on
+    IPC where :func:`ipc_available`, else the class itself (TCP)."""
     base = AsyncKernelManager if asynchronous else KernelManager
     return _ipc_subclass(base) if ipc_available() else base

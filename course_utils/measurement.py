@@ -1,10 +1,6 @@
 """What a measurement is, once made: :class:`Measurement` (one setup) and :class:`Comparison`
-(several side by side, with ratios to a baseline), their text, and their JSON form.
-
-:mod:`course_utils.bench` makes Measurements (it times things); this module only holds and
-compares them, so results shipped as JSON, plots (:mod:`course_utils.plots`) and the tuner can use
-them without the timing engine. Units: times in seconds per repeat, CPU seconds per sample,
-memory in bytes. Nothing happens at import time.
+(several side by side, with ratios to a baseline), their text and JSON form. Apart from the timing
+engine (:mod:`course_utils.bench`), so shipped results, plots and the tuner need not import it.
 """
 from __future__ import annotations
 
@@ -24,19 +20,9 @@ __all__ = ["NOISY_IQR_FRACTION", "METRICS", "Measurement", "Comparison", "compar
 NOISY_IQR_FRACTION = 0.10
 
 #: Metrics that :meth:`Measurement.metric`, :meth:`Comparison.ratio` and the plots understand.
-METRICS = (
-    "samples_per_s",
-    "median_s",
-    "cpu_s_per_sample",
-    "involuntary_ctx_switches",
-    "peak_uss_bytes",
-    "peak_pss_bytes",
-)
+METRICS = ("samples_per_s", "median_s", "cpu_s_per_sample", "involuntary_ctx_switches",
+           "peak_uss_bytes", "peak_pss_bytes")
 
-
-# --------------------------------------------------------------------------------------
-# text and JSON (the lessons print times with _fmt_time too)
-# --------------------------------------------------------------------------------------
 
 def _fmt_time(seconds: float) -> str:
     """A duration in seconds as text, in s, ms or us (3 significant digits); "n/a" if unknown."""
@@ -53,9 +39,7 @@ def _fmt_rate(x: float | None) -> str:
     """A rate (samples per second) as text: thousands separated above 100."""
     if x is None or not math.isfinite(x):
         return "n/a"
-    if x >= 100:
-        return f"{x:,.0f}"
-    return f"{x:.3g}"
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
 
 def _fmt_mb(n_bytes: int | None) -> str:
@@ -64,7 +48,8 @@ def _fmt_mb(n_bytes: int | None) -> str:
 
 
 def _jsonable(value: Any) -> Any:
-    """A JSON-friendly copy of ``value`` (str() for anything exotic, e.g. torch.device)."""
+    """A JSON-friendly copy of ``value``: non-finite floats become None, arrays lists, objects with
+    ``to_dict`` their dict, anything else exotic (e.g. torch.device) its str()."""
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, (int, np.integer)):
@@ -76,21 +61,20 @@ def _jsonable(value: Any) -> Any:
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return _jsonable(value.tolist())
+    if hasattr(value, "to_dict"):
+        return _jsonable(value.to_dict())
     return str(value)
 
-
-# --------------------------------------------------------------------------------------
-# one measurement
-# --------------------------------------------------------------------------------------
 
 @dataclass
 class Measurement:
     """The result of :func:`~course_utils.bench.measure` or :func:`~.bench.measure_loader`.
 
-    Times are seconds per repeat; ``samples_per_s`` uses the median repeat;
-    ``cpu_s_per_sample`` is CPU seconds (user + system) of the whole process tree per sample;
-    ``involuntary_ctx_switches`` is a total over all timed windows; memory peaks are bytes.
-    Build one from raw times with :meth:`from_times`, or from saved data with :meth:`from_dict`.
+    Times are seconds per repeat (``samples_per_s`` uses the median); ``cpu_s_per_sample`` is
+    CPU seconds of the whole process tree per sample; context switches are a total over all
+    timed windows; memory peaks are bytes.
     """
 
     label: str
@@ -144,12 +128,8 @@ class Measurement:
 
     @classmethod
     def merge(cls, parts: Sequence["Measurement"], label: str | None = None) -> "Measurement":
-        """Pool the repeats of several Measurements of the same setup into one.
-
-        Used when repeats of two setups are interleaved (A, B, A, B, ...) so that a drift of a
-        shared machine hits both alike. CPU per sample is averaged over all samples, context
-        switches are summed, memory peaks are the maximum.
-        """
+        """Pool the repeats of several Measurements of the same setup into one (repeats of two
+        setups are interleaved, A, B, A, B, so that a drift of a shared machine hits both alike)."""
         parts = list(parts)
         if not parts or not all(isinstance(p, Measurement) for p in parts):
             raise ValueError("parts must be a non-empty list of Measurement objects.")
@@ -187,9 +167,8 @@ class Measurement:
         if "median_s" not in kwargs:
             m = cls.from_times(data["label"], data["times_s"], data["items_per_repeat"],
                                machine=data.get("machine", ""))
-            kwargs.setdefault("median_s", m.median_s)
-            kwargs.setdefault("iqr_s", m.iqr_s)
-            kwargs.setdefault("samples_per_s", m.samples_per_s)
+            for name in ("median_s", "iqr_s", "samples_per_s"):
+                kwargs.setdefault(name, getattr(m, name))
         return cls(**kwargs)
 
     # -- derived -----------------------------------------------------------------------
@@ -244,17 +223,9 @@ class Measurement:
         return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------------------
-# compare
-# --------------------------------------------------------------------------------------
-
 @dataclass
 class Comparison:
-    """Several Measurements side by side, with ratios to a baseline row.
-
-    Ratios are ``value / baseline value``: for samples/s higher is better, for CPU-s/sample,
-    time and memory lower is better.
-    """
+    """Several Measurements side by side, with ratios ``value / baseline value`` to a baseline row."""
 
     rows: list[Measurement]
     baseline: int = 0

@@ -1,25 +1,10 @@
-"""The course's in-memory loaders: the common recipe (an emulation) and the tuned CPU pipeline.
+"""The course's in-memory loaders: the common recipe (an emulation) and the tuned CPU pipeline,
+reading the course's JPEG bytes from RAM (the recipes on files are in :mod:`course_utils.recipes`).
 
-They read the course's JPEG bytes from RAM (lessons 00-07 and the tuner use them); the recipes
-as learners write them, on files, are in :mod:`course_utils.recipes`, and ``bench``
-(:mod:`course_utils.benchmark`) measures both kinds side by side.
-
-The **common recipe** is the setup many tutorials paste: ``torch.set_num_threads(1)`` and
-``OMP/MKL/OPENBLAS_NUM_THREADS=1`` in ``os.environ`` after the imports, ``num_workers=4``,
-per-sample float32 scaling in ``__getitem__``, ``pin_memory=True``.
-
-The **tuned CPU pipeline** applies what lessons 01–03 measure:
-
-- lesson 01: stay uint8 until the end (4x fewer bytes from the workers, no per-sample float
-  conversion); convert and normalise the whole batch later, on the device;
-- lesson 02: limit every thread pool inside the workers (``make_worker_init(1)``), leave the
-  main process's torch threads alone;
-- lesson 03: ``num_workers`` from the usable CPUs, not a fixed 4; ``pin_memory`` only when
-  there is a CUDA device to copy to; batched fetching (``__getitems__``): one call per batch
-  writes every image straight into one preallocated uint8 batch, so there is no per-sample
-  tensor and no collate copy;
-- lesson 01 again: per-pixel work after the resize, on the small image (the BGR->RGB swap
-  commutes with the resize, so the values are identical to decoding to RGB first).
+The **common recipe** is what many tutorials paste: one thread via ``torch.set_num_threads(1)``
+and ``OMP/MKL/OPENBLAS_NUM_THREADS=1``, ``num_workers=4``, per-sample float32, pinned memory. The
+**tuned CPU pipeline** applies lessons 01-03: uint8 until the device, one thread per worker pool,
+workers from the usable CPUs, batched fetching into one preallocated uint8 batch.
 """
 from __future__ import annotations
 
@@ -58,9 +43,8 @@ class TransformedDataset(Dataset):
 def uint8_batch(n: int, size: int) -> tuple[torch.Tensor, np.ndarray]:
     """An empty (n, size, size, 3) uint8 batch: the tensor and a NumPy view to fill in place.
 
-    Inside a DataLoader worker it is allocated in shared memory, as ``default_collate`` does:
-    a batch in ordinary memory is copied into shared memory when the worker sends it (about
-    0.3 ms per 224 px image on the course machine), one allocated there is sent as it is."""
+    In a DataLoader worker it is allocated in shared memory, as ``default_collate`` does, so
+    sending it costs no copy (about 0.3 ms per 224 px image on the course machine)."""
     if get_worker_info() is not None:
         storage = torch.UntypedStorage._new_shared(n * size * size * 3)
         tensor = torch.empty(0, dtype=torch.uint8).set_(storage).view(n, size, size, 3)
@@ -70,20 +54,14 @@ def uint8_batch(n: int, size: int) -> tuple[torch.Tensor, np.ndarray]:
 
 
 def keep_batch(batch: Any) -> Any:
-    """A ``collate_fn`` that returns what the dataset's ``__getitems__`` made, unchanged.
-
-    Use it with a dataset whose ``__getitems__`` already returns a batch (lesson 03's
-    ``BatchedArrayDataset``, :class:`BatchedJpegDataset`, the file datasets of
-    :mod:`course_utils.recipes`)."""
+    """A ``collate_fn`` that returns what the dataset's ``__getitems__`` made, unchanged (lesson
+    03 shows it)."""
     return batch
 
 
 class seed_recipe_process_settings:
-    """Context manager: the seed recipe's process-wide lines, undone on exit.
-
-    Inside: ``torch.set_num_threads(1)`` and the thread environment variables set to "1"
-    (after import, as the recipe does). On exit the previous values come back.
-    """
+    """Context manager: the seed recipe's process-wide lines (``torch.set_num_threads(1)``, the
+    thread environment variables at "1"), undone on exit."""
 
     def __enter__(self) -> "seed_recipe_process_settings":
         self._threads = torch.get_num_threads()
@@ -109,10 +87,9 @@ common_recipe_process_settings = seed_recipe_process_settings
 class BatchedJpegDataset(Dataset):
     """The tuned pipeline's dataset: whole uint8 batches from a :class:`JpegDataset`'s bytes.
 
-    ``ds[i]`` gives one ``(3xSxS uint8 tensor, label)``; ``ds.__getitems__(indices)`` (what a
-    DataLoader calls with ``collate_fn=keep_batch``) gives ``(NxCxSxS uint8 tensor, labels)``
-    whose memory is NHWC (``channels_last``), filled in place: decode (BGR), resize, then the
-    colour swap on the resized image. Values equal ``ToTensorUint8(size)(base[i][0])``.
+    ``__getitems__`` (with ``collate_fn=keep_batch``) fills an NxCxSxS batch in channels_last
+    memory in place: decode, resize, then the colour swap on the small image (it commutes with
+    the resize). Values equal ``ToTensorUint8(size)(base[i][0])``.
     """
 
     def __init__(self, base: JpegDataset, size: int = 224) -> None:
@@ -160,13 +137,8 @@ def common_recipe_loader(base: Dataset, *, batch_size: int = 64, size: int = 224
 
 def tuned_loader(base: Dataset, *, batch_size: int = 64, size: int = 224,
                  num_workers: int | None = None) -> DataLoader:
-    """The tuned CPU pipeline's DataLoader over ``base``: uint8 batches, limited worker pools.
-
-    ``num_workers`` defaults to the usable CPUs. ``base`` must be a :class:`JpegDataset`
-    (batched fetching reads its bytes). Batches are ``(uint8 NxCxHxW, labels)`` in
-    channels_last memory; convert them with ``images.to(device).float().div_(255)``
-    (lessons 04/05).
-    """
+    """The tuned CPU pipeline's DataLoader over a :class:`JpegDataset`: uint8 channels_last
+    batches, limited worker pools, ``num_workers`` defaulting to the usable CPUs."""
     workers = usable_cpus() if num_workers is None else num_workers
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
         raise ValueError(f"num_workers must be an int >= 0 (or None for the usable CPUs), "

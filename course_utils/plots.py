@@ -1,9 +1,5 @@
-"""Plots a person would rather read than a table: machine and settings always in the title.
-
-Every function draws on the Axes you pass (or a new figure's), returns the Axes and never calls
-``plt.show()``, so it works under any backend (Jupyter inline, Agg in tests).
-Nothing happens at import time.
-"""
+"""Plots with the machine and settings always in the title; each draws on the Axes you pass (or
+a new figure's), returns it and never calls ``plt.show()``."""
 from __future__ import annotations
 
 import math
@@ -14,45 +10,32 @@ from typing import Any
 import numpy as np
 
 from .machine import machine_summary
-from .measurement import METRICS, Comparison, Measurement
+from .measurement import METRICS, Comparison, Measurement, compare
 
 __all__ = ["figure_title", "plot_measurements", "plot_curve"]
 
-_METRIC_LABELS = {
-    "samples_per_s": "samples per second (higher is better)",
-    "median_s": "seconds per repeat, median (lower is better)",
-    "cpu_s_per_sample": "CPU milliseconds per sample, whole process tree (lower is better)",
-    "involuntary_ctx_switches": "involuntary context switches (lower is better)",
-    "peak_uss_bytes": "peak USS, MB (lower is better)",
-    "peak_pss_bytes": "peak PSS, MB (lower is better)",
-}
-_METRIC_TITLES = {
-    "samples_per_s": "Throughput",
-    "median_s": "Time per repeat",
-    "cpu_s_per_sample": "CPU cost per sample",
-    "involuntary_ctx_switches": "Involuntary context switches",
-    "peak_uss_bytes": "Peak private memory (USS)",
-    "peak_pss_bytes": "Peak proportional memory (PSS)",
+_METRIC_TEXT = {  # metric -> (title, axis label)
+    "samples_per_s": ("Throughput", "samples per second (higher is better)"),
+    "median_s": ("Time per repeat", "seconds per repeat, median (lower is better)"),
+    "cpu_s_per_sample": ("CPU cost per sample",
+                         "CPU milliseconds per sample, whole process tree (lower is better)"),
+    "involuntary_ctx_switches": ("Involuntary context switches",
+                                 "involuntary context switches (lower is better)"),
+    "peak_uss_bytes": ("Peak private memory (USS)", "peak USS, MB (lower is better)"),
+    "peak_pss_bytes": ("Peak proportional memory (PSS)", "peak PSS, MB (lower is better)"),
 }
 # displayed value = stored value * scale
 _METRIC_SCALE = {"cpu_s_per_sample": 1e3, "peak_uss_bytes": 1e-6, "peak_pss_bytes": 1e-6}
 
 
-def _machine() -> str:
-    return machine_summary()
-
-
 def figure_title(title: str, settings: Mapping | None = None) -> str:
-    """``title``, then the one-line machine summary, then ``k=v, ...`` for ``settings``.
-
-    Long settings lines are wrapped so the title stays readable above a plot.
-    """
+    """``title``, then the one-line machine summary, then ``k=v, ...`` for ``settings``, wrapped."""
     if not isinstance(title, str):
         raise TypeError(f"title must be a str, got {type(title).__name__}.")
     if settings is not None and not isinstance(settings, Mapping):
         raise TypeError(f"settings must be a dict of names to values (or None), got "
                         f"{type(settings).__name__}.")
-    lines = [title, _machine()]
+    lines = [title, machine_summary()]
     if settings:
         text = ", ".join(f"{k}={v}" for k, v in settings.items())
         lines += textwrap.wrap(text, width=100)
@@ -61,8 +44,7 @@ def figure_title(title: str, settings: Mapping | None = None) -> str:
 
 def _title(title: str, settings: Mapping | None) -> str:
     # a title already made by figure_title is used as it is
-    machine = _machine()
-    return title if machine in title else figure_title(title, settings)
+    return title if machine_summary() in title else figure_title(title, settings)
 
 
 def _new_axes(ax: Any, figsize: tuple[float, float]) -> Any:
@@ -92,27 +74,16 @@ def _common_settings(measurements: Sequence[Any]) -> dict:
 def plot_measurements(measurements: Sequence[Any], *, metric: str = "samples_per_s",
                       ax: Any = None, title: str | None = None,
                       baseline: int | None = None) -> Any:
-    """Horizontal bar chart of ``metric`` for each Measurement, one bar per label.
+    """Horizontal bar chart of ``metric`` for each Measurement (or a :class:`Comparison`'s rows).
 
-    For samples/s and time per repeat the error bar spans the interquartile range of the
-    repeats (for samples/s: ``items / q75`` to ``items / q25``); CPU time, context switches and
-    memory are single totals and have no error bar. Values are written next to the bars, with
-    the ratio to row ``baseline`` when one is given. The title holds ``title`` (default: the
-    metric), the machine and the settings shared by all bars. Returns the Axes.
-    ``measurements`` may also be a :class:`course_utils.measurement.Comparison`: its rows, with its
-    baseline unless ``baseline`` is given.
+    Samples/s and time per repeat get an error bar over the repeats' IQR (the other metrics are
+    single totals). Values are written by the bars, with the ratio to row ``baseline`` when
+    given; the title holds the settings shared by all bars.
     """
     if isinstance(measurements, Comparison):
         baseline = measurements.baseline if baseline is None else baseline
         measurements = measurements.rows
-    if isinstance(measurements, Measurement):
-        measurements = [measurements]
-    rows = list(measurements)
-    if not rows:
-        raise ValueError("measurements is empty: pass at least one Measurement to plot.")
-    for i, m in enumerate(rows):
-        if not isinstance(m, Measurement):
-            raise TypeError(f"measurements[{i}] is a {type(m).__name__}, not a Measurement.")
+    rows = compare([measurements] if isinstance(measurements, Measurement) else measurements).rows
     if metric not in METRICS:
         raise ValueError(f"metric={metric!r} is not known: use one of {', '.join(METRICS)}.")
     if baseline is not None and not -len(rows) <= baseline < len(rows):
@@ -144,7 +115,7 @@ def plot_measurements(measurements: Sequence[Any], *, metric: str = "samples_per
             capsize=4 if has_spread else 0, error_kw={"elinewidth": 1})
     ax.set_yticks(y, [m.label for m in rows])
     ax.invert_yaxis()  # first measurement on top
-    ax.set_xlabel(_METRIC_LABELS[metric])
+    ax.set_xlabel(_METRIC_TEXT[metric][1])
     finite = values[np.isfinite(values)]
     right = float(np.max(finite + high[np.isfinite(values)])) if finite.size else 1.0
     ax.set_xlim(0, right * 1.3 if right > 0 else 1.0)
@@ -161,7 +132,7 @@ def plot_measurements(measurements: Sequence[Any], *, metric: str = "samples_per
         ax.text(x + right * 0.01, i, text, va="center", fontsize=9)
     ax.grid(axis="x", alpha=0.3)
     ax.set_axisbelow(True)
-    headline = title if title is not None else _METRIC_TITLES[metric]
+    headline = title if title is not None else _METRIC_TEXT[metric][0]
     ax.set_title(_title(headline, _common_settings(rows)), fontsize=10, loc="left")
     return ax
 
@@ -169,11 +140,8 @@ def plot_measurements(measurements: Sequence[Any], *, metric: str = "samples_per
 def plot_curve(x: Sequence[float], ys: Mapping[str, Sequence[float | None]], *, xlabel: str,
                ylabel: str, title: str, ax: Any = None, logx: bool = False,
                settings: Mapping | None = None) -> Any:
-    """One line with markers per entry of ``ys`` (name -> values at ``x``; ``None`` = not measured).
-
-    The title holds ``title``, the machine and ``settings`` (see :func:`figure_title`).
-    ``logx=True`` uses a log2 x axis (natural for worker counts and sizes). Returns the Axes.
-    """
+    """One line with markers per entry of ``ys`` (name -> values at ``x``; ``None`` = not
+    measured); ``logx=True`` uses a log2 x axis."""
     xs = np.asarray(list(x), dtype=float)
     if xs.ndim != 1 or xs.size == 0:
         raise ValueError("x must be a non-empty 1-D sequence of numbers.")

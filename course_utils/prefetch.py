@@ -1,8 +1,5 @@
-"""The double-buffered device prefetcher (lesson 04 writes one; exercise 04 asks for yours).
-
-:class:`DevicePrefetcher` copies batch k+1 to the device on a side stream while batch k is used;
-:func:`compare_prefetch` times it against a plain loop. Nothing happens at import time.
-"""
+"""The double-buffered device prefetcher (lesson 04 writes one; exercise 04 asks for yours) and
+:func:`compare_prefetch`, which times it against a plain loop."""
 from __future__ import annotations
 
 import math
@@ -18,36 +15,16 @@ from .config import pick
 from .device import move_to_device, resolve_device, synchronize, tensors_of
 from .measurement import _fmt_time
 
-__all__ = [
-    "DevicePrefetcher",
-    "PrefetchTiming",
-    "compare_prefetch",
-]
+__all__ = ["DevicePrefetcher", "PrefetchTiming", "compare_prefetch"]
 
-
-# --------------------------------------------------------------------------------------
-# the double-buffered device prefetcher
-# --------------------------------------------------------------------------------------
 
 class DevicePrefetcher:
     """Iterate over ``loader`` with every batch already on ``device``; batch k+1 is copied
     while batch k is being used (double buffering).
 
-    On CUDA each copy is queued on a side stream (``torch.cuda.Stream``) with
-    ``non_blocking=True`` — asynchronous when the loader pins memory (``pin_memory=True``) —
-    so it runs on the copy engine while the compute of the previous batch runs on the default
-    stream. Before a batch is handed out, the current stream waits for the side stream
-    (``wait_stream``: no kernel reads a half-copied batch), and every tensor of it is marked as
-    used by the current stream (``record_stream``: the caching allocator will not reuse its
-    memory while compute still reads it). Two batches are on the device at a time: the one in
-    use and the one being copied.
-
-    On other devices (CPU, MPS) there is no side stream: the same loop runs with plain
-    synchronous copies (on CPU ``.to('cpu')`` is free), so it behaves as a plain iterator with
-    the same interface and the same order.
-
-    dtypes are kept: a uint8 batch arrives uint8 (convert on the device, after the copy).
-    Each ``iter()`` starts a fresh pass over ``loader`` (one epoch).
+    On CUDA copies run on a side stream; the current stream waits for each batch
+    (``wait_stream``) and marks its tensors as used (``record_stream``). Elsewhere it copies
+    synchronously.
     """
 
     def __init__(self, loader: Iterable, device: Any = None, *, non_blocking: bool = True) -> None:
@@ -103,12 +80,8 @@ class DevicePrefetcher:
 
 @dataclass
 class PrefetchTiming:
-    """Seconds per training step (median over repeats) with a plain loop vs DevicePrefetcher.
-
-    The plain loop moves each batch with ``.to(device, non_blocking=True)`` on the default
-    stream, right before its step. Only the end of each repeat is synchronised, as in real
-    training, so the GPU can run ahead of Python.
-    """
+    """Seconds per training step (median over repeats) with a plain loop (``.to(device,
+    non_blocking=True)`` before each step) vs DevicePrefetcher; only each repeat's end is synced."""
 
     device: str
     steps: int
@@ -140,41 +113,32 @@ class PrefetchTiming:
 
 def compare_prefetch(loader: Iterable, step_fn: Callable[[Any], Any], *, device: Any = None,
                      repeats: int | None = None) -> PrefetchTiming:
-    """Time one pass over ``loader`` (step_fn on every batch) plainly and with DevicePrefetcher.
-
-    Each repeat runs a whole pass for both, alternating (plain, prefetch, plain, ...), after
-    one warm-up pass each; seconds per step are medians over repeats.
-    """
+    """Time one pass over ``loader`` (step_fn on every batch) plainly and with DevicePrefetcher,
+    alternating, after one warm-up pass each."""
     dev = resolve_device(device)
     if not callable(step_fn):
         raise TypeError(f"step_fn must be a callable taking one batch, got {type(step_fn).__name__}.")
     repeats = pick(full=5, quick=2) if repeats is None else repeats
     check_int("repeats", repeats, 1)
 
-    def plain() -> int:
+    def run(prefetch: bool) -> int:
+        batches = (DevicePrefetcher(loader, dev) if prefetch else
+                   (move_to_device(b, dev, non_blocking=True) for b in loader))
         n = 0
-        for batch in loader:
-            step_fn(move_to_device(batch, dev, non_blocking=True))
-            n += 1
-        return n
-
-    def prefetched() -> int:
-        n = 0
-        for batch in DevicePrefetcher(loader, dev):
+        for n, batch in enumerate(batches, 1):
             step_fn(batch)
-            n += 1
         return n
 
-    steps = plain()
-    prefetched()
+    steps = run(False)
+    run(True)
     if steps == 0:
         raise ValueError("loader yielded no batches: pass a loader with at least one batch.")
     t_plain, t_pref = [], []
     for _ in range(repeats):
-        for fn, out in ((plain, t_plain), (prefetched, t_pref)):
+        for prefetch, out in ((False, t_plain), (True, t_pref)):
             synchronize(dev)
             t0 = time.perf_counter()
-            fn()
+            run(prefetch)
             synchronize(dev)
             out.append((time.perf_counter() - t0) / steps)
     note = "" if dev.type == "cuda" else (

@@ -1,22 +1,10 @@
-"""CPU time, context switches and memory of this process and its children (DataLoader workers).
-
-:class:`TreeMonitor` is what :mod:`course_utils.bench` (and a DDP rank, :mod:`~.ddp_rank`) reads
-around a timed window: CPU seconds (user + system) and involuntary context switches of the whole
-process tree between two snapshots, and the peak memory of the tree (USS and PSS sums, in bytes)
-sampled by a background thread while the window runs: the operating system's view of a process
-tree, read with :mod:`psutil` and /proc, apart from the clock and the statistics.
-
-The sampler thread samples every 0.1 s, or less often when sampling itself is slow (reading
-USS/PSS of a big process takes milliseconds), so that it stays below a few percent of one core;
-its own CPU time is measured and subtracted from the CPU time reported.
-Nothing happens at import time.
-"""
+"""CPU time, context switches and memory of this process and its children (DataLoader workers),
+read with :mod:`psutil` and /proc around the windows :mod:`course_utils.bench` times."""
 from __future__ import annotations
 
 import glob
 import threading
 import time
-from typing import Any
 
 import psutil
 
@@ -26,12 +14,8 @@ _Key = tuple  # (pid, create_time)
 
 
 def thread_involuntary_switches(pid: int) -> dict[tuple[int, int], int] | None:
-    """``{(pid, thread id): involuntary context switches}`` for every thread of ``pid``.
-
-    Linux only (reads /proc/PID/task/*/status); None elsewhere. Per thread because
-    ``psutil.Process.num_ctx_switches()`` on Linux reads the main thread only, so the threads
-    of a pool being preempted would go unseen.
-    """
+    """``{(pid, thread id): involuntary context switches}`` for every thread of ``pid``; None off
+    Linux. Per thread because psutil's ``num_ctx_switches()`` reads the main thread only."""
     out: dict[tuple[int, int], int] = {}
     paths = glob.glob(f"/proc/{pid}/task/*/status")
     if not paths:
@@ -48,27 +32,12 @@ def thread_involuntary_switches(pid: int) -> dict[tuple[int, int], int] | None:
     return out
 
 
-def _involuntary_switches(proc: Any) -> int:
-    """Involuntary context switches of all threads of a psutil Process (main thread elsewhere)."""
-    per_thread = thread_involuntary_switches(proc.pid)
-    if per_thread is not None:
-        return sum(per_thread.values())
-    return int(proc.num_ctx_switches().involuntary)
-
-
 class TreeMonitor:
     """CPU time, involuntary context switches and memory of this process and its children.
 
-    CPU time of the tree at an instant is the sum, over the live processes of the tree, of
-    their own user + system time plus that of their children already reaped (``children_user``,
-    ``children_system``). A worker that exits and is reaped during a window moves its time into
-    its parent's reaped total, so nothing is lost or counted twice; a process born during the
-    window counts from zero.
-
-    ``start()`` lists the tree (cheap snapshots later reuse that list, so the window can start
-    right after warm-up) and starts a daemon thread sampling memory (USS/PSS sums over the
-    tree) every ~0.1 s; ``stop()`` stops it and takes a last sample. The sampler's own CPU time
-    is measured (``time.thread_time``) and subtracted in :meth:`window`.
+    CPU time includes reaped children's, so a worker that exits during a window is neither lost
+    nor counted twice. ``start()`` lists the tree (so a window can start right after warm-up)
+    and samples memory in a thread every ~0.1 s; the sampler's own CPU time is subtracted.
     """
 
     def __init__(self, interval_s: float = 0.1) -> None:
@@ -87,8 +56,8 @@ class TreeMonitor:
         self.uss_available = True
         self.pss_available = True
 
-    # -- process tree --------------------------------------------------------------
-    def _tree(self) -> list:
+    def list_tree(self) -> list:
+        """The processes of the tree now (a few ms: it scans the process table)."""
         procs = [self._proc]
         try:
             procs += self._proc.children(recursive=True)
@@ -108,7 +77,9 @@ class TreeMonitor:
                     ctx: int | None = None
                     if self.ctx_available:
                         try:
-                            ctx = _involuntary_switches(p)
+                            per_thread = thread_involuntary_switches(p.pid)
+                            ctx = (int(p.num_ctx_switches().involuntary) if per_thread is None
+                                   else sum(per_thread.values()))
                             self._last_ctx[key] = ctx
                         except (AttributeError, NotImplementedError, psutil.AccessDenied):
                             self.ctx_available = False
@@ -120,7 +91,7 @@ class TreeMonitor:
     def snapshot(self, fresh: bool = False) -> dict:
         """CPU readings of the tree now: of the processes listed at :meth:`start` (fast), or
         of a fresh listing (``fresh=True``, a few ms). Never overlaps a memory sample."""
-        procs = self._tree() if fresh else self._procs
+        procs = self.list_tree() if fresh else self._procs
         with self._lock:
             snap: dict = self._read_cpu(procs)
             snap["sampler_cpu_s"] = self._sampler_cpu_s
@@ -141,7 +112,6 @@ class TreeMonitor:
                 ctx += max(0, x1 - x0)
         return max(0.0, cpu - sampler), (ctx if self.ctx_available else None)
 
-    # -- memory sampler --------------------------------------------------------------
     def _sample_memory(self, procs: list) -> None:
         uss = pss = 0
         for p in procs:
@@ -152,16 +122,11 @@ class TreeMonitor:
             except (psutil.AccessDenied, NotImplementedError, AttributeError, OSError):
                 self.uss_available = self.pss_available = False
                 return
-            u = getattr(info, "uss", None)
-            s = getattr(info, "pss", None)
-            if u is None:
-                self.uss_available = False
-            else:
-                uss += int(u)
-            if s is None:
-                self.pss_available = False
-            else:
-                pss += int(s)
+            u, s = getattr(info, "uss", None), getattr(info, "pss", None)
+            self.uss_available &= u is not None
+            self.pss_available &= s is not None
+            uss += int(u or 0)
+            pss += int(s or 0)
         if self.uss_available:
             self.peak_uss = uss if self.peak_uss is None else max(self.peak_uss, uss)
         if self.pss_available:
@@ -172,7 +137,7 @@ class TreeMonitor:
             t0 = time.perf_counter()
             c0 = time.thread_time()
             try:
-                procs = self._tree()
+                procs = self.list_tree()
                 if self.uss_available or self.pss_available:
                     self._sample_memory(procs)
                 self._read_cpu(procs)  # remember context switches of processes that may exit
@@ -186,15 +151,11 @@ class TreeMonitor:
         while not self._stop.wait(max(self._interval_s, 20.0 * self._cost_s)):
             self._sample_once()
 
-    def list_tree(self) -> list:
-        """The processes of the tree now (a few ms: it scans the process table)."""
-        return self._tree()
-
     def start(self, procs: list | None = None) -> None:
         """Remember the tree (``procs`` from :meth:`list_tree`, or listed now), then sample
         memory every ~0.1 s in a daemon thread until :meth:`stop`."""
         self.stop()
-        self._procs = self._tree() if procs is None else list(procs)
+        self._procs = self.list_tree() if procs is None else list(procs)
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="course-utils-tree-sampler",
                                         daemon=True)

@@ -1,28 +1,14 @@
-"""Reference results measured on a real GPU, shipped with the course as JSON files.
+"""Reference results measured on a real GPU, shipped with the course as JSON files, so that a
+CPU-only learner sees what a GPU measured *beside* their own figures.
 
-A CPU-only learner cannot measure a host-to-device copy or on-device augmentation; the GPU
-lessons show them what a real GPU measured instead, *beside* their own figures. Those
-reference results are produced only by the gpu-check command on a CUDA machine::
-
-    python -m course_authoring gpu-check            # writes course_utils/reference_results/*.json
-
-and are never typed by hand. Each file ``REFERENCE_DIR / f"{name}.json"`` holds one JSON object::
-
-    {"name": "...",                       # the file's name, without .json
-     "measured_at": "2025-01-31",         # ISO date of the measurement
-     "machine": {"gpu_name": ..., "gpu_memory_bytes": ..., "torch_version": ...,
-                 "cuda_version": ..., "cpu_count": ..., ...},
-     "results": {...}}                    # whatever the benchmark measured
-
-:func:`load_reference` returns ``None`` when no such file exists (nothing measured yet) and
-raises :class:`MalformedReference` (a ``ValueError``) naming the file when it exists but is
-not of that shape. Nothing happens at import time.
+They are written only by ``python -m course_authoring gpu-check`` on a CUDA machine, never by
+hand: one JSON object per ``REFERENCE_DIR / f"{name}.json"`` with :data:`REQUIRED_KEYS`
+(``measured_at`` an ISO date, ``machine`` from :func:`describe_machine`).
 """
 from __future__ import annotations
 
 import datetime as _dt
 import json
-import math
 import os
 import platform
 import re
@@ -30,26 +16,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from .machine import accelerator, cpu_info, machine_summary
+from .measurement import _jsonable
 
-__all__ = [
-    "REFERENCE_DIR",
-    "REQUIRED_KEYS",
-    "LESSON04",
-    "LESSON05",
-    "SUMMARY",
-    "REFERENCE_NAMES",
-    "MalformedReference",
-    "describe_machine",
-    "save_reference",
-    "load_reference",
-    "reference_path",
-    "available_references",
-    "missing_reference_text",
-]
+__all__ = ["REFERENCE_DIR", "REQUIRED_KEYS", "LESSON04", "LESSON05", "SUMMARY", "REFERENCE_NAMES",
+           "MalformedReference", "describe_machine", "save_reference", "load_reference",
+           "reference_path", "available_references", "missing_reference_text"]
 
 #: Where the shipped reference results live (package data of course_utils).
 REFERENCE_DIR: Path = Path(__file__).resolve().parent / "reference_results"
@@ -74,9 +48,8 @@ class MalformedReference(ValueError):
 
 def _check_name(name: Any) -> str:
     if not isinstance(name, str) or not _NAME_RE.match(name) or name.endswith(".json"):
-        raise ValueError(
-            f"name must be a plain file stem such as 'lesson04_transfer' (letters, digits, "
-            f"'_', '-', '.'; no folder, no '.json'), got {name!r}.")
+        raise ValueError(f"name must be a plain file stem such as 'lesson04_transfer' (letters, "
+                         f"digits, '_', '-', '.'; no folder, no '.json'), got {name!r}.")
     return name
 
 
@@ -89,37 +62,9 @@ def reference_path(name: str, directory: str | os.PathLike | None = None) -> Pat
     return _dir(directory) / f"{_check_name(name)}.json"
 
 
-def _jsonable(value: Any) -> Any:
-    """A JSON-safe copy: non-finite floats become None, exotic objects their str()."""
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, np.integer):  # numpy / torch scalars
-        return int(value)
-    if isinstance(value, np.floating):
-        return _jsonable(float(value))
-    if isinstance(value, np.ndarray):
-        return _jsonable(value.tolist())
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if hasattr(value, "to_dict"):
-        return _jsonable(value.to_dict())
-    return str(value)
-
-
 def describe_machine() -> dict:
-    """The machine the results were measured on, as a JSON-friendly dict.
-
-    Keys: gpu_name, gpu_memory_bytes, gpu_count, accelerator ('cuda'|'mps'|'cpu'),
-    torch_version, cuda_version (None on a CPU-only build), cudnn_version, cpu_count (usable
-    CPUs), cpu_count_logical, platform, python, summary (``machine_summary()``). On CUDA this
-    reads the device properties (initialises CUDA, allocates nothing).
-    """
+    """The machine the results were measured on, as a JSON-friendly dict (on CUDA it initialises
+    CUDA and allocates nothing)."""
     acc = accelerator()
     cpu = cpu_info()
     cudnn = None
@@ -128,7 +73,7 @@ def describe_machine() -> dict:
             cudnn = torch.backends.cudnn.version()
         except Exception:  # pragma: no cover - depends on the build
             cudnn = None
-    info = {
+    return {
         "accelerator": acc.kind,
         "gpu_name": acc.name if acc.kind != "cpu" else None,
         "gpu_memory_bytes": acc.memory_bytes,
@@ -142,20 +87,14 @@ def describe_machine() -> dict:
         "python": platform.python_version(),
         "summary": machine_summary(),
     }
-    return info
 
 
 def save_reference(name: str, data: Mapping, *, machine: Mapping,
                    directory: str | os.PathLike | None = None,
                    measured_at: str | None = None) -> Path:
-    """Write ``{"name", "measured_at", "machine", "results": data}`` to ``<name>.json``.
-
-    ``data`` is the results dict (anything JSON can hold; NaN/inf become null), ``machine``
-    describes where it was measured (use :func:`describe_machine`). ``directory`` defaults to
-    :data:`REFERENCE_DIR`; ``measured_at`` to today's date (ISO). Returns the path written.
-    The file is written to a temporary name first and renamed, so a crash never leaves half a
-    file behind.
-    """
+    """Write ``{"name", "measured_at", "machine", "results": data}`` to ``<name>.json`` (NaN/inf
+    become null; ``measured_at`` defaults to today) via a temporary file, so a crash never leaves
+    half a file. Returns the path written."""
     _check_name(name)
     if not isinstance(data, Mapping):
         raise TypeError(f"data must be a dict of results, got {type(data).__name__}.")
@@ -182,28 +121,22 @@ def save_reference(name: str, data: Mapping, *, machine: Mapping,
 
 
 def load_reference(name: str, directory: str | os.PathLike | None = None) -> dict | None:
-    """The reference document ``name`` ({"name", "measured_at", "machine", "results"}).
-
-    Returns None when the file does not exist (no reference measured yet: run
-    ``python -m course_authoring gpu-check`` on a CUDA machine). Raises :class:`MalformedReference`
-    naming the file when it is not JSON or lacks a required key.
-    """
+    """The reference document ``name``, or None when none was measured yet; a
+    :class:`MalformedReference` naming the file when it is not of the documented shape."""
     path = reference_path(name, directory)
     if not path.is_file():
         return None
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise MalformedReference(
-            f"{path} is not valid JSON ({exc}). Delete it, or produce it again with "
-            f"'python -m course_authoring gpu-check' on a CUDA machine.") from None
+        raise MalformedReference(f"{path} is not valid JSON ({exc}). Delete it, or produce it again "
+                                 f"with 'python -m course_authoring gpu-check' on a CUDA machine.") from None
     if not isinstance(doc, dict):
         raise MalformedReference(f"{path} must hold a JSON object, found {type(doc).__name__}.")
     missing = [k for k in REQUIRED_KEYS if k not in doc]
     if missing:
-        raise MalformedReference(
-            f"{path} lacks {', '.join(missing)} (a reference file needs {', '.join(REQUIRED_KEYS)}). "
-            f"Produce it again with 'python -m course_authoring gpu-check'.")
+        raise MalformedReference(f"{path} lacks {', '.join(missing)} (it needs {', '.join(REQUIRED_KEYS)}); "
+                                 f"produce it again with 'python -m course_authoring gpu-check'.")
     if not isinstance(doc["machine"], dict) or not isinstance(doc["results"], dict):
         raise MalformedReference(f"{path}: 'machine' and 'results' must be JSON objects.")
     return doc

@@ -1,45 +1,12 @@
 """The course's reference preprocessing pipeline, written three ways: NumPy, OpenCV, torch (CPU).
 
-The pipeline (what every lesson means by "the reference pipeline")::
+    decoded RGB uint8 -> resize (shorter side to params.resize, half-pixel bilinear, no
+    antialiasing) -> centre crop (params.crop, torchvision's box) -> [flip] -> normalise
+    ((x / 255 - mean) / std) -> contiguous CHW tensor
 
-    decode JPEG -> resize (shorter side to params.resize, bilinear) -> centre crop (params.crop)
-                -> horizontal flip (when drawn) -> normalise ((x / 255 - mean) / std) -> CHW
-
-* **Decode** is shared: :func:`course_utils.data.decode_jpeg` (``cv2.imdecode`` + BGR->RGB).
-  NumPy has no JPEG decoder, and torch only decodes through torchvision, which this course
-  does not install; so all three implementations start from the same decoded (H, W, 3) uint8
-  RGB array.
-* **Resize** is plain bilinear interpolation with the *half-pixel* convention (pixel centres at
-  ``i + 0.5``; ``cv2.INTER_LINEAR``, ``F.interpolate(mode='bilinear', align_corners=False,
-  antialias=False)``), clamped at the borders, no antialiasing. The output size keeps the
-  aspect ratio: the shorter side becomes ``params.resize`` and the longer side
-  ``int(params.resize * longer / shorter)`` (torchvision's rule). On uint8 input every
-  implementation returns uint8 (rounded); on float input, float32.
-* **Crop** is the centre ``params.crop`` x ``params.crop`` square, top-left corner at
-  ``int(round((h - crop) / 2))``, ``int(round((w - crop) / 2))`` (torchvision's rule).
-* **Flip** reverses the width axis (a horizontal, left-right mirror).
-* **Normalise** returns float32 ``(x / 255 - mean) / std`` per channel (RGB order).
-* **CHW** returns a contiguous (3, crop, crop) ``torch.Tensor``.
-
-Tolerance (stated and tested): implementations differ only in how they round the resized
-pixels back to uint8 (OpenCV uses 11-bit fixed-point weights and truncates some intermediate
-sums, NumPy here rounds the exact float result, torch has its own integer kernel). Measured in
-grey levels (1 level = 1/255 of the [0, 1] range, i.e. ``1 / (255 * std)`` after normalising),
-every output value of every implementation is within :data:`MAX_DIFF_LEVELS` = 1 level of
-:func:`exact_pipeline` (the same pipeline in float32 without rounding after the resize), and
-the mean signed difference over an image is within :data:`MEAN_DIFF_LEVELS` = 0.25 level (a
-systematic bias, such as truncating instead of rounding, shifts it by about 0.5).
-:func:`output_difference` measures both.
-
-Per-stage functions (``numpy_resize``, ``opencv_hflip``, ``torch_normalize``, ...) are public so
-a lesson can time each operation; they are written in :mod:`course_utils.image_ops` and imported
-here, where the lessons import them from. :func:`pipeline_stages` lists a backend's stages in
-order; :func:`numpy_pipeline`, :func:`opencv_pipeline` and :func:`torch_pipeline` run them. The
-transform classes (:class:`ReferenceTransform`, :class:`Uint8Transform`, :class:`ToFloat32`)
-are picklable, so DataLoader workers can run them under every start method; their random flip
-comes from a per-process generator (see :class:`ReferenceTransform`).
-
-Nothing happens at import time.
+Lesson 01 writes it by hand first. Decode is shared (NumPy has none). The three differ only in
+rounding resized pixels to uint8: every value is within :data:`MAX_DIFF_LEVELS` grey levels of
+:func:`exact_pipeline` and the mean within :data:`MEAN_DIFF_LEVELS` (truncating shifts it ~0.5).
 """
 from __future__ import annotations
 
@@ -80,18 +47,10 @@ MEAN_DIFF_LEVELS = 0.25
 ImageOrTensor = Union[np.ndarray, torch.Tensor]
 
 
-# --------------------------------------------------------------------------------------------
-# parameters
-# --------------------------------------------------------------------------------------------
-
 @dataclass(frozen=True)
 class PipelineParams:
-    """Settings of the reference pipeline (immutable, hashable, picklable).
-
-    resize: the shorter side after resizing, in pixels. crop: side of the centre square crop,
-    in pixels (<= resize). mean, std: per-channel (R, G, B) values on the [0, 1] scale.
-    flip_p: probability of a horizontal flip in the random transforms (0 = never, 1 = always).
-    """
+    """Settings of the reference pipeline: resize (the shorter side after resizing) and crop (<=
+    resize) in pixels; mean, std per (R, G, B) channel on the [0, 1] scale; flip_p a probability."""
 
     resize: int = 256
     crop: int = 224
@@ -141,16 +100,6 @@ def _params(params: Optional[PipelineParams], where: str) -> PipelineParams:
     return params
 
 
-# --------------------------------------------------------------------------------------------
-# stages and pipelines
-# --------------------------------------------------------------------------------------------
-
-def _hw(x: ImageOrTensor) -> tuple[int, int]:
-    if isinstance(x, torch.Tensor):
-        return int(x.shape[-2]), int(x.shape[-1])
-    return int(x.shape[0]), int(x.shape[1])
-
-
 _OPS: dict[str, dict[str, Callable]] = {
     "numpy": {"resize": numpy_resize, "crop": center_crop, "flip": numpy_hflip,
               "normalize": numpy_normalize, "to CHW": numpy_to_chw},
@@ -169,11 +118,8 @@ def _backend(backend: Any, where: str) -> str:
 
 
 class Stage:
-    """One pipeline stage of one backend, as a picklable callable ``stage(x) -> x``.
-
-    ``name`` is one of "to tensor", "resize", "crop", "flip", "normalize", "to CHW". Sizes are
-    computed from the input's shape and ``params`` at call time.
-    """
+    """One pipeline stage of one backend, as a picklable callable ``stage(x) -> x``; sizes come
+    from the input's shape and ``params`` at call time."""
 
     def __init__(self, backend: str, name: str, params: Optional[PipelineParams] = None) -> None:
         self.backend = _backend(backend, "Stage")
@@ -189,7 +135,7 @@ class Stage:
             return torch_from_image(x)
         op = _OPS[self.backend][self.name]
         if self.name == "resize":
-            return op(x, p.resized_hw(*_hw(x)))
+            return op(x, p.resized_hw(*(x.shape[-2:] if isinstance(x, torch.Tensor) else x.shape[:2])))
         if self.name == "crop":
             return op(x, p.crop)
         if self.name == "normalize":
@@ -202,12 +148,8 @@ class Stage:
 
 def pipeline_stages(backend: str, params: Optional[PipelineParams] = None, *, flip: bool = False,
                     normalize: bool = True) -> list[tuple[str, Stage]]:
-    """The stages of ``backend``'s pipeline after decoding, in order, as (name, callable) pairs.
-
-    numpy/opencv: resize, crop, [flip], [normalize], to CHW. torch: to tensor (a zero-copy
-    view), resize, crop, [flip], [normalize], to CHW. ``flip`` includes the flip stage;
-    ``normalize=False`` leaves the output uint8 (the "uint8 until the GPU" variant).
-    """
+    """The stages of ``backend``'s pipeline after decoding, in order, as (name, callable) pairs
+    (torch starts with a zero-copy "to tensor"); ``normalize=False`` leaves the output uint8."""
     backend = _backend(backend, "pipeline_stages")
     params = _params(params, "pipeline_stages")
     names = ["resize", "crop"] + (["flip"] if flip else []) + (["normalize"] if normalize else []) + ["to CHW"]
@@ -218,11 +160,8 @@ def pipeline_stages(backend: str, params: Optional[PipelineParams] = None, *, fl
 
 def run_pipeline(backend: str, image: np.ndarray, flip: bool = False,
                  params: Optional[PipelineParams] = None, *, normalize: bool = True) -> torch.Tensor:
-    """Run ``backend``'s pipeline on a decoded (H, W, 3) uint8 RGB image.
-
-    Returns a contiguous (3, crop, crop) tensor: float32 normalised, or uint8 with
-    ``normalize=False``. ``flip`` is the flip decision (the random draw is the transforms' job).
-    """
+    """Run ``backend``'s pipeline on a decoded (H, W, 3) uint8 RGB image -> contiguous (3, crop,
+    crop) tensor; ``flip`` is the flip decision (the random draw is the transforms' job)."""
     check_hwc(image, f"run_pipeline({backend!r})", uint8_only=True)
     x: Any = image
     for _, stage in pipeline_stages(backend, params, flip=bool(flip), normalize=normalize):
@@ -250,10 +189,8 @@ def torch_pipeline(image: np.ndarray, flip: bool = False,
 
 def exact_pipeline(image: np.ndarray, flip: bool = False,
                    params: Optional[PipelineParams] = None) -> torch.Tensor:
-    """The pipeline in float32 throughout, without rounding the resized pixels to uint8.
-
-    The values every implementation is compared with (see :func:`output_difference`).
-    """
+    """The pipeline in float32 throughout, without rounding the resized pixels to uint8: what
+    every implementation is compared with."""
     image = check_hwc(image, "exact_pipeline", uint8_only=True)
     params = _params(params, "exact_pipeline")
     x = numpy_resize(image.astype(np.float32), params.resized_hw(*image.shape[:2]))
@@ -263,18 +200,10 @@ def exact_pipeline(image: np.ndarray, flip: bool = False,
     return numpy_to_chw(numpy_normalize(x, params.mean, params.std))
 
 
-# --------------------------------------------------------------------------------------------
-# comparing outputs
-# --------------------------------------------------------------------------------------------
-
 @dataclass(frozen=True)
 class OutputDifference:
-    """How far one normalised output is from another, in grey levels (1 level = 1/255).
-
-    max_abs_levels: the largest |difference| of any value. mean_levels: the mean signed
-    difference (a bias). mean_abs_levels: the mean |difference|. within_tolerance: both
-    within :data:`MAX_DIFF_LEVELS` and :data:`MEAN_DIFF_LEVELS`.
-    """
+    """How far one normalised output is from another, in grey levels (1 level = 1/255);
+    mean_levels is the signed mean difference (a bias)."""
 
     max_abs_levels: float
     mean_levels: float
@@ -305,11 +234,8 @@ def _as_float_tensor(x: Any, name: str) -> torch.Tensor:
 
 
 def output_difference(a: Any, b: Any, params: Optional[PipelineParams] = None) -> OutputDifference:
-    """Compare two normalised outputs, (3, H, W) or (N, 3, H, W), in grey levels.
-
-    The difference of normalised values is multiplied back by ``255 * std`` of its channel, so
-    1.0 means one grey level whatever the channel's std. ``a - b`` is the signed difference.
-    """
+    """Compare two normalised outputs, (3, H, W) or (N, 3, H, W), in grey levels of ``a - b``
+    (the difference times ``255 * std`` of its channel)."""
     params = _params(params, "output_difference")
     ta, tb = _as_float_tensor(a, "a"), _as_float_tensor(b, "b")
     if ta.shape != tb.shape:
@@ -326,10 +252,6 @@ def output_difference(a: Any, b: Any, params: Optional[PipelineParams] = None) -
                             mean_abs_levels=float(d.abs().mean()))
 
 
-# --------------------------------------------------------------------------------------------
-# batched normalisation (main process or GPU)
-# --------------------------------------------------------------------------------------------
-
 def _normalize_constants(params: PipelineParams, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(shift, scale), each (3, 1, 1) float32 on ``device``; made once per device and params."""
     return constants_on(device, ("normalize", tuple(params.mean), tuple(params.std)),
@@ -337,12 +259,9 @@ def _normalize_constants(params: PipelineParams, device: torch.device) -> tuple[
 
 
 def normalize_batch(batch: torch.Tensor, params: Optional[PipelineParams] = None) -> torch.Tensor:
-    """(N, 3, H, W) uint8 batch -> float32 ``(x / 255 - mean) / std``, on the batch's device.
-
-    The last stage of the "uint8 until the GPU" pipeline: one conversion per batch, where the
-    batch is (on the GPU in training; here wherever ``batch`` lives). The two constants are
-    cached per device, so a call queues kernels only and never waits for the device.
-    """
+    """(N, 3, H, W) uint8 batch -> float32 ``(x / 255 - mean) / std``, on the batch's device: the
+    last stage of "uint8 until the GPU". The constants are cached per device, so a call never
+    waits for the device."""
     params = _params(params, "normalize_batch")
     if not isinstance(batch, torch.Tensor) or batch.dim() != 4 or batch.shape[1] != 3:
         raise TypeError(f"normalize_batch: batch must be an (N, 3, H, W) tensor, got "
@@ -351,22 +270,12 @@ def normalize_batch(batch: torch.Tensor, params: Optional[PipelineParams] = None
     return batch.to(torch.float32).sub_(shift).mul_(scale)
 
 
-# --------------------------------------------------------------------------------------------
-# picklable transforms for DataLoader workers
-# --------------------------------------------------------------------------------------------
-
 class PerProcessRandom:
     """Base for picklable transforms that draw random numbers in DataLoader workers.
 
-    The NumPy generator is created lazily in each process (keyed on ``os.getpid()``) and never
-    pickled, so every DataLoader worker gets its own stream:
-
-    * ``seed=None``: seeded from ``torch.initial_seed()``, which the DataLoader sets to a
-      different value in every worker and every epoch (``torch.manual_seed`` in the main
-      process makes runs reproducible).
-    * ``seed=s``: seeded from ``s`` in the main process, and from ``(s, worker seed)`` in a
-      worker (still different per worker and per epoch; reproducible for a given ``s`` and
-      ``torch.manual_seed``).
+    The NumPy generator is made lazily in each process and never pickled, so every worker gets
+    its own stream: seeded from ``torch.initial_seed()`` (different per worker and epoch) when
+    ``seed`` is None, else from ``s`` in the main process and ``(s, worker seed)`` in a worker.
     """
 
     def __init__(self, seed: Optional[int], *, owner: str = "transform") -> None:
@@ -398,29 +307,9 @@ class PerProcessRandom:
         return state
 
 
-class _RandomFlip(PerProcessRandom):
-    """Per-process random flip decisions (see :class:`PerProcessRandom` for the seeding)."""
-
-    def __init__(self, flip_p: float, seed: Optional[int]) -> None:
-        super().__init__(seed)
-        self.flip_p = flip_p
-
-    def draw(self) -> bool:
-        if self.flip_p <= 0.0:
-            return False
-        if self.flip_p >= 1.0:
-            return True
-        return bool(self._generator().random() < self.flip_p)
-
-
 class ReferenceTransform:
-    """The reference pipeline as a DataLoader transform: decoded image -> (3, crop, crop) float32.
-
-    ``ReferenceTransform(backend='opencv', params=None, seed=None)``; picklable (works under
-    fork, forkserver and spawn). Each call draws a flip with probability ``params.flip_p`` (see
-    :class:`_RandomFlip` for how workers get independent streams), then runs
-    :func:`run_pipeline`. :meth:`apply` runs it with a given flip decision.
-    """
+    """The reference pipeline as a picklable DataLoader transform: decoded image -> (3, crop,
+    crop) float32, with a per-process random flip (:class:`PerProcessRandom`)."""
 
     normalize = True
 
@@ -429,18 +318,16 @@ class ReferenceTransform:
         where = type(self).__name__
         self.backend = _backend(backend, where)
         self.params = _params(params, where)
-        try:
-            self._flips = _RandomFlip(self.params.flip_p, seed)
-        except ValueError as exc:
-            raise ValueError(f"{where}: {exc} It seeds the random flips.") from None
+        self._flips = PerProcessRandom(seed, owner=where)
 
     @property
     def seed(self) -> Optional[int]:
         return self._flips.seed
 
     def draw_flip(self) -> bool:
-        """The next random flip decision of this process."""
-        return self._flips.draw()
+        """The next random flip decision of this process (no draw when flip_p is 0 or 1)."""
+        p = self.params.flip_p
+        return p >= 1.0 or (p > 0.0 and bool(self._flips._generator().random() < p))
 
     def apply(self, image: np.ndarray, flip: bool) -> torch.Tensor:
         """Run the pipeline with the flip decision ``flip``."""
@@ -454,21 +341,15 @@ class ReferenceTransform:
 
 
 class Uint8Transform(ReferenceTransform):
-    """The pipeline without normalising: decoded image -> (3, crop, crop) **uint8** tensor.
-
-    Resize, crop and flip stay uint8 in the worker; the batch crosses to the main process at one
-    byte per value, and :func:`normalize_batch` converts it once per batch (on the GPU in
-    training). Same arguments and random flips as :class:`ReferenceTransform`.
-    """
+    """The pipeline without normalising: decoded image -> (3, crop, crop) **uint8** tensor, one
+    byte per value across to the main process; :func:`normalize_batch` converts the batch."""
 
     normalize = False
 
 
 class ToFloat32:
-    """Per-sample ``x.float() / 255`` on a uint8 tensor (what ``ToTensor()`` does first).
-
-    Picklable; used to measure what converting to float in the worker costs.
-    """
+    """Per-sample ``x.float() / 255`` on a uint8 tensor (what ``ToTensor()`` does first), to
+    measure what converting to float in the worker costs."""
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, torch.Tensor):
