@@ -1,4 +1,6 @@
-"""Tests for course_utils.scaling and lesson 03's harness (course_utils.lessons.l03_*): behaviour, structure and bad input — never speed claims.
+"""Tests for course_utils.scaling and what lesson 03 keeps in the package (course_utils.lessons.l03_*:
+the epoch timer, the records and the worker-memory probe the graders use): behaviour, structure and
+bad input — never speed claims. What the notebook writes itself is checked by its own asserts.
 
 Memory assertions are loose (the list-of-dicts dataset must grow a worker's private memory
 several times more than the same records in arrays); timings are only checked to be positive.
@@ -8,7 +10,6 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
-import time
 
 import matplotlib
 
@@ -20,11 +21,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from course_utils import compare
-from course_utils.lessons.l03_costs import (BurstyLatencyDataset, EpochTaggedDataset, SimulatedStep,
-                                            children_uss_bytes, time_epochs, uss_bytes,
-                                            worker_startup_time)
+from course_utils.lessons.l03_costs import time_epochs
 from course_utils.lessons.l03_memory import (RecordArrayDataset, RecordListDataset, WorkerMemory,
-                                             make_records, plot_worker_memory, worker_memory)
+                                             make_records, uss_bytes, worker_memory)
 from course_utils.measurement import Measurement
 from course_utils.scaling import (CurveShape, WorkerSweep, default_worker_counts, describe_curve,
                                   find_knee, plot_sweeps, sweep_workers)
@@ -192,34 +191,7 @@ def test_plot_sweeps_returns_axes_and_checks_metric():
         plot_sweeps([1, 2])
 
 
-# ---- start-up, epochs, persistent workers ------------------------------------------------------
-
-def test_worker_startup_time_default_method():
-    from course_utils.machine import start_method
-
-    m = worker_startup_time(start_method(), 2, repeats=1)
-    assert isinstance(m, Measurement)
-    assert m.items_per_repeat == 2 and m.median_s > 0
-    assert m.settings == {"start_method": start_method(), "num_workers": 2}
-
-
-@pytest.mark.timeout(180)
-def test_worker_startup_time_spawn_works():
-    if "spawn" not in multiprocessing.get_all_start_methods():
-        pytest.skip("no spawn here")
-    m = worker_startup_time("spawn", 1, repeats=1)
-    assert m.median_s > 0 and "spawn" in m.label
-
-
-@pytest.mark.parametrize("kwargs, error", [({"start_method": "teleport"}, ValueError),
-                                           ({"num_workers": 0}, ValueError),
-                                           ({"repeats": 0}, ValueError),
-                                           ({"timeout_s": -1}, ValueError)])
-def test_worker_startup_time_bad_input(kwargs, error):
-    kwargs.setdefault("start_method", multiprocessing.get_all_start_methods()[0])
-    with pytest.raises(error, match="worker_startup_time"):
-        worker_startup_time(**kwargs)
-
+# ---- epochs -------------------------------------------------------------------------------------
 
 def test_time_epochs_counts_epochs_and_rejects_bad_input():
     loader = DataLoader(TinyDataset(8), batch_size=4)
@@ -231,56 +203,11 @@ def test_time_epochs_counts_epochs_and_rejects_bad_input():
         time_epochs(42)
 
 
-def test_persistent_workers_keep_their_copy_of_the_dataset():
-    ds = EpochTaggedDataset(4)
-    seen = {}
-    for persistent in (False, True):
-        loader = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=persistent,
-                            timeout=60)
-        seen[persistent] = []
-        for epoch in range(2):
-            ds.epoch = epoch
-            seen[persistent].append(sorted({int(x) for x in loader}))
-        del loader
-    assert seen[False] == [[0], [1]]
-    assert seen[True] == [[0], [0]]
-
-
-def test_uss_helpers():
+def test_uss_bytes():
     value = uss_bytes()
     if value is None:
         pytest.skip("USS not reported on this platform")
     assert value > 0
-    children = children_uss_bytes()
-    assert children is None or children >= 0
-
-
-# ---- bursty data, simulated step ----------------------------------------------------------------
-
-def test_bursty_latency_dataset_is_deterministic_and_sleeps():
-    a = BurstyLatencyDataset(n=200, latency_s=0.0, slow_fraction=0.1, slow_s=0.01, seed=3)
-    b = BurstyLatencyDataset(n=200, latency_s=0.0, slow_fraction=0.1, slow_s=0.01, seed=3)
-    assert np.array_equal(a.slow, b.slow) and 5 < a.slow.sum() < 40
-    assert a.mean_latency_s == pytest.approx(a.slow.sum() * 0.01 / 200)
-    slow = int(np.flatnonzero(a.slow)[0])
-    t0 = time.perf_counter()
-    x, label = a[slow]
-    assert time.perf_counter() - t0 >= 0.01
-    assert x.dtype == torch.uint8 and label == slow % 10
-    assert "slow" in a.describe()
-    with pytest.raises(ValueError, match="slow_fraction"):
-        BurstyLatencyDataset(n=10, slow_fraction=1.5)
-    with pytest.raises(ValueError, match="latency_s"):
-        BurstyLatencyDataset(n=10, latency_s=-1)
-
-
-def test_simulated_step_sleeps():
-    step = SimulatedStep(0.01)
-    t0 = time.perf_counter()
-    step(None)
-    assert time.perf_counter() - t0 >= 0.01
-    with pytest.raises(ValueError, match="step_s"):
-        SimulatedStep(-0.1)
 
 
 # ---- records: list vs arrays ---------------------------------------------------------------------
@@ -316,8 +243,7 @@ def test_list_and_array_datasets_give_equal_items():
         assert a[1] == b[1] and isinstance(b[1], int)
         assert a[2] == b[2] and isinstance(b[2], str)
     assert arr[-1][2] == records[-1]["path"]
-    assert arr.nbytes < lst.object_nbytes
-    assert "arrays" in arr.describe() and "list of dicts" in lst.describe()
+    assert 0 < arr.nbytes < 300 * 100
     # items are copies: changing one does not change the dataset
     box = arr[0][0]
     box += 1
@@ -327,10 +253,6 @@ def test_list_and_array_datasets_give_equal_items():
 def test_record_datasets_bad_input():
     with pytest.raises(ValueError, match="empty"):
         RecordArrayDataset([])
-    with pytest.raises(ValueError, match="not both"):
-        RecordListDataset(make_records(3), n=3)
-    with pytest.raises(TypeError, match="list of dicts"):
-        RecordListDataset(tuple(make_records(3)))
     with pytest.raises(IndexError):
         RecordArrayDataset(make_records(3))[3]
 
@@ -351,12 +273,6 @@ def test_worker_memory_list_grows_arrays_do_not():
     assert lst.mean_growth_bytes > 3 * max(arr.max_growth_bytes, 1_000_000)
     assert lst.total_growth_bytes == sum(lst.growth_bytes)
     assert "USS growth per worker" in str(lst)
-    assert lst.to_dict()["workers"][0]["timeline"]
-    import matplotlib.pyplot as plt
-
-    ax = plot_worker_memory([lst, arr])
-    assert "USS" in ax.get_ylabel()
-    plt.close(ax.figure)
 
 
 @pytest.mark.skipif(not HAS_FORK, reason="needs fork")

@@ -1,29 +1,31 @@
 """Lesson 03's copy-on-read measurement: the same annotation records as a Python list of dicts
 (:class:`RecordListDataset`, the trap) and packed into NumPy arrays (:class:`RecordArrayDataset`,
 the fix the exercise asks for), and each worker's private memory (USS, bytes, read with psutil
-inside the worker) over one epoch (:func:`worker_memory`). Nothing happens at import time.
+inside the worker) over one epoch (:func:`worker_memory`).
+
+These stay in the package, not in the notebook, because the ``03.copy_on_read`` grader runs
+them too (the records, the list version as the baseline, the probe), and refuses
+``RecordArrayDataset`` as an answer. Lesson 03 writes the list-of-dicts dataset it measures, the
+byte count of its Python objects and the plot in its own cells. Nothing happens at import time.
 """
 from __future__ import annotations
 
 import gc
 import math
 import os
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 import numpy as np
+import psutil
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from ..checks import check_index, check_int, check_seconds
 from ..config import pick
 from ..data import ram_budget_bytes
-from ..plots import figure_title
-from ..scaling import _MB, _new_axes
 from ..start_methods import resolve_context
-from .l03_costs import uss_bytes
 
 
 __all__ = [
@@ -31,12 +33,13 @@ __all__ = [
     "make_records",
     "RecordListDataset",
     "RecordArrayDataset",
+    "uss_bytes",
     "WorkerUss",
     "WorkerMemory",
     "worker_memory",
-    "plot_worker_memory",
 ]
 
+_MB = 1e6
 
 
 # --------------------------------------------------------------------------------------------
@@ -50,13 +53,10 @@ _RECORD_BYTES_ESTIMATE = 600  # generous bytes per record as Python objects (for
 
 
 def make_records(n: Optional[int] = None, seed: int = 0) -> list[dict]:
-    """A typical annotation list: ``n`` dicts ``{"path": str, "label": int, "box": [4 floats]}``.
-
-    ``path`` is ``"train/<class>/<7 digits>.jpg"`` (variable length), ``label`` in 0..9,
-    ``box`` four floats in [0, 1) (x0, y0, x1, y1). About 450 bytes of Python objects per
-    record. ``n`` defaults to ``pick(full=200_000, quick=60_000)``; refused (ValueError) when
-    the records would take more than a quarter of the available RAM.
-    """
+    """A typical annotation list: ``n`` dicts ``{"path": "train/<class>/<7 digits>.jpg",
+    "label": 0..9, "box": [x0, y0, x1, y1] in [0, 1)}``, about 450 bytes of Python objects each.
+    ``n`` defaults to ``pick(full=200_000, quick=60_000)``; refused (ValueError) when the records
+    would take more than a quarter of the available RAM."""
     where = "make_records"
     n = check_int("n", pick(full=200_000, quick=60_000) if n is None else n, 1, where)
     budget = ram_budget_bytes(0.25)
@@ -73,67 +73,33 @@ def make_records(n: Optional[int] = None, seed: int = 0) -> list[dict]:
             for i, (c, b) in enumerate(zip(labels, boxes))]
 
 
-def _record_item(path: str, label: int, box: Any) -> tuple[torch.Tensor, int, str]:
-    return torch.tensor(box, dtype=torch.float32), int(label), path
-
-
-def _object_bytes(records: Sequence[dict]) -> int:
-    """Bytes of the Python objects that make up ``records`` (list, dicts, strs, lists, floats;
-    keys and small ints are shared and not counted)."""
-
-    total = sys.getsizeof(records)
-    for r in records:
-        total += sys.getsizeof(r) + sys.getsizeof(r["path"]) + sys.getsizeof(r["box"])
-        total += sum(sys.getsizeof(x) for x in r["box"])
-    return total
-
-
 class RecordListDataset(Dataset):
-    """The copy-on-read trap: annotation records kept as a Python list of dicts.
+    """The copy-on-read trap: the records of :func:`make_records` kept as a Python list of dicts.
 
-    ``ds[i]`` returns ``(box, label, path)``: ``box`` a float32 tensor of shape (4,), ``label``
-    an int, ``path`` a str. Reading record ``i`` in a forked worker increments the reference
-    counts of the dict, its str and its list of floats: writes to the pages holding them, which
-    the OS then copies into the worker (copy-on-write triggered by a read). Over a shuffled
-    epoch every worker ends up with a private copy of most of the list.
-
-    Build from ``records`` (as made by :func:`make_records`) or let it make ``n`` of them.
+    ``ds[i]`` is ``(box, label, path)``: a float32 tensor of shape (4,), an int, a str. Reading
+    record ``i`` in a forked worker writes the reference counts of its dict, str and floats, so
+    the OS copies their pages into the worker; over an epoch each worker copies most of the list.
+    (Lesson 03 writes the same class in its own cell, as ``lesson03_records.RecordList``.)
     """
 
-    def __init__(self, records: Optional[Sequence[dict]] = None, *, n: Optional[int] = None,
-                 seed: int = 0) -> None:
-        if records is not None and n is not None:
-            raise ValueError("RecordListDataset: pass records or n, not both.")
-        self.records: list[dict] = make_records(n, seed) if records is None else records
-        if not isinstance(self.records, list):
-            raise TypeError(f"RecordListDataset: records must be a list of dicts (from "
-                            f"make_records), got {type(self.records).__name__}.")
-
-    @property
-    def object_nbytes(self) -> int:
-        """Bytes of Python objects the records occupy in this process (see make_records)."""
-        return _object_bytes(self.records)
+    def __init__(self, records: list[dict]) -> None:
+        self.records = records
 
     def __len__(self) -> int:
         return len(self.records)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int, str]:
         r = self.records[i]
-        return _record_item(r["path"], r["label"], r["box"])
-
-    def describe(self) -> str:
-        return (f"RecordListDataset: {len(self):,} records as a Python list of dicts, "
-                f"{self.object_nbytes / _MB:,.1f} MB of Python objects")
+        return torch.tensor(r["box"], dtype=torch.float32), int(r["label"]), r["path"]
 
 
 class RecordArrayDataset(Dataset):
-    """The fix: the same records packed into a few NumPy arrays (no Python object per record).
+    """The fix: the same records packed into NumPy arrays (no Python object per record), so a
+    worker reading them writes no reference count and copies no page.
 
     ``labels`` int64 (n,), ``boxes`` float32 (n, 4), and all paths UTF-8 encoded into one
-    uint8 buffer ``path_bytes`` with ``path_offsets`` int64 (n + 1,): path i is
-    ``path_bytes[path_offsets[i]:path_offsets[i+1]]``. A worker reading these touches no
-    reference counts in the shared arrays, so nothing is copied. ``ds[i]`` returns exactly what
-    :class:`RecordListDataset` returns for the same records.
+    uint8 buffer ``path_bytes`` with ``path_offsets`` int64 (n + 1,). ``ds[i]`` is exactly what
+    :class:`RecordListDataset` gives for the same records.
     """
 
     def __init__(self, records: Sequence[dict]) -> None:
@@ -153,7 +119,7 @@ class RecordArrayDataset(Dataset):
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the arrays."""
+        """Bytes of the four arrays."""
         return int(self.labels.nbytes + self.boxes.nbytes + self.path_offsets.nbytes
                    + self.path_bytes.nbytes)
 
@@ -166,14 +132,20 @@ class RecordArrayDataset(Dataset):
         path = self.path_bytes[start:end].tobytes().decode("utf-8")
         return torch.from_numpy(self.boxes[i].copy()), int(self.labels[i]), path
 
-    def describe(self) -> str:
-        return (f"RecordArrayDataset: {len(self):,} records in 4 NumPy arrays, "
-                f"{self.nbytes / _MB:,.1f} MB")
-
 
 # --------------------------------------------------------------------------------------------
 # memory per worker over an epoch
 # --------------------------------------------------------------------------------------------
+
+def uss_bytes(pid: Optional[int] = None) -> Optional[int]:
+    """USS of a process (this one by default), in bytes: memory private to it. None where the
+    platform does not report it. On Linux this reads /proc/<pid>/smaps (a few ms)."""
+    try:
+        proc = psutil.Process(pid) if pid is not None else psutil.Process()
+        return int(proc.memory_full_info().uss)
+    except (psutil.Error, AttributeError, NotImplementedError, OSError):
+        return None
+
 
 class _MemoryProbe(Dataset):
     """Wraps a dataset; ``probe[(indices, read)]`` fetches ``dataset[i]`` for every index (the
@@ -280,14 +252,6 @@ class WorkerMemory:
         """Sum over workers: extra RAM the epoch cost the whole machine."""
         return int(sum(self.growth_bytes))
 
-    def to_dict(self) -> dict:
-        return {"label": self.label, "start_method": self.start_method,
-                "num_workers": self.num_workers, "samples": self.samples,
-                "gc_frozen": self.gc_frozen,
-                "workers": [{"worker_id": w.worker_id, "pid": w.pid,
-                             "start_uss_bytes": w.start_uss_bytes, "timeline": w.timeline}
-                            for w in self.workers]}
-
     def __str__(self) -> str:
         growth = " / ".join(f"{g / _MB:.1f}" for g in self.growth_bytes)
         start = " / ".join(f"{w.start_uss_bytes / _MB:.1f}" for w in self.workers)
@@ -302,16 +266,14 @@ def worker_memory(dataset: Dataset, num_workers: int = 2, *, batch_size: int = 2
                   label: Optional[str] = None) -> WorkerMemory:
     """Run one epoch of ``dataset`` in real workers and measure each worker's private memory.
 
-    Every worker fetches its share of the samples exactly as a DataLoader worker does
-    (``dataset[i]`` per index, order shuffled with ``seed`` when ``shuffle``) and reads its own
-    USS (psutil, bytes private to the process) before its first fetch and about ``readings``
-    times during the epoch, always at its end. The samples themselves are dropped, so the
-    measurement is only what *reading* the dataset costs. Under ``fork`` a worker starts
-    sharing every page with the parent: growth is copy-on-read. Under ``spawn``/``forkserver``
-    each worker unpickles its own copy of the dataset first, so the cost shows in the start
-    USS instead. ``freeze_gc=True`` calls ``gc.freeze()`` in this process before the workers
-    start (and ``gc.unfreeze()`` after), to test that advice. Each request is awaited at most
-    ``timeout_s`` seconds. Returns a :class:`WorkerMemory`.
+    Each worker fetches its share as a DataLoader worker does (``dataset[i]`` per index,
+    shuffled with ``seed`` when ``shuffle``) and reads its own USS (bytes private to it) before
+    its first fetch and about ``readings`` times during the epoch, always at its end; the
+    samples are dropped, so only *reading* the dataset is measured. Under ``fork`` growth is
+    copy-on-read; under ``spawn``/``forkserver`` each worker unpickles its own copy first, so
+    the cost shows in the start USS. ``freeze_gc=True`` calls ``gc.freeze()`` here before the
+    workers start (``gc.unfreeze()`` after). Each request is awaited at most ``timeout_s``
+    seconds. Returns a :class:`WorkerMemory`.
     """
     where = "worker_memory"
     if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
@@ -374,33 +336,3 @@ def worker_memory(dataset: Dataset, num_workers: int = 2, *, batch_size: int = 2
     return WorkerMemory(label=label or type(dataset).__name__, start_method=method,
                         num_workers=num_workers, samples=n, workers=workers, gc_frozen=frozen)
 
-
-def plot_worker_memory(results: Sequence[WorkerMemory], *, ax: Any = None,
-                       title: Optional[str] = None) -> Any:
-    """USS growth (MB) of every worker against the samples it has fetched, one colour per
-    :class:`WorkerMemory`, one line per worker. Returns the Axes."""
-    if isinstance(results, WorkerMemory):
-        results = [results]
-    results = list(results)
-    if not results or not all(isinstance(r, WorkerMemory) for r in results):
-        raise TypeError("results must be a non-empty list of WorkerMemory (from worker_memory).")
-    ax = _new_axes(ax, figsize=(7, 4.2))
-    colors = [f"C{i}" for i in range(10)]
-    for k, res in enumerate(results):
-        for j, w in enumerate(res.workers):
-            xs = [0] + [f for f, _ in w.timeline]
-            ys = [0.0] + [(u - w.start_uss_bytes) / _MB for _, u in w.timeline]
-            # earlier series drawn wider, so identical curves stay visible under later ones
-            ax.plot(xs, ys, marker="o", markersize=3, color=colors[k % 10],
-                    linewidth=max(1.0, 1.5 + 2.0 * (len(results) - 1 - k)),
-                    linestyle=["-", "--", ":", "-."][j % 4],
-                    label=res.label if j == 0 else None)
-    ax.set_xlabel("samples fetched by the worker")
-    ax.set_ylabel("worker's private memory growth, MB (USS)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, title="one line per worker", title_fontsize=8)
-    first = results[0]
-    ax.set_title(figure_title(title or "Private memory of each worker over one epoch",
-                              {"start_method": first.start_method,
-                               "num_workers": first.num_workers}), fontsize=10, loc="left")
-    return ax
