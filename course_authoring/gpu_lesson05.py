@@ -3,8 +3,10 @@ augmentation throughput and the training loop, with their targets). It returns a
 that ``gpu-check`` writes into ``course_utils/reference_results/`` for lesson 05 to show beside a
 learner's own figures.
 
-Authors' tooling: it runs the lesson's harness in full mode within a budget, so it lives here,
-out of the learner's package.
+Authors' tooling: it runs the lesson's own harness in full mode within a budget, so it lives
+here, out of the learner's package. The harness is the notebook's: its ``%%writefile
+lesson05_throughput.py`` and ``lesson05_training.py`` cells, imported without Jupyter by
+:func:`course_authoring.notebook_modules.notebook_module`.
 """
 from __future__ import annotations
 
@@ -15,12 +17,15 @@ from typing import Any, Optional
 
 import torch
 
+from course_authoring.notebook_modules import notebook_module
 from course_utils.augment import AugmentParams
 from course_utils.data import JpegDataset
 from course_utils.device import resolve_device
-from course_utils.lessons.l05_measure import DecodedImages, measure_augment_throughput
-from course_utils.lessons.l05_training import compare_training
+from course_utils.lessons.l05_measure import DecodedImages
 from course_utils.reference import LESSON05, describe_machine
+
+#: The notebook whose %%writefile cells hold the harness run here.
+NOTEBOOK = "05_gpu_augmentation.ipynb"
 
 
 #: Targets of issue 4 measured by :func:`run_lesson05`.
@@ -35,11 +40,11 @@ def run_lesson05(budget_s: float = 300, *, device: Any = "cuda", quick: Optional
     Measured side by side in one run on ``device`` (CUDA; ``device='cpu'`` with ``quick=True``
     runs every code path on a CPU-only machine, for tests):
 
-    1. augmentation throughput vs batch size (:func:`measure_augment_throughput`): batched on the
-       GPU vs per sample in DataLoader workers using all usable CPUs. Target: the best GPU
-       samples/s >= 10x the best per-sample CPU samples/s;
-    2. the training loop (:func:`compare_training`) with the common recipe, the tuned CPU
-       pipeline and the GPU pipeline. Target: the tuned pipeline waits for data < 5% of the step.
+    1. augmentation throughput vs batch size (the notebook's ``measure_augment_throughput``):
+       batched on the GPU vs per sample in DataLoader workers using all usable CPUs. Target: the
+       best GPU samples/s >= 10x the best per-sample CPU samples/s;
+    2. the training loop (the notebook's ``compare_training``) with the common recipe, the tuned
+       CPU pipeline and the GPU pipeline. Target: the tuned pipeline waits for data < 5% of the step.
 
     Full sizes unless ``quick`` (default: full, whatever quick mode says). Each part checks the
     time left: what would not fit in ``budget_s`` seconds is skipped and listed in ``skipped``
@@ -56,6 +61,8 @@ def run_lesson05(budget_s: float = 300, *, device: Any = "cuda", quick: Optional
                            "on this machine, lesson 05 measures the CPU instead.")
     dev = resolve_device(dev)
     quick = False if quick is None else bool(quick)
+    throughput = notebook_module(NOTEBOOK, "lesson05_throughput")
+    training = notebook_module(NOTEBOOK, "lesson05_training")
     start = time.perf_counter()
     deadline = start + float(budget_s)
     if quick:
@@ -77,8 +84,8 @@ def run_lesson05(budget_s: float = 300, *, device: Any = "cuda", quick: Optional
     params = AugmentParams(size=plan["output"])
     images = DecodedImages(n=plan["n_images"], side=plan["input_side"])
     aug_deadline = start + 0.45 * float(budget_s)
-    result["augmentation"] = measure_augment_throughput(
-        images, plan["batch_sizes"], params=params, device=dev, num_workers=plan["num_workers"],
+    result["augmentation"] = throughput.measure_augment_throughput(
+        images, plan["batch_sizes"], params, dev, num_workers=plan["num_workers"],
         repeats=plan["repeats"], worker_samples=plan["worker_samples"], target_s=plan["target_s"],
         progress=progress, deadline=aug_deadline)
     missing = [b for b, v in zip(plan["batch_sizes"], result["augmentation"]["device_samples_per_s"]) if v is None]
@@ -89,8 +96,8 @@ def run_lesson05(budget_s: float = 300, *, device: Any = "cuda", quick: Optional
     # 2. training loop (a dataset of real JPEGs first: a few seconds to encode)
     if time.perf_counter() < deadline - 20:
         base = JpegDataset(n=plan["n_jpeg"], progress=progress)
-        result["training"] = compare_training(
-            base, device=dev, batch_size=plan["train_batch"], steps=plan["steps"],
+        result["training"] = training.compare_training(
+            base, dev, batch_size=plan["train_batch"], steps=plan["steps"],
             image_side=plan["output"], input_side=plan["input_side"], width=plan["width"],
             num_workers=plan["num_workers"], progress=progress, deadline=deadline - 5)
         result["skipped"] += [f"training loop: {n} (budget)" for n in result["training"]["skipped"]]

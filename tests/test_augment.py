@@ -5,23 +5,18 @@ import json
 import pickle
 
 import cv2
-import matplotlib
 import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
-
-matplotlib.use("Agg")
 
 from course_utils.augment import (AGREE_MAX_LEVELS, AGREE_MEAN_LEVELS, AugmentDraws, AugmentParams,
                                   AugmentTransform, EXACT_MAX_LEVELS, SampleDraw, augment_batch,
                                   augment_sample, crop_grid, draw_batch, draw_sample)
 from course_utils.data import sample_photo
 from course_authoring.gpu_lesson05 import run_lesson05 as run_gpu_benchmarks
-from course_utils.lessons.l05_measure import (DecodedImages, RepeatDataset, count_torch_calls,
-                                              draw_statistics, levels_difference,
-                                              plot_augment_throughput)
-from course_utils.lessons.l05_training import PIPELINES, SmallCNN, TrainStep, plot_training
+from course_utils.lessons.l05_measure import DecodedImages, RepeatDataset, count_torch_calls
+from course_utils.lessons.l05_training import SmallCNN
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -33,6 +28,26 @@ def images():
 
 def _photo(h, w):
     return np.ascontiguousarray(cv2.resize(sample_photo()[:, :, ::-1], (w, h), interpolation=cv2.INTER_AREA))
+
+
+def levels_difference(a, b, p):
+    """Two normalised outputs apart, in grey levels (lesson 05 writes the same in its section 2)."""
+    std = torch.tensor(p.std, dtype=torch.float64).view(3, 1, 1) * 255
+    d = (a.detach().cpu().double() - b.detach().cpu().double()) * std
+    return {"max_abs": float(d.abs().max()), "mean_abs": float(d.abs().mean())}
+
+
+def draw_statistics(draws, height, width):
+    """Per-sample quantities of draws (AugmentDraws or a list of SampleDraw), as float64 arrays."""
+    if isinstance(draws, AugmentDraws):
+        col = lambda f: getattr(draws, f).double().numpy()                          # noqa: E731
+    else:
+        col = lambda f: np.array([getattr(d, f) for d in draws], dtype=np.float64)  # noqa: E731
+    t, l, h, w = (col(f) for f in ("top", "left", "height", "width"))
+    return {"area_fraction": h * w / (height * width), "aspect": w / h,
+            "top_fraction": np.where(height > h, t / np.maximum(height - h, 1), 0.5),
+            "left_fraction": np.where(width > w, l / np.maximum(width - w, 1), 0.5),
+            "flip": col("flip"), "brightness": col("brightness"), "contrast": col("contrast")}
 
 
 def _normalise(x_hwc_float, p):
@@ -295,10 +310,11 @@ def test_repeat_dataset():
 def test_small_cnn_trains_a_step():
     torch.manual_seed(0)
     model = SmallCNN(width=2)
-    step = TrainStep(model, lambda x: x.float() / 255)
-    batch = (torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8), torch.tensor([0, 1, 2, 3]))
-    loss = step(batch)
-    assert loss.dim() == 0 and torch.isfinite(loss)
+    logits = model(torch.rand(4, 3, 32, 32))
+    assert logits.shape == (4, 10)
+    loss = torch.nn.functional.cross_entropy(logits, torch.tensor([0, 1, 2, 3]))
+    loss.backward()
+    assert torch.isfinite(loss) and all(p.grad is not None for p in model.parameters())
     with pytest.raises(ValueError, match="width"):
         SmallCNN(width=0)
 
@@ -328,15 +344,12 @@ def test_run_gpu_benchmarks_quick_on_cpu_runs_every_path():
     aug = r["augmentation"]
     assert len(aug["device_samples_per_s"]) == len(aug["batch_sizes"])
     assert all(v > 0 for v in aug["device_samples_per_s"] + aug["cpu_workers_samples_per_s"])
-    assert set(r["training"]["pipelines"]) == set(PIPELINES)
+    assert set(r["training"]["pipelines"]) == {"common recipe", "tuned CPU pipeline", "GPU pipeline"}
     for row in r["training"]["pipelines"].values():
         assert 0 <= row["wait_fraction"] <= 1 and row["median_step_s"] > 0
+    assert r["training"]["compute_only"]["median_step_s"] > 0
     for t in r["targets"].values():
         assert isinstance(t["met"], bool) and t["value"] is not None
-    ax = plot_augment_throughput(aug)
-    assert ax.get_xscale() == "log"
-    ax = plot_training(r["training"], machine="a reference machine")
-    assert "a reference machine" in ax.get_title(loc="left")
 
 
 def test_repeat_dataset_feeds_the_tuned_loader():
