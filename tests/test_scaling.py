@@ -18,10 +18,8 @@ matplotlib.use("Agg")
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import DataLoader
 
 from course_utils import compare
-from course_utils.lessons.l03_costs import time_epochs
 from course_utils.lessons.l03_memory import (RecordArrayDataset, RecordListDataset, WorkerMemory,
                                              make_records, uss_bytes, worker_memory)
 from course_utils.measurement import Measurement
@@ -192,16 +190,6 @@ def test_plot_sweeps_returns_axes_and_checks_metric():
 
 
 # ---- epochs -------------------------------------------------------------------------------------
-
-def test_time_epochs_counts_epochs_and_rejects_bad_input():
-    loader = DataLoader(TinyDataset(8), batch_size=4)
-    times = time_epochs(loader, 3, progress=False)
-    assert len(times) == 3 and all(t > 0 for t in times)
-    with pytest.raises(ValueError, match="epochs"):
-        time_epochs(loader, 0)
-    with pytest.raises(TypeError, match="iterable"):
-        time_epochs(42)
-
 
 def test_uss_bytes():
     value = uss_bytes()

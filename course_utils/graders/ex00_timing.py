@@ -14,7 +14,6 @@ from ..bench import measure, measure_data_wait, measure_loader
 from ..data import LatencyDataset
 from ..grading import (CheckResult, ExerciseFailed, describe, grader, refuse_course_helper,
                        require_callable)
-from ..lessons.l03_costs import time_epochs
 from ..lessons.l04_copies import time_op
 from ..measurement import Measurement
 from ..scaling import sweep_workers
@@ -22,7 +21,7 @@ from ..scaling import sweep_workers
 EXERCISE = "00.time_loader"
 #: the course's timers, refused as (or inside) an answer: the exercise is to write one
 COURSE_TIMERS = (measure_loader, measure, measure_data_wait, Measurement, sweep_workers,
-                 time_epochs, time_op)
+                 time_op)
 
 
 class RecordingLoader:
