@@ -16,6 +16,8 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
+from .notebook_runner import _source, writefile_target
+
 __all__ = ["writefile_cells", "notebook_module"]
 
 #: notebook path -> the folder its modules were written to, so that several modules of one
@@ -41,12 +43,10 @@ def writefile_cells(notebook: str | Path) -> dict[str, str]:
     path = _notebook_path(notebook)
     files: dict[str, str] = {}
     for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
-        src = cell.get("source", "")
-        src = "".join(src) if isinstance(src, list) else str(src)
-        header, _, body = src.lstrip().partition("\n")
-        words = header.split()
-        if cell.get("cell_type") == "code" and words[:1] == ["%%writefile"]:
-            files[Path(words[-1].strip("'\"")).name] = body
+        header, _, body = _source(cell).lstrip().partition("\n")
+        if cell.get("cell_type") == "code" and header.split()[:1] == ["%%writefile"]:
+            target, append = writefile_target(header)
+            files[target.name] = (files.get(target.name, "") if append else "") + body
     return files
 
 

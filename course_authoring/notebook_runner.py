@@ -53,15 +53,20 @@ def _display(*objs: Any, **_: Any) -> None:
         print(repr(obj))
 
 
-def _write_file(header: str, body: str) -> None:
-    """``%%writefile [-a] FILE`` as IPython runs it (relative to the working directory)."""
+def writefile_target(header: str) -> tuple[Path, bool]:
+    """The file a ``%%writefile [-a] FILE`` header names, and whether it appends."""
     args = header.split()[1:]
     append = bool(args) and args[0] in ("-a", "--append")
     if append:
         args = args[1:]
     if len(args) != 1:
         raise UnsupportedMagic(f"{header.strip()!r}: %%writefile takes [-a] and one file name")
-    target = Path(os.path.expanduser(args[0].strip("'\"")))
+    return Path(os.path.expanduser(args[0].strip("'\""))), append
+
+
+def _write_file(header: str, body: str) -> None:
+    """``%%writefile [-a] FILE`` as IPython runs it (relative to the working directory)."""
+    target, append = writefile_target(header)
     print(f"{'Appending to' if append and target.exists() else 'Writing'} {target}")
     with open(target, "a" if append else "w", encoding="utf-8") as fh:
         fh.write(body)

@@ -19,9 +19,11 @@ def test_writes_every_writefile_cell_and_imports_the_one_asked_for(tmp_path):
         ("markdown", "%%writefile not_code.py\nnothing\n"),
         ("code", "%%writefile lessonx_user.py\nfrom lessonx_base import SIDE\nAREA = SIDE * SIDE\n"),
         ("code", "print('a plain cell')"),
+        ("code", "%%writefile -a lessonx_user.py\nPERIMETER = 4 * SIDE\n"),
     ])
     assert sorted(writefile_cells(nb)) == ["lessonx_base.py", "lessonx_user.py"]
-    assert notebook_module(nb, "lessonx_user").AREA == 9
+    user = notebook_module(nb, "lessonx_user")
+    assert (user.AREA, user.PERIMETER) == (9, 12)      # -a appends, as IPython does
 
 
 def test_a_module_the_notebook_does_not_write_is_named_in_the_error(tmp_path):
