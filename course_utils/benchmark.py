@@ -19,6 +19,7 @@ from typing import Any, Callable, ContextManager
 import torch
 from torch.utils.data import Dataset
 
+from .batch_buffers import slot_batch
 from .bench import measure_loader
 from .checks import check_int
 from .config import pick
@@ -26,7 +27,7 @@ from .data import JpegDataset
 from .files import PackedStore, evict_from_page_cache, image_files, write_image_folder
 from .machine import machine_summary
 from .measurement import Comparison, Measurement, compare
-from .pipelines import seed_recipe_process_settings, tuned_loader, uint8_batch
+from .pipelines import BatchedJpegDataset, seed_recipe_process_settings, uint8_batch
 from .recipes import (DecodeOnlyFiles, files_loader, imagenet_recipe_loader, seed_recipe_loader,
                       tuned_files_loader)
 
@@ -52,9 +53,10 @@ class ShippingOnly(Dataset):
         return self.n
 
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        images, batch = uint8_batch(len(indices), self.size)
+        images, batch, slot = uint8_batch(len(indices), self.size)
         batch.fill(0)                        # every page touched, as the decode's writes touch them
-        return images.permute(0, 3, 1, 2), torch.zeros(len(indices), dtype=torch.int64)
+        return slot_batch((images.permute(0, 3, 1, 2), torch.zeros(len(indices), dtype=torch.int64)),
+                         slot)
 
 
 TARGETS = {"speedup": 2.0, "cpu_ratio": 0.5, "decode_share": 0.8, "memmap_share": 0.6}
@@ -184,7 +186,8 @@ def run_benchmark(*, n: int | None = None, batch_size: int | None = None,
     cold_cache = "not measured (--no-storage)"
     if storage:
         store = _packed_store(base, folder, size)
-        rows.append((RAM_BYTES, tuned_loader(base, batch_size=batch_size, size=size), nothing))
+        rows.append((RAM_BYTES, files_loader(BatchedJpegDataset(base, size), batch_size=batch_size),
+                     nothing))
         can_evict = evict_from_page_cache(files[:1])
         if can_evict:
             rows.append((COLD, tuned_files_loader(folder, batch_size=batch_size, size=size),

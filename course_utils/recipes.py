@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torchvision import datasets, transforms
 
+from .batch_buffers import slot_batch
 from .checks import check_folder, check_int
 from .files import image_files, reduced_decode_flag
 from .machine import usable_cpus
@@ -115,15 +116,18 @@ class BatchedJpegFiles(_JpegFiles):
         small = cv2.resize(bgr, (self.size, self.size), interpolation=cv2.INTER_LINEAR)
         cv2.cvtColor(small, cv2.COLOR_BGR2RGB, dst=out)
 
-    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        images, batch = uint8_batch(len(indices), self.size)      # shared memory in a worker
-        for slot, index in enumerate(indices):
-            self._decode_into(index, batch[slot])
+    def _batch(self, indices: list[int], reuse: bool) -> tuple:
+        images, batch, slot = uint8_batch(len(indices), self.size, reuse=reuse)
+        for row, index in enumerate(indices):
+            self._decode_into(index, batch[row])
         labels = torch.as_tensor(self.labels[np.asarray(indices)], dtype=torch.int64)
-        return images.permute(0, 3, 1, 2), labels
+        return slot_batch((images.permute(0, 3, 1, 2), labels), slot)
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._batch(indices, reuse=True)     # a reused shared segment in a worker
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        images, labels = self.__getitems__([index])
+        images, labels = self._batch([index], reuse=False)
         return images[0].contiguous(), int(labels[0])
 
 
@@ -145,14 +149,16 @@ class DecodeOnlyFiles(_JpegFiles):
 
 def files_loader(dataset: Dataset, *, batch_size: int = 64, num_workers: int | None = None,
                  shuffle: bool = True) -> DataLoader:
-    """A DataLoader over a batched file dataset (``BatchedJpegFiles``, ``DecodeOnlyFiles``):
-    batched fetch, workers = usable CPUs by default, every pool limited to 1 thread in them,
-    ``pin_memory`` only with a CUDA device to copy to."""
+    """A DataLoader over a batched dataset (``BatchedJpegFiles``, ``DecodeOnlyFiles``, a
+    ``BatchedJpegDataset``): batched fetch, workers = usable CPUs by default, every pool limited
+    to 1 thread in them, persistent workers (their start-up and their reused batch segments are
+    paid once, not every epoch), ``pin_memory`` only with a CUDA device to copy to."""
     batch_size = check_int("batch_size", batch_size, 1, "files_loader")
     workers = usable_cpus() if num_workers is None else check_int(
         "num_workers", num_workers, 0, "files_loader", " Pass None for the usable CPUs.")
     return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, collate_fn=keep_batch,
                       num_workers=workers, pin_memory=torch.cuda.is_available(),
+                      persistent_workers=workers > 0,
                       worker_init_fn=make_worker_init(1) if workers else None)
 
 
