@@ -50,6 +50,18 @@ class Draws(Sampler):
             yield from chunk
 
 
+def _drop_fd_sharer_resets(args: Any) -> None:
+    """``threading.excepthook`` in a tuner worker. Multiprocessing's fd-sharing thread (it hands
+    the main process each batch's shared memory) meets a closed connection when Ctrl-C has
+    ended the main process mid-handover: not news, so not printed. Anything else is."""
+    tb = args.exc_traceback
+    while tb is not None and issubclass(args.exc_type, (ConnectionError, EOFError)):
+        if tb.tb_frame.f_code.co_filename.endswith("resource_sharer.py"):
+            return
+        tb = tb.tb_next
+    threading.__excepthook__(args)
+
+
 class QuietInit:
     """A worker_init_fn that leaves Ctrl-C to the main process (a terminal sends SIGINT to
     every process of the group; the main process stops the workers), then runs ``fn``."""
@@ -59,6 +71,7 @@ class QuietInit:
 
     def __call__(self, worker_id: int) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        threading.excepthook = _drop_fd_sharer_resets
         if self.fn is not None:
             self.fn(worker_id)
 
