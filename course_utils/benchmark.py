@@ -27,7 +27,7 @@ from .data import JpegDataset
 from .files import PackedStore, evict_from_page_cache, image_files, write_image_folder
 from .machine import machine_summary
 from .measurement import Comparison, Measurement, compare
-from .pipelines import BatchedJpegDataset, seed_recipe_process_settings, uint8_batch
+from .pipelines import seed_recipe_process_settings, tuned_loader, uint8_batch
 from .recipes import (DecodeOnlyFiles, files_loader, imagenet_recipe_loader, seed_recipe_loader,
                       tuned_files_loader)
 
@@ -186,8 +186,7 @@ def run_benchmark(*, n: int | None = None, batch_size: int | None = None,
     cold_cache = "not measured (--no-storage)"
     if storage:
         store = _packed_store(base, folder, size)
-        rows.append((RAM_BYTES, files_loader(BatchedJpegDataset(base, size), batch_size=batch_size),
-                     nothing))
+        rows.append((RAM_BYTES, tuned_loader(base, batch_size=batch_size, size=size), nothing))
         can_evict = evict_from_page_cache(files[:1])
         if can_evict:
             rows.append((COLD, tuned_files_loader(folder, batch_size=batch_size, size=size),

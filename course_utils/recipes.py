@@ -149,16 +149,14 @@ class DecodeOnlyFiles(_JpegFiles):
 
 def files_loader(dataset: Dataset, *, batch_size: int = 64, num_workers: int | None = None,
                  shuffle: bool = True) -> DataLoader:
-    """A DataLoader over a batched dataset (``BatchedJpegFiles``, ``DecodeOnlyFiles``, a
-    ``BatchedJpegDataset``): batched fetch, workers = usable CPUs by default, every pool limited
-    to 1 thread in them, persistent workers (their start-up and their reused batch segments are
-    paid once, not every epoch), ``pin_memory`` only with a CUDA device to copy to."""
+    """A DataLoader over a batched file dataset (``BatchedJpegFiles``, ``DecodeOnlyFiles``):
+    batched fetch, workers = usable CPUs by default, every pool limited to 1 thread in them,
+    ``pin_memory`` only with a CUDA device to copy to."""
     batch_size = check_int("batch_size", batch_size, 1, "files_loader")
     workers = usable_cpus() if num_workers is None else check_int(
         "num_workers", num_workers, 0, "files_loader", " Pass None for the usable CPUs.")
     return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, collate_fn=keep_batch,
                       num_workers=workers, pin_memory=torch.cuda.is_available(),
-                      persistent_workers=workers > 0,
                       worker_init_fn=make_worker_init(1) if workers else None)
 
 
