@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Sequence, Union
 
@@ -141,16 +140,6 @@ def evict_from_page_cache(paths: Sequence[PathLike]) -> bool:
         finally:
             os.close(fd)
     return True
-
-
-def read_files(paths: Sequence[PathLike]) -> tuple[float, int]:
-    """Read every file whole, in order; return (wall seconds, bytes read)."""
-    total = 0
-    start = time.perf_counter()
-    for path in paths:
-        with open(path, "rb") as fh:
-            total += len(fh.read())
-    return time.perf_counter() - start, total
 
 
 class PackedStore:
