@@ -101,7 +101,7 @@ class BenchmarkResult:
         """CPU-s/sample of sending the tuned loader's batches alone over the tuned loader's own
         (what the decode-only ceiling does not pay); None where the CPU clock read nothing."""
         tuned, shipping = (self.loaders.row(k).cpu_s_per_sample for k in (TUNED, SHIPPING))
-        return shipping / tuned if tuned and shipping is not None else None
+        return shipping / tuned if tuned and shipping else None
 
     def checks(self) -> list[tuple[str, float, str, float, bool]]:
         """(what, measured, comparison, target, met) for each target."""

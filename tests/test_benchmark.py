@@ -7,7 +7,8 @@ import pytest
 
 from course_utils.__main__ import main
 from course_utils.benchmark import (COLD, DECODE_ONLY, IMAGENET, MEMMAP, RAM_BYTES, RAM_GATHER,
-                                    SEED, SHIPPING, TUNED, run_benchmark)
+                                    SEED, SHIPPING, TUNED, BenchmarkResult, run_benchmark)
+from course_utils.measurement import Measurement, compare
 
 
 @pytest.mark.timeout(300)
@@ -32,3 +33,16 @@ def test_benchmark_measures_every_row_side_by_side(tmp_path, capsys):
     saved = json.loads(out.read_text())
     assert saved["loaders"] and saved["storage"] is None and saved["memmap_share"] is None
     assert "tuned / ImageNet recipe" in capsys.readouterr().out
+
+
+def _row(label: str, cpu_s: float | None) -> Measurement:
+    return Measurement.from_times(label, [0.1], 64, cpu_s_per_sample=cpu_s)
+
+
+@pytest.mark.parametrize("shipping_cpu, share", [(2e-4, 0.2), (0.0, None), (None, None)])
+def test_shipping_share_is_none_where_the_cpu_clock_read_nothing(shipping_cpu, share):
+    rows = [_row(SEED, 3e-3), _row(IMAGENET, 3e-3), _row(TUNED, 1e-3), _row(DECODE_ONLY, 8e-4),
+            _row(SHIPPING, shipping_cpu)]
+    result = BenchmarkResult(compare(rows, baseline=IMAGENET), None, "m", "d", "f", "c")
+    assert result.shipping_share == pytest.approx(share) if share else result.shipping_share is None
+    assert ("sending its pixels alone" in str(result)) == (share is not None)
