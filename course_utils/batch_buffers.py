@@ -35,7 +35,8 @@ class _Ring:
         self.pid = os.getpid()
         self.storages: list[torch.UntypedStorage | None] = [None] * SLOTS
         self.free = torch.ones(SLOTS, dtype=torch.uint8).share_memory_()
-        self.key = f"{self.pid}-{id(self)}"
+        # not the pid: a new worker may get a dead one's, and its stale slots would free ours
+        self.key = os.urandom(8).hex()
         self.flags_sent = False
 
 
@@ -79,8 +80,7 @@ class _SlotBatch(tuple):
         return batch
 
     def __reduce_ex__(self, protocol: Any) -> tuple:
-        if _ring is None:       # made outside a worker: nothing to free
-            return tuple, (tuple(self),)
+        assert _ring is not None       # a slot comes only from this worker's ring
         tensors = tuple(i for i, x in enumerate(self[1:]) if isinstance(x, torch.Tensor))
         rest = tuple(x.numpy() if i in tensors else x for i, x in enumerate(self[1:]))
         flags = None if _ring.flags_sent else _ring.free

@@ -15,6 +15,7 @@ import signal
 import statistics
 import threading
 import time
+import traceback
 import warnings
 import weakref
 from contextlib import contextmanager
@@ -54,11 +55,10 @@ def _drop_fd_sharer_resets(args: Any) -> None:
     """``threading.excepthook`` in a tuner worker. Multiprocessing's fd-sharing thread (it hands
     the main process each batch's shared memory) meets a closed connection when Ctrl-C has
     ended the main process mid-handover: not news, so not printed. Anything else is."""
-    tb = args.exc_traceback
-    while tb is not None and issubclass(args.exc_type, (ConnectionError, EOFError)):
-        if tb.tb_frame.f_code.co_filename.endswith("resource_sharer.py"):
-            return
-        tb = tb.tb_next
+    if issubclass(args.exc_type, (ConnectionError, EOFError)) and any(
+            frame.f_code.co_filename.endswith("resource_sharer.py")
+            for frame, _ in traceback.walk_tb(args.exc_traceback)):
+        return
     threading.__excepthook__(args)
 
 
