@@ -77,13 +77,18 @@ def _clean_cell(cell: dict) -> dict:
     return cell
 
 
+def cell_source(cell: dict) -> str:
+    """A notebook cell's source as one string (``.ipynb`` stores it as a string or a list of lines)."""
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else str(src)
+
+
 def exercise_notebook(solution: dict, *, name: str = "notebook") -> dict:
     """Return the exercise version of a solution notebook (a parsed ``.ipynb`` dict)."""
     nb = json.loads(json.dumps(solution))  # deep copy
     regions = 0
     for index, cell in enumerate(nb.get("cells", [])):
-        src = cell.get("source", "")
-        text = "".join(src) if isinstance(src, list) else src
+        text = cell_source(cell)
         if cell.get("cell_type") == "code" and (BEGIN in text or END in text):
             regions += text.count(BEGIN)
             text = strip_solution(text, where=f"{name} cell {index}")

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from .exercises import render_notebook
+from .exercises import cell_source, render_notebook
 
 #: Where the course lives; hosted notebooks ``pip install git+REPOSITORY_URL``.
 REPOSITORY_URL = "https://github.com/feed-the-gpu/feed-the-gpu"
@@ -71,15 +71,10 @@ def install_cell(repository_url: str = REPOSITORY_URL) -> dict:
             "outputs": [], "source": install_cell_source(repository_url)}
 
 
-def _source(cell: Mapping) -> str:
-    src = cell.get("source", "")
-    return "".join(src) if isinstance(src, list) else src
-
-
 def is_install_cell(cell: Mapping) -> bool:
     """True for a cell this module wrote (any version of it, any URL)."""
     return cell.get("cell_type") == "code" and (
-        cell.get("id") == CELL_ID or _source(cell).startswith((_FIRST_LINE, *_OLD_FIRST_LINES)))
+        cell.get("id") == CELL_ID or cell_source(cell).startswith((_FIRST_LINE, *_OLD_FIRST_LINES)))
 
 
 def with_install_cell(nb: dict, repository_url: str = REPOSITORY_URL) -> dict:

@@ -16,7 +16,8 @@ import tempfile
 from pathlib import Path
 from types import ModuleType
 
-from .notebook_runner import _source, writefile_target
+from .exercises import cell_source
+from .notebook_runner import writefile_target
 
 __all__ = ["writefile_cells", "notebook_module"]
 
@@ -43,7 +44,7 @@ def writefile_cells(notebook: str | Path) -> dict[str, str]:
     path = _notebook_path(notebook)
     files: dict[str, str] = {}
     for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
-        header, _, body = _source(cell).lstrip().partition("\n")
+        header, _, body = cell_source(cell).lstrip().partition("\n")
         if cell.get("cell_type") == "code" and header.split()[:1] == ["%%writefile"]:
             target, append = writefile_target(header)
             files[target.name] = (files.get(target.name, "") if append else "") + body

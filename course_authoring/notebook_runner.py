@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping
 
 from course_utils.config import QUICK_ENV
 
+from .exercises import cell_source
 from .hosted import is_install_cell
 
 __all__ = ["UnsupportedMagic", "run_notebook_cells", "run_notebook"]
@@ -36,11 +37,6 @@ ROOT = Path(__file__).resolve().parent.parent
 
 class UnsupportedMagic(RuntimeError):
     """A cell uses an IPython magic or shell escape that only a Jupyter kernel can run."""
-
-
-def _source(cell: Mapping) -> str:
-    src = cell.get("source", "")
-    return "".join(src) if isinstance(src, list) else str(src)
 
 
 def _first_line(src: str) -> str:
@@ -161,7 +157,7 @@ def run_notebook_cells(path: str | os.PathLike, *, log: Callable[[str], None] = 
         sys.path.insert(0, str(path.parent))
         for n, index in enumerate(code_cells):
             cell = cells[index]
-            src = _source(cell)
+            src = cell_source(cell)
             if is_install_cell(cell):
                 result["skipped"].append(index)
                 log(f"--- {path.name} cell {index}: the hosted-install cell, skipped")
