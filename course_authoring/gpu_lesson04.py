@@ -10,14 +10,16 @@ prefetcher step is composed here, from the package's prefetcher and compute stan
 """
 from __future__ import annotations
 
+import statistics
 import time
 from types import SimpleNamespace
 from typing import Any, Callable, Iterator
 
 import torch
 
+from course_utils.bench import time_op
 from course_utils.config import pick, quick_mode
-from course_utils.lessons.l04_copies import _fmt_bytes, _median, time_op
+from course_utils.lessons.l04_copies import _fmt_bytes
 from course_utils.lessons.l04_overlap import _calibrated_compute, _MatmulChain
 from course_utils.prefetch import PrefetchTiming, compare_prefetch
 from course_utils.transforms import normalize_batch
@@ -122,10 +124,10 @@ def _measure(dev: torch.device, budget_s: float, *, progress: bool = False) -> d
             pinned.append((images, labels))
         loader = _PinnedBatches(pinned, pick(full=40, quick=8))
         dst = torch.empty(pinned[0][0].shape, dtype=torch.uint8, device=dev)
-        copy_s = _median(time_op(lambda: dst.copy_(pinned[0][0], non_blocking=True), device=dev,
-                                 repeats=5))
+        copy_s = statistics.median(time_op(lambda: dst.copy_(pinned[0][0], non_blocking=True),
+                                           device=dev, repeats=5))
         step = _NormalizeAndCompute(_calibrated_compute(dev, copy_s))
-        step_s = _median(time_op(lambda: step((dst, None)), device=dev, repeats=5))
+        step_s = statistics.median(time_op(lambda: step((dst, None)), device=dev, repeats=5))
         timing = compare_prefetch(loader, step, device=dev)
         timing.copy_s_per_batch, timing.step_s = copy_s, step_s
         timing.note = (f"batches of {batch} uint8 3x224x224 from pinned memory; the step "

@@ -1,5 +1,5 @@
-"""The one timing engine: measure a callable, a DataLoader, or the data wait of a training loop
-(lesson 00 shows why each step is there).
+"""The one timing engine: time one operation on a device, measure a callable, a DataLoader, or
+the data wait of a training loop (lessons 00 and 04 show why each step is there).
 
 * **wall time per repeat** (seconds, ``time.perf_counter``), warm-up untimed; the **median** and
   **IQR** of the repeats are reported; **samples per second** = samples per repeat / median.
@@ -20,18 +20,61 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import numpy as np
+import torch
 
 from .checks import check_int
 from .config import pick
-from .device import move_to_device, synchronizer
+from .device import move_to_device, synchronize, synchronizer
 from .measurement import Measurement, _fmt_time, _jsonable
 from .process_tree import TreeMonitor
 from .start_methods import start_method
 
-__all__ = ["measure", "measure_loader", "batch_size_of", "DataWait", "measure_data_wait"]
+__all__ = ["time_op", "measure", "measure_loader", "batch_size_of", "DataWait", "measure_data_wait"]
 
 # The clock. Tests replace this module attribute with a fake clock; nothing else should.
 _now: Callable[[], float] = time.perf_counter
+
+
+def time_op(fn: Callable[[], Any], *, device: Any, repeats: int = 5, warmup: int = 1,
+            inner: int = 1, events: bool = True) -> list[float]:
+    """Seconds per call of ``fn``, one figure per repeat (``fn`` runs ``inner`` times per repeat).
+
+    CUDA with ``events``: CUDA events recorded on ``device``'s own current stream around the
+    ``inner`` calls, read after the end event completes (the GPU's time, not Python's).
+    Otherwise: ``time.perf_counter`` with the whole device synchronised (every stream) before the
+    clock starts and stops. Lesson 04 writes this loop in its own cells
+    (``lesson04_copies.time_calls``).
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be a callable taking no arguments, got {type(fn).__name__}.")
+    check_int("repeats", repeats, 1)
+    check_int("warmup", warmup, 0)
+    check_int("inner", inner, 1)
+    dev = torch.device(device)
+    for _ in range(warmup):
+        fn()
+    synchronize(dev)
+    stream = torch.cuda.current_stream(dev) if dev.type == "cuda" and events else None
+    times = []
+    for _ in range(repeats):
+        if stream is not None:
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record(stream)
+            for _ in range(inner):
+                fn()
+            end.record(stream)
+            end.synchronize()
+            seconds = start.elapsed_time(end) / 1e3  # elapsed_time is in milliseconds
+        else:
+            synchronize(dev)
+            t0 = _now()
+            for _ in range(inner):
+                fn()
+            synchronize(dev)
+            seconds = _now() - t0
+        times.append(seconds / inner)
+    return times
 
 
 def measure(fn: Callable[[], Any], *, items: int = 1, warmup: int = 1, repeats: int = 5,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import multiprocessing
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -24,7 +25,8 @@ import psutil
 import torch
 from torch.utils.data import DataLoader
 
-from .bench import batch_size_of
+from .bench import batch_size_of, time_op
+from .device import synchronizer
 from .machine import usable_cpus
 from .start_methods import start_method
 from .threads import make_worker_init
@@ -178,12 +180,6 @@ def _next(it: Any, what: str) -> Any:
                             f"{_first_line(exc)}") from exc
 
 
-def _sync() -> None:
-    """Wait for queued CUDA work, once the loop has used CUDA (nothing on a CPU)."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-
-
 def time_loop(loader: Any, step: Callable | None, *, max_steps: int, seconds: float,
               label: str, tick: Callable[[], None] | None = None) -> LoopTiming:
     """Run ``step(batch)`` then ``next`` (only ``next`` when ``step`` is None) for at most
@@ -205,7 +201,7 @@ def time_loop(loader: Any, step: Callable | None, *, max_steps: int, seconds: fl
         while len(stepped) < max_steps and time.perf_counter() < deadline:
             if step is not None:
                 _call_step(step, batch)
-                _sync()
+                synchronizer(None)()   # asked each step: the step may be what initialises CUDA
             t0 = time.perf_counter()
             counted = done >= warmup
             if counted:
@@ -232,14 +228,12 @@ def time_loop(loader: Any, step: Callable | None, *, max_steps: int, seconds: fl
 
 
 def time_step_alone(step: Callable, batch: Any, *, repeats: int) -> float:
-    """Median seconds of ``step(batch)`` on one cached batch: the step without any data wait."""
-    times = []
-    for _ in range(repeats + 1):
-        t0 = time.perf_counter()
-        _call_step(step, batch)
-        _sync()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times[1:]))
+    """Median seconds of ``step(batch)`` on one cached batch: the step without any data wait
+    (wall clock; on CUDA, synchronised like the loop)."""
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    times = time_op(lambda: _call_step(step, batch), device="cuda" if cuda else "cpu",
+                    repeats=repeats, events=False)
+    return statistics.median(times)
 
 
 class _Chained:

@@ -10,11 +10,10 @@ from typing import Any, Callable, Iterator
 
 import torch.utils.data as tud
 
-from ..bench import measure, measure_data_wait, measure_loader
+from ..bench import measure, measure_data_wait, measure_loader, time_op
 from ..data import LatencyDataset
 from ..grading import (CheckResult, ExerciseFailed, describe, grader, refuse_course_helper,
                        require_callable)
-from ..lessons.l04_copies import time_op
 from ..measurement import Measurement
 from ..scaling import sweep_workers
 

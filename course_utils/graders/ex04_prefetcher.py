@@ -6,15 +6,16 @@ compute and that no batch is read mid-copy or after its memory was reused (``wai
 """
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Any, Callable, Iterator
 
 import torch
 
+from ..bench import time_op
 from ..device import move_to_device, resolve_device, synchronize
 from ..grading import (CheckResult, ExerciseFailed, call_answer, describe, grader,
                        refuse_course_helper)
-from ..lessons.l04_copies import _median, time_op
 from ..lessons.l04_overlap import _calibrated_compute
 from ..prefetch import DevicePrefetcher
 
@@ -246,8 +247,8 @@ def _copy_s(loader: _RecordingLoader, device: torch.device, repeats: int) -> flo
     """The median time of one batch's asynchronous copy to ``device``, in seconds."""
     first = loader.batches[0][0]
     dst = torch.empty_like(first, device=device)
-    return _median(time_op(lambda: dst.copy_(first, non_blocking=True), device=device,
-                           repeats=repeats))
+    return statistics.median(time_op(lambda: dst.copy_(first, non_blocking=True), device=device,
+                                     repeats=repeats))
 
 
 def _cuda_race_check(answer: Any, device: torch.device, mib: int,
@@ -320,7 +321,7 @@ def _cuda_overlap_check(answer: Any, device: torch.device, mib: int, threshold: 
             best = best if i == 0 else min(best, time.perf_counter() - t0)
         return best
 
-    step_s = _median(time_op(lambda: step((dst, None)), device=device, repeats=5))
+    step_s = statistics.median(time_op(lambda: step((dst, None)), device=device, repeats=5))
     t_plain = timed(lambda: (move_to_device(b, device, non_blocking=True) for b in loader))
     t_learner = timed(lambda: _build(answer, loader, device))
     hideable = loader.n * min(copy_s, step_s)

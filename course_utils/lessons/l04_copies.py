@@ -4,75 +4,23 @@ Lesson 04 writes its own timing loop, bandwidth sweep and naive-vs-honest copy i
 (``%%writefile lesson04_copies.py``, ``lesson04_sweep.py``, ``lesson04_naive.py``). What is
 left here is imported by others and so must keep its path:
 
-* :func:`time_op` and :func:`_median`: the graders of exercises 00 and 04 time with them;
 * :class:`BandwidthSweep` and :func:`_fmt_bytes`: the sweep's result, which the notebook's
   sweep returns, ``gpu-check`` saves as reference results and :mod:`.l04_reference` reads back.
 
-Bandwidth is GB/s, decimal (1 GB = 1e9 bytes). Nothing happens at import time.
+The timing loop's package version, which the graders of exercises 00 and 04 time with, is
+:func:`course_utils.bench.time_op`. Bandwidth is GB/s, decimal (1 GB = 1e9 bytes). Nothing
+happens at import time.
 """
 from __future__ import annotations
 
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
 
-import numpy as np
-import torch
-
-from ..checks import check_int
-from ..device import synchronize
-
-__all__ = ["MODES", "time_op", "BandwidthSweep"]
+__all__ = ["MODES", "BandwidthSweep"]
 
 KIB, MIB, GIB = 1024, 1024**2, 1024**3
 #: The three copy sources of the bandwidth sweep.
 MODES = ("pageable", "pinned", "device")
-
-
-def time_op(fn: Callable[[], Any], *, device: Any, repeats: int = 5, warmup: int = 1,
-            inner: int = 1) -> list[float]:
-    """Seconds per call of ``fn``, one figure per repeat (``fn`` runs ``inner`` times per repeat).
-
-    CUDA: CUDA events recorded on ``device``'s own current stream around the ``inner`` calls,
-    read after the end event completes (the GPU's time, not Python's). Other devices:
-    ``time.perf_counter`` with the device synchronised before the clock starts and stops.
-    Lesson 04 writes this loop in its own cells (``lesson04_copies.time_calls``).
-    """
-    if not callable(fn):
-        raise TypeError(f"fn must be a callable taking no arguments, got {type(fn).__name__}.")
-    check_int("repeats", repeats, 1)
-    check_int("warmup", warmup, 0)
-    check_int("inner", inner, 1)
-    dev = torch.device(device)
-    for _ in range(warmup):
-        fn()
-    synchronize(dev)
-    stream = torch.cuda.current_stream(dev) if dev.type == "cuda" else None
-    times = []
-    for _ in range(repeats):
-        if stream is not None:
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record(stream)
-            for _ in range(inner):
-                fn()
-            end.record(stream)
-            end.synchronize()
-            seconds = start.elapsed_time(end) / 1e3  # elapsed_time is in milliseconds
-        else:
-            synchronize(dev)
-            t0 = time.perf_counter()
-            for _ in range(inner):
-                fn()
-            synchronize(dev)
-            seconds = time.perf_counter() - t0
-        times.append(seconds / inner)
-    return times
-
-
-def _median(values: Sequence[float]) -> float:
-    return float(np.median(np.asarray(values, dtype=np.float64)))
 
 
 def _fmt_bytes(n: float) -> str:

@@ -9,13 +9,11 @@ Nothing happens at import time.
 from __future__ import annotations
 
 import math
-import time
-from typing import Any, Callable
+import statistics
 
 import torch
 
-from ..device import synchronize
-from .l04_copies import _median
+from ..bench import time_op
 
 
 class _MatmulChain:
@@ -38,27 +36,12 @@ class _MatmulChain:
         return f"{self.k} x matmul({self.n}x{self.n}, float32)"
 
 
-def _wall_times(fn: Callable[[], Any], dev: torch.device, repeats: int, warmup: int = 1) -> list[float]:
-    """perf_counter seconds per call with a device-wide synchronize before and after (covers
-    every stream)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        synchronize(dev)
-        t0 = time.perf_counter()
-        fn()
-        synchronize(dev)
-        times.append(time.perf_counter() - t0)
-    return times
-
-
 def _calibrated_compute(dev: torch.device, target_s: float, n: int | None = None,
                         max_k: int = 4000) -> _MatmulChain:
     """A matmul chain taking about ``target_s`` seconds on ``dev``."""
     if n is None:
         n = 2048 if dev.type == "cuda" else 256
     chain = _MatmulChain(dev, n, 1)
-    one = _median(_wall_times(chain, dev, repeats=5, warmup=2))
+    one = statistics.median(time_op(chain, device=dev, repeats=5, warmup=2, events=False))
     chain.k = int(min(max_k, max(1, round(target_s / max(one, 1e-7)))))
     return chain
