@@ -21,7 +21,7 @@ import psutil
 import torch
 from torch.utils.data import Dataset
 
-from .checks import check_index, check_int, check_seconds, check_transform
+from .checks import check_fraction, check_index, check_int, check_seconds, check_transform
 from .config import pick
 from .image_ops import check_hwc
 
@@ -116,12 +116,8 @@ class RamBudgetError(MemoryError, ValueError):
 
 def ram_budget_bytes(fraction: float = 0.25) -> int:
     """Bytes a course dataset may allocate: ``fraction`` of the RAM available right now."""
-    if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real):
-        raise TypeError(f"ram_budget_bytes(fraction={fraction!r}): fraction must be a number "
-                        f"in (0, 1], e.g. 0.25 for a quarter of the available RAM.")
-    if not (0.0 < fraction <= 1.0):
-        raise ValueError(f"ram_budget_bytes(fraction={fraction!r}): fraction must be in (0, 1].")
-    return int(psutil.virtual_memory().available * float(fraction))
+    fraction = check_fraction("fraction", fraction, "ram_budget_bytes")
+    return int(psutil.virtual_memory().available * fraction)
 
 
 def _make_variant(photo: np.ndarray, rng: np.random.Generator, min_side: int,

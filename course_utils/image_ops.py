@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import functools
 import math
-import numbers
 from typing import Any, Sequence
 
 import cv2
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from .checks import check_int
 
 __all__ = [
     "IMAGENET_MEAN", "IMAGENET_STD", "resized_hw", "crop_box",
@@ -27,10 +28,7 @@ IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
 
 def positive_int(name: str, value: Any, where: str) -> int:
     """``value`` as an int >= 1 (a size in pixels), or a ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 1:
-        raise ValueError(f"{where}: {name} must be a positive int (pixels), got {value!r}; "
-                         f"e.g. {name}=224.")
-    return int(value)
+    return check_int(name, value, 1, where, f" It is a size in pixels, e.g. {name}=224.")
 
 
 def rgb_triple(name: str, value: Any, where: str, *, positive: bool) -> tuple[float, float, float]:

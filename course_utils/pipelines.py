@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .batch_buffers import shared_uint8, slot_batch
+from .checks import check_int
 from .data import CommonRecipeTransform, JpegDataset
 from .machine import usable_cpus
 from .threads import make_worker_init
@@ -99,9 +100,7 @@ class BatchedJpegDataset(Dataset):
         if not hasattr(base, "encoded"):
             raise TypeError(f"base must be a JpegDataset (it needs .encoded(i)), got "
                             f"{type(base).__name__}.")
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"size must be a positive int (pixels), got {size!r}.")
-        self.base, self.size = base, size
+        self.base, self.size = base, check_int("size", size, 1, "BatchedJpegDataset", " (pixels)")
 
     def __len__(self) -> int:
         return len(self.base)
@@ -128,16 +127,10 @@ class BatchedJpegDataset(Dataset):
         return images[0].contiguous(), int(labels[0])
 
 
-def _check_batch_size(batch_size: Any) -> int:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
-    return batch_size
-
-
 def common_recipe_loader(base: Dataset, *, batch_size: int = 64, size: int = 224) -> DataLoader:
     """The common recipe's DataLoader over ``base`` (images as HxWx3 uint8 arrays)."""
     return DataLoader(TransformedDataset(base, CommonRecipeTransform(size)),
-                      batch_size=_check_batch_size(batch_size), shuffle=True, num_workers=4,
+                      batch_size=check_int("batch_size", batch_size, 1), shuffle=True, num_workers=4,
                       pin_memory=True)
 
 
@@ -145,11 +138,9 @@ def tuned_loader(base: Dataset, *, batch_size: int = 64, size: int = 224,
                  num_workers: int | None = None) -> DataLoader:
     """The tuned CPU pipeline's DataLoader over a :class:`JpegDataset`: uint8 channels_last
     batches, limited worker pools, ``num_workers`` defaulting to the usable CPUs."""
-    workers = usable_cpus() if num_workers is None else num_workers
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
-        raise ValueError(f"num_workers must be an int >= 0 (or None for the usable CPUs), "
-                         f"got {num_workers!r}.")
+    workers = usable_cpus() if num_workers is None else check_int(
+        "num_workers", num_workers, 0, "tuned_loader", " None: the usable CPUs.")
     return DataLoader(BatchedJpegDataset(base, size), collate_fn=keep_batch,
-                      batch_size=_check_batch_size(batch_size), shuffle=True,
+                      batch_size=check_int("batch_size", batch_size, 1), shuffle=True,
                       num_workers=workers, pin_memory=torch.cuda.is_available(),
                       worker_init_fn=make_worker_init(1) if workers else None)

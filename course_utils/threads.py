@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import gc
-import numbers
 import os
 import pickle
 import random
@@ -41,13 +40,8 @@ _BLAS_KEYS = ("user_api", "internal_api", "num_threads", "filepath", "prefix", "
 
 # ---- small helpers -------------------------------------------------------------------
 def _check_threads(n: Any, name: str) -> int:
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
-        raise TypeError(f"{name} must be a positive int (a number of threads), got {n!r} of type "
-                        f"{type(n).__name__}; for example {name}=1.")
-    if n < 1:
-        raise ValueError(f"{name} must be >= 1 (a number of threads), got {n}; use {name}=1 to "
-                         f"make every pool sequential.")
-    return int(n)
+    return check_int(name, n, 1, hint=f" It is a number of threads: {name}=1 makes every pool "
+                                      f"sequential.")
 
 
 def _cv2():

@@ -42,7 +42,7 @@ def test_batched_fetch_equals_per_sample_uint8(base):
     assert torch.equal(single, expected[2]) and label == base[5][1]
     with pytest.raises(TypeError, match="base must be a JpegDataset"):
         BatchedJpegDataset([1, 2, 3])
-    with pytest.raises(ValueError, match="size must be a positive int"):
+    with pytest.raises(ValueError, match="size=0 is too small: size must be >= 1"):
         BatchedJpegDataset(base, size=0)
 
 
@@ -54,8 +54,8 @@ def test_tuned_loader_settings(base):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"batch_size": 0}, "batch_size must be a positive int"),
-    ({"num_workers": -1}, "num_workers must be an int >= 0"),
+    ({"batch_size": 0}, "batch_size must be >= 1"),
+    ({"num_workers": -1}, "num_workers must be >= 0"),
 ])
 def test_bad_arguments(base, kwargs, message):
     with pytest.raises(ValueError, match=message):

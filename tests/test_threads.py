@@ -146,7 +146,7 @@ def test_limit_threads_rejects_non_positive(bad):
 
 @pytest.mark.parametrize("bad", ["2", 1.5, True, None])
 def test_limit_threads_rejects_non_int(bad):
-    with pytest.raises(TypeError, match=r"\bn must be a positive int"):
+    with pytest.raises(TypeError, match=r"\bn must be an int >= 1"):
         limit_threads(bad)
 
 

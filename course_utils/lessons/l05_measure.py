@@ -9,7 +9,6 @@ which ``course_authoring.gpu_lesson05`` imports for the GPU check). Nothing happ
 """
 from __future__ import annotations
 
-import numbers
 from typing import Any, Callable, Optional
 
 import cv2
@@ -18,16 +17,11 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils.data import Dataset
 
+from ..checks import check_int
 from ..config import pick
 from ..data import JpegDataset
 
 __all__ = ["DecodedImages", "RepeatDataset", "count_torch_calls"]
-
-
-def _positive_int(where: str, name: str, value: Any, least: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
-        raise ValueError(f"{where}: {name} must be an int >= {least}, got {value!r}.")
-    return int(value)
 
 
 class DecodedImages(Dataset):
@@ -44,8 +38,8 @@ class DecodedImages(Dataset):
                  images: Optional[np.ndarray] = None) -> None:
         where = "DecodedImages"
         if images is None:
-            n = _positive_int(where, "n", pick(full=256, quick=32) if n is None else n)
-            side = _positive_int(where, "side (pixels)", side, least=8)
+            n = check_int("n", pick(full=256, quick=32) if n is None else n, 1, where)
+            side = check_int("side", side, 8, where, " (pixels)")
             source = JpegDataset(n=n, seed=seed, progress=False)
             images = np.empty((n, side, side, 3), dtype=np.uint8)
             for i in range(n):
@@ -54,7 +48,7 @@ class DecodedImages(Dataset):
                   and images.dtype == np.uint8 and images.shape[1] == images.shape[2]):
             raise ValueError(f"{where}: images must be a uint8 (n, side, side, 3) array.")
         self.images = images
-        self.length = len(images) if length is None else _positive_int(where, "length", length)
+        self.length = len(images) if length is None else check_int("length", length, 1, where)
         if transform is not None and not callable(transform):
             raise TypeError(f"{where}: transform must be callable or None, got {type(transform).__name__}.")
         self.transform = transform
@@ -96,7 +90,7 @@ class RepeatDataset(Dataset):
     """
 
     def __init__(self, base: Dataset, length: int) -> None:
-        self.base, self.length = base, _positive_int("RepeatDataset", "length", length)
+        self.base, self.length = base, check_int("length", length, 1, "RepeatDataset")
         if len(base) < 1:  # type: ignore[arg-type]
             raise ValueError("RepeatDataset: base is empty.")
         if hasattr(base, "labels"):

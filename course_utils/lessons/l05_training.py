@@ -6,10 +6,10 @@ Lesson 05 writes its training loop, the three pipelines and the data-wait compar
 """
 from __future__ import annotations
 
-import numbers
-
 import torch
 import torch.nn as nn
+
+from ..checks import check_int
 
 __all__ = ["SmallCNN"]
 
@@ -25,8 +25,7 @@ class SmallCNN(nn.Module):
     def __init__(self, num_classes: int = 10, width: int = 16) -> None:
         super().__init__()
         for name, value in (("width", width), ("num_classes", num_classes)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-                raise ValueError(f"SmallCNN: {name} must be a positive int, got {value!r}.")
+            check_int(name, value, 1, "SmallCNN")
         layers: list[nn.Module] = []
         c_in = 3
         for stage in range(4):
