@@ -88,7 +88,35 @@ class seed_recipe_process_settings:
 common_recipe_process_settings = seed_recipe_process_settings
 
 
-class BatchedJpegDataset(Dataset):
+class BatchedDecode(Dataset):
+    """Whole uint8 batches decoded in place: ``__getitems__`` (with ``collate_fn=keep_batch``)
+    fills an NxCxSxS channels_last batch, in a DataLoader worker on a reused shared segment
+    (:mod:`course_utils.batch_buffers`). A subclass sets ``size`` and defines ``_decode_into``
+    (one RGB sample into an SxSx3 view) and ``_labels``."""
+
+    size: int
+
+    def _decode_into(self, index: int, out: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def _labels(self, indices: list[int]) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _batch(self, indices: list[int], reuse: bool) -> tuple:
+        images, batch, slot = uint8_batch(len(indices), self.size, reuse=reuse)
+        for row, index in enumerate(indices):
+            self._decode_into(index, batch[row])
+        return slot_batch((images.permute(0, 3, 1, 2), self._labels(indices)), slot)
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._batch(indices, reuse=True)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        images, labels = self._batch([index], reuse=False)
+        return images[0].contiguous(), int(labels[0])
+
+
+class BatchedJpegDataset(BatchedDecode):
     """The tuned pipeline's dataset: whole uint8 batches from a :class:`JpegDataset`'s bytes.
 
     ``__getitems__`` (with ``collate_fn=keep_batch``) fills an NxCxSxS batch in channels_last
@@ -100,7 +128,8 @@ class BatchedJpegDataset(Dataset):
         if not hasattr(base, "encoded"):
             raise TypeError(f"base must be a JpegDataset (it needs .encoded(i)), got "
                             f"{type(base).__name__}.")
-        self.base, self.size = base, check_int("size", size, 1, "BatchedJpegDataset", " (pixels)")
+        self.base = base
+        self.size = check_int("size", size, 1, "BatchedJpegDataset", " It is a size in pixels.")
 
     def __len__(self) -> int:
         return len(self.base)
@@ -112,19 +141,8 @@ class BatchedJpegDataset(Dataset):
         small = cv2.resize(bgr, (self.size, self.size), interpolation=cv2.INTER_LINEAR)
         cv2.cvtColor(small, cv2.COLOR_BGR2RGB, dst=out)
 
-    def _batch(self, indices: list[int], reuse: bool) -> tuple:
-        images, batch, slot = uint8_batch(len(indices), self.size, reuse=reuse)
-        for row, index in enumerate(indices):
-            self._decode_into(index, batch[row])
-        labels = torch.as_tensor([int(self.base.labels[i]) for i in indices], dtype=torch.int64)
-        return slot_batch((images.permute(0, 3, 1, 2), labels), slot)
-
-    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._batch(indices, reuse=True)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        images, labels = self._batch([index], reuse=False)
-        return images[0].contiguous(), int(labels[0])
+    def _labels(self, indices: list[int]) -> torch.Tensor:
+        return torch.as_tensor([int(self.base.labels[i]) for i in indices], dtype=torch.int64)
 
 
 def common_recipe_loader(base: Dataset, *, batch_size: int = 64, size: int = 224) -> DataLoader:
@@ -139,7 +157,7 @@ def tuned_loader(base: Dataset, *, batch_size: int = 64, size: int = 224,
     """The tuned CPU pipeline's DataLoader over a :class:`JpegDataset`: uint8 channels_last
     batches, limited worker pools, ``num_workers`` defaulting to the usable CPUs."""
     workers = usable_cpus() if num_workers is None else check_int(
-        "num_workers", num_workers, 0, "tuned_loader", " None: the usable CPUs.")
+        "num_workers", num_workers, 0, "tuned_loader", " Or None for the usable CPUs.")
     return DataLoader(BatchedJpegDataset(base, size), collate_fn=keep_batch,
                       batch_size=check_int("batch_size", batch_size, 1), shuffle=True,
                       num_workers=workers, pin_memory=torch.cuda.is_available(),

@@ -21,11 +21,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from torchvision import datasets, transforms
 
-from .batch_buffers import slot_batch
 from .checks import check_folder, check_int
 from .files import image_files, reduced_decode_flag
 from .machine import usable_cpus
-from .pipelines import keep_batch, uint8_batch
+from .pipelines import BatchedDecode, keep_batch
 from .threads import make_worker_init
 
 PathLike = Union[str, os.PathLike]
@@ -91,7 +90,7 @@ class _JpegFiles(Dataset):
         return np.fromfile(str(self.paths[index]), dtype=np.uint8)
 
 
-class BatchedJpegFiles(_JpegFiles):
+class BatchedJpegFiles(_JpegFiles, BatchedDecode):
     """The course's tuned dataset on files: ``__getitems__(indices)`` returns
     (N x 3 x size x size uint8, labels) in channels_last memory (use ``collate_fn=keep_batch``);
     ``reduced``: decode at the smallest scale that keeps ``size``."""
@@ -116,19 +115,8 @@ class BatchedJpegFiles(_JpegFiles):
         small = cv2.resize(bgr, (self.size, self.size), interpolation=cv2.INTER_LINEAR)
         cv2.cvtColor(small, cv2.COLOR_BGR2RGB, dst=out)
 
-    def _batch(self, indices: list[int], reuse: bool) -> tuple:
-        images, batch, slot = uint8_batch(len(indices), self.size, reuse=reuse)
-        for row, index in enumerate(indices):
-            self._decode_into(index, batch[row])
-        labels = torch.as_tensor(self.labels[np.asarray(indices)], dtype=torch.int64)
-        return slot_batch((images.permute(0, 3, 1, 2), labels), slot)
-
-    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._batch(indices, reuse=True)     # a reused shared segment in a worker
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        images, labels = self._batch([index], reuse=False)
-        return images[0].contiguous(), int(labels[0])
+    def _labels(self, indices: list[int]) -> torch.Tensor:
+        return torch.as_tensor(self.labels[np.asarray(indices)], dtype=torch.int64)
 
 
 class DecodeOnlyFiles(_JpegFiles):

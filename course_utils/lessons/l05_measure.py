@@ -39,7 +39,7 @@ class DecodedImages(Dataset):
         where = "DecodedImages"
         if images is None:
             n = check_int("n", pick(full=256, quick=32) if n is None else n, 1, where)
-            side = check_int("side", side, 8, where, " (pixels)")
+            side = check_int("side", side, 8, where, " It is a size in pixels.")
             source = JpegDataset(n=n, seed=seed, progress=False)
             images = np.empty((n, side, side, 3), dtype=np.uint8)
             for i in range(n):
