@@ -8,7 +8,7 @@
 # Knobs (make VAR=value ...):
 #   PYTHON           interpreter that creates the venv (default: python3, needs >= 3.10)
 #   TORCH_SPEC       the torch + torchvision pair to install when the venv has none that loads
-#                    (default: torch>=2.2 torchvision>=0.17; both always come from one index)
+#                    (default: torch>=2.5 torchvision>=0.20; both always come from one index)
 #   TORCH_INDEX_URL  where to get torch and torchvision, e.g. https://download.pytorch.org/whl/cu124 for an
 #                    NVIDIA GPU or https://download.pytorch.org/whl/cpu for a small CPU build
 #   LAB_ARGS         extra JupyterLab arguments, e.g. LAB_ARGS="--no-browser --port 8899"
@@ -26,7 +26,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-TORCH_SPEC ?= torch>=2.2 torchvision>=0.17
+TORCH_SPEC ?= torch>=2.5 torchvision>=0.20
 TORCH_INDEX_URL ?=
 LAB_ARGS ?=
 PYTEST_ARGS ?=

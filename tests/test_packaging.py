@@ -97,14 +97,27 @@ def test_install_torch_keeps_a_pair_that_loads(monkeypatch, capsys):
     assert "kept" in capsys.readouterr().out
 
 
+def test_install_torch_replaces_a_pair_older_than_the_spec(monkeypatch, capsys):
+    module = _install_torch_module()
+    calls = []
+    monkeypatch.setattr(module, "probe", lambda: (True, "torch 2.2.2 + torchvision 0.17.2"))
+    monkeypatch.setattr(module, "version", lambda name: {"torch": "2.2.2+cu121",
+                                                         "torchvision": "0.17.2+cu121"}[name])
+    monkeypatch.setattr(module, "pip_install", lambda spec, index, upgrade: calls.append(upgrade))
+    assert module.main([]) == 0
+    assert calls == [False]   # one `pip install torch>=2.5 torchvision>=0.20`, then it loads
+    out = capsys.readouterr().out
+    assert "torch 2.2.2+cu121 does not meet torch>=2.5" in out and "kept" not in out
+
+
 def test_install_torch_upgrades_then_fails_with_advice(monkeypatch, capsys):
     module = _install_torch_module()
     calls = []
     monkeypatch.setattr(module, "probe", lambda: (False, "RuntimeError: operator torchvision::nms does not exist"))
     monkeypatch.setattr(module, "pip_install", lambda spec, index, upgrade: calls.append((spec, index, upgrade)))
     assert module.main(["--index-url", "https://example.invalid/cpu"]) == 2
-    assert calls == [(["torch>=2.2", "torchvision>=0.17"], "https://example.invalid/cpu", False),
-                     (["torch>=2.2", "torchvision>=0.17"], "https://example.invalid/cpu", True)]
+    assert calls == [(["torch>=2.5", "torchvision>=0.20"], "https://example.invalid/cpu", False),
+                     (["torch>=2.5", "torchvision>=0.20"], "https://example.invalid/cpu", True)]
     err = capsys.readouterr().err
     assert "same index" in err and "TORCH_INDEX_URL" in err
 

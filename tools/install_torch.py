@@ -6,15 +6,15 @@ torchvision from one index next to a torch from another fails at import with
 ``RuntimeError: operator torchvision::nms does not exist``. So both come from one `pip install`,
 from one index, and the result is checked by importing both and running a torchvision operator.
 
-Steps, each only if the one before left a pair that does not load:
-  1. keep what is installed;
+Steps, each only if the one before left a pair that does not load or does not meet ``--spec``:
+  1. keep what is installed (a pair older than the spec, e.g. torch 2.2, is not kept);
   2. ``pip install torch torchvision`` (the pair pip picks for this platform, or from
      ``--index-url``);
   3. the same with ``--upgrade`` (a torch installed alone, e.g. from a local wheel, that no
      torchvision on the index matches, is replaced by the newest matched pair);
   4. stop with a message that says what to do.
 
-    python tools/install_torch.py [--index-url URL] [--spec "torch>=2.2 torchvision>=0.17"]
+    python tools/install_torch.py [--index-url URL] [--spec "torch>=2.5 torchvision>=0.20"]
 """
 from __future__ import annotations
 
@@ -22,8 +22,17 @@ import argparse
 import shlex
 import subprocess
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
-DEFAULT_SPEC = "torch>=2.2 torchvision>=0.17"
+try:
+    from packaging.requirements import Requirement
+except ImportError:  # a fresh venv has pip, which carries its own copy
+    from pip._vendor.packaging.requirements import Requirement
+
+# The oldest pair the suite passes with. Older ones fail: torch 2.2 was built against NumPy 1
+# (opencv-python 5 brings NumPy 2, and then torch.from_numpy fails), and torchvision 0.19's
+# decode_jpeg takes no list of images (lesson 05's batched decode).
+DEFAULT_SPEC = "torch>=2.5 torchvision>=0.20"
 
 # Imports both and runs one compiled torchvision operator: the check that fails on a mismatch.
 PROBE = (
@@ -42,6 +51,21 @@ def probe() -> tuple[bool, str]:
         return True, done.stdout.strip()
     lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
     return False, lines[-1] if lines else f"exit code {done.returncode}"
+
+
+def unmet(spec: list[str]) -> list[str]:
+    """The requirements of ``spec`` that the installed packages do not meet, as sentences."""
+    missing = []
+    for text in spec:
+        req = Requirement(text)
+        try:
+            have = version(req.name)
+        except PackageNotFoundError:
+            missing.append(f"{req.name} is not installed")
+            continue
+        if not req.specifier.contains(have, prereleases=True):
+            missing.append(f"{req.name} {have} does not meet {text}")
+    return missing
 
 
 def pip_install(spec: list[str], index_url: str | None, upgrade: bool) -> None:
@@ -68,10 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     index_url = args.index_url or None
 
     ok, said = probe()
-    if ok:
+    old = unmet(spec) if ok else []
+    if ok and not old:
         print(f"{said} already installed and loading together; kept.")
         return 0
-    print(f"torch + torchvision do not load yet ({said}); installing a matched pair.", flush=True)
+    why = f"{said}, but {'; '.join(old)}" if ok else f"torch + torchvision do not load yet ({said})"
+    print(f"{why}; installing a matched pair.", flush=True)
     for upgrade in (False, True):
         pip_install(spec, index_url, upgrade)
         ok, said = probe()
