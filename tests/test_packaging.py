@@ -5,6 +5,8 @@ import re
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 # conda-forge names that differ from PyPI names
 CONDA_TO_PYPI = {"pytorch": "torch"}
@@ -108,6 +110,13 @@ def test_install_torch_replaces_a_pair_older_than_the_spec(monkeypatch, capsys):
     assert calls == [False]   # one `pip install torch>=2.5 torchvision>=0.20`, then it loads
     out = capsys.readouterr().out
     assert "torch 2.2.2+cu121 does not meet torch>=2.5" in out and "kept" not in out
+
+
+def test_install_torch_names_a_bad_spec(capsys):
+    with pytest.raises(SystemExit) as stop:
+        _install_torch_module().main(["--spec", "torch>=>2 torchvision"])
+    assert stop.value.code == 2
+    assert "'torch>=>2' is not a pip requirement" in capsys.readouterr().err
 
 
 def test_install_torch_upgrades_then_fails_with_advice(monkeypatch, capsys):

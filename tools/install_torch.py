@@ -25,9 +25,9 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 
 try:
-    from packaging.requirements import Requirement
+    from packaging.requirements import InvalidRequirement, Requirement
 except ImportError:  # a fresh venv has pip, which carries its own copy
-    from pip._vendor.packaging.requirements import Requirement
+    from pip._vendor.packaging.requirements import InvalidRequirement, Requirement
 
 # The oldest pair the suite passes with. Older ones fail: torch 2.2 was built against NumPy 1
 # (opencv-python 5 brings NumPy 2, and then torch.from_numpy fails), and torchvision 0.19's
@@ -53,18 +53,17 @@ def probe() -> tuple[bool, str]:
     return False, lines[-1] if lines else f"exit code {done.returncode}"
 
 
-def unmet(spec: list[str]) -> list[str]:
+def unmet(spec: list[Requirement]) -> list[str]:
     """The requirements of ``spec`` that the installed packages do not meet, as sentences."""
     missing = []
-    for text in spec:
-        req = Requirement(text)
+    for req in spec:
         try:
             have = version(req.name)
         except PackageNotFoundError:
             missing.append(f"{req.name} is not installed")
             continue
         if not req.specifier.contains(have, prereleases=True):
-            missing.append(f"{req.name} {have} does not meet {text}")
+            missing.append(f"{req.name} {have} does not meet {req}")
     return missing
 
 
@@ -89,10 +88,17 @@ def main(argv: list[str] | None = None) -> int:
     spec = args.spec.split()
     if not spec:
         parser.error("--spec is empty: give the requirements, e.g. --spec 'torch torchvision'")
+    wanted = []
+    for text in spec:
+        try:
+            wanted.append(Requirement(text))
+        except InvalidRequirement:
+            parser.error(f"--spec: {text!r} is not a pip requirement; write them like "
+                         f"--spec '{DEFAULT_SPEC}'")
     index_url = args.index_url or None
 
     ok, said = probe()
-    old = unmet(spec) if ok else []
+    old = unmet(wanted) if ok else []
     if ok and not old:
         print(f"{said} already installed and loading together; kept.")
         return 0
