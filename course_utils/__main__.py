@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from typing import Any, Callable, Sequence
@@ -42,11 +43,22 @@ def _cmd_grade(args: argparse.Namespace) -> int:
 
 
 def _print_and_save(result: Any, json_path: str | None) -> None:
-    """Print a result; with ``--json PATH`` also write its ``to_dict()`` there."""
+    """Print a result; with ``--json PATH`` also write its ``to_dict()`` there as strict JSON:
+    a NaN or infinite float (a figure that was not measured) is written as null."""
+    def finite(value: Any) -> Any:
+        if isinstance(value, float):
+            return value if math.isfinite(value) else None
+        if isinstance(value, dict):
+            return {k: finite(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [finite(v) for v in value]
+        return value
+
     print(result)
     if json_path:
+        text = json.dumps(finite(result.to_dict()), indent=2, default=str, allow_nan=False)
         with open(json_path, "w", encoding="utf-8") as fh:
-            json.dump(result.to_dict(), fh, indent=2, default=str)
+            fh.write(text + "\n")
         print(f"wrote {json_path}")
 
 

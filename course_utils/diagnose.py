@@ -2,16 +2,18 @@
 
 ``FUNCTION()`` (from a file, ``train.py:make``, or a module, ``mypkg.train:make``) returns
 ``(loader, step)``. Within a wall-clock budget :func:`diagnose` times the real loop per step
-(the wait in ``next`` and the step; the first ``num_workers x prefetch_factor`` steps are
-warm-up, since batches made ahead look free; on CUDA, synchronised, so the wait is an upper
-bound), then the step alone and the loader alone. ``data-bound`` when the loop waited more than
-:data:`DATA_BOUND_FRACTION` of its time; then it names likely causes and times the cheap fixes
-on the same loop. Every loader it starts is shut down before it returns.
+(the wait in ``next`` and the step; the first ``num_workers x prefetch_factor`` steps, at most
+half an epoch, are warm-up, since batches made ahead look free; on CUDA, synchronised, so the
+wait is an upper bound), then the step alone and the loader alone. ``data-bound`` when the loop
+waited more than :data:`DATA_BOUND_FRACTION` of its time; then it names likely causes and times
+the cheap fixes on the same loop (a fix that timed no step is a note, not a suggestion). Every
+loader it starts is shut down before it returns.
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import math
 import multiprocessing
 import statistics
 import sys
@@ -180,14 +182,28 @@ def _next(it: Any, what: str) -> Any:
                             f"{_first_line(exc)}") from exc
 
 
+def warmup_steps(loader: Any) -> int:
+    """Untimed steps (batches) before :func:`time_loop` times any: the ``num_workers x
+    prefetch_factor`` batches the workers make ahead (they would look free), at least 1; when
+    ``len(loader)`` is known, at most half an epoch, so an epoch still has steps to time."""
+    warmup = max(1, (getattr(loader, "num_workers", 0) or 0)
+                 * (getattr(loader, "prefetch_factor", None) or 2))
+    try:
+        batches = len(loader)
+    except (TypeError, NotImplementedError):   # an IterableDataset's loader may have no length
+        return warmup
+    return max(1, min(warmup, batches // 2))
+
+
 def time_loop(loader: Any, step: Callable | None, *, max_steps: int, seconds: float,
               label: str, tick: Callable[[], None] | None = None) -> LoopTiming:
     """Run ``step(batch)`` then ``next`` (only ``next`` when ``step`` is None) for at most
-    ``max_steps`` timed steps or ``seconds``, after an untimed warm-up; a new epoch starts if the
-    loader ends. Per timed step: the step's seconds (synchronised on CUDA) and the wait in
-    ``next`` for the following batch."""
-    warmup = max(1, (getattr(loader, "num_workers", 0) or 0)
-                 * (getattr(loader, "prefetch_factor", None) or 2))
+    ``max_steps`` timed steps or ``seconds`` of wall clock from the first batch; a new epoch
+    starts if the loader ends. The first :func:`warmup_steps` steps are warm-up, not timed: the
+    batches the workers made ahead, capped at half an epoch. Per timed step, in seconds: the
+    step (synchronised on CUDA) and the wait in ``next`` for the following batch. ``loader`` may
+    be any iterable; its ``num_workers``, ``prefetch_factor`` and ``len`` are used if it has them."""
+    warmup = warmup_steps(loader)
     wait: list[float] = []
     stepped: list[float] = []
     samples, threads = 0, []
@@ -352,6 +368,27 @@ def _fixes(loader: Any, loop: LoopTiming, cuda: bool) -> list[tuple[str, dict]]:
     return fixes[:3]
 
 
+def _suggestion(change: str, loop: LoopTiming, fixed: LoopTiming) -> dict | None:
+    """The measured fix (seconds per step, wait fraction, and ``gain``: the loop's seconds per
+    step over the fix's), or None when the fix timed no step or a figure is not finite."""
+    if not fixed.steps or not fixed.seconds_per_step > 0:
+        return None
+    found = {"change": change, "seconds_per_step": fixed.seconds_per_step,
+             "data_wait_fraction": fixed.wait_fraction,
+             "gain": loop.seconds_per_step / fixed.seconds_per_step}
+    return found if all(math.isfinite(v) for v in found.values() if isinstance(v, float)) else None
+
+
+def _step_slowdown(change: str, loop: LoopTiming, fixed: LoopTiming) -> str | None:
+    """A note when the step itself (mean seconds, no wait) took over 1.5x as long with the fix."""
+    base_step, fixed_step = (sum(t.step_s) / max(1, t.steps) for t in (loop, fixed))
+    if not (loop.steps and fixed.steps and base_step > 0 and fixed_step > 1.5 * base_step):
+        return None
+    return (f"with {change} the step itself took {fixed_step / base_step:.1f}x as long "
+            f"({base_step * 1e3:.1f} -> {fixed_step * 1e3:.1f} ms): the workers and the "
+            f"step's threads share {usable_cpus()} CPUs (lesson 02)")
+
+
 def diagnose(loader: Any, step: Callable, *, budget_s: float = 60.0, max_steps: int = 200,
              target: str = "loop", progress: bool = True) -> Diagnosis:
     """Measure the loop, give a verdict and try the cheap fixes (module docstring)."""
@@ -394,17 +431,18 @@ def diagnose(loader: Any, step: Callable, *, budget_s: float = 60.0, max_steps: 
                 if left < 1:
                     notes.append(f"not tried (budget spent): {change}")
                     continue
+                slice_s = min(left, 0.15 * budget_s)
                 fixed = time_loop(rebuild(loader, **kwargs), step, max_steps=max_steps,
-                                  seconds=min(left, 0.15 * budget_s), label=change, tick=bar.update)
-                base_step, fixed_step = (sum(t.step_s) / max(1, t.steps) for t in (loop, fixed))
-                if fixed_step > 1.5 * base_step and fixed.steps:
-                    notes.append(f"with {change} the step itself took {fixed_step / base_step:.1f}x as long "
-                                 f"({base_step * 1e3:.1f} -> {fixed_step * 1e3:.1f} ms): the workers and the "
-                                 f"step's threads share {usable_cpus()} CPUs (lesson 02)")
-                suggestions.append({"change": change, "seconds_per_step": fixed.seconds_per_step,
-                                    "data_wait_fraction": fixed.wait_fraction,
-                                    "gain": loop.seconds_per_step / fixed.seconds_per_step
-                                    if fixed.seconds_per_step > 0 else float("nan")})
+                                  seconds=slice_s, label=change, tick=bar.update)
+                suggestion = _suggestion(change, loop, fixed)
+                if suggestion is None:
+                    notes.append(f"not measured: {change} timed no step in {slice_s:.1f} s "
+                                 f"({fixed.warmup_steps} warm-up batches)" if not fixed.steps else
+                                 f"not measured: {change} gave no finite time per step")
+                    continue
+                if (slower := _step_slowdown(change, loop, fixed)) is not None:
+                    notes.append(slower)
+                suggestions.append(suggestion)
         return Diagnosis(target, verdict, loop, step_alone, alone, _method_of(loader), causes,
                          suggestions, notes)
     finally:

@@ -129,3 +129,109 @@ def test_build_loop_checks_the_pieces():
     with pytest.raises(DiagnoseError, match="must be a function step"):
         build_loop(lambda: ([1, 2], "step"))
     assert callable(load_target("course_utils.examples.compute_bound:make_loop"))
+
+
+class _SlowStartLoader:
+    """A loader-like iterable: 12 batches an epoch, 16 workers x 2 prefetch slots, and a start-up
+    per epoch (like starting worker processes) of ``startup_s`` seconds."""
+
+    num_workers, prefetch_factor = 16, 2
+
+    def __init__(self, startup_s: float) -> None:
+        self.startup_s = startup_s
+
+    def __len__(self) -> int:
+        return 12
+
+    def __iter__(self):
+        import time
+        import torch
+        time.sleep(self.startup_s)
+        for i in range(12):
+            yield torch.full((4, 2), float(i))
+
+
+def test_warmup_is_capped_by_the_epoch_so_steps_are_timed():
+    from course_utils.diagnose import time_loop
+    timing = time_loop(_SlowStartLoader(0.25), lambda batch: None, max_steps=100, seconds=0.3,
+                       label="num_workers=16")
+    assert timing.warmup_steps == 6            # half of a 12-batch epoch, not 16 x 2 = 32
+    assert timing.steps >= 1 and timing.seconds_per_step > 0
+
+
+def _fake_timing(label: str, wait: float, step: float, steps: int, warmup: int = 2):
+    from course_utils.diagnose import LoopTiming
+    return LoopTiming(label, [wait] * steps, [step] * steps, 8 * steps, 0.01, warmup)
+
+
+def _patched_diagnose(monkeypatch, fixes: dict):
+    """``diagnose`` on a small DataLoader with ``time_loop`` faked: the loop is data-bound, and
+    each fix (by label) gets the timing in ``fixes``."""
+    import math
+    import torch
+    from torch.utils.data import DataLoader
+    import course_utils.diagnose as d
+
+    timings = {"your loop": _fake_timing("your loop", 0.009, 0.001, 20),
+               "loader alone": _fake_timing("loader alone", 0.009, 0.0, 20), **fixes}
+    seen = []
+
+    def fake_time_loop(loader, step, *, max_steps, seconds, label, tick=None):
+        seen.append((label, seconds))
+        return timings[label]
+
+    monkeypatch.setattr(d, "time_loop", fake_time_loop)
+    monkeypatch.setattr(d, "usable_cpus", lambda: 16)
+    loader = DataLoader(torch.zeros(24, 4), batch_size=2)      # num_workers=0: fixes 1 and 16
+    result = d.diagnose(loader, lambda batch: None, budget_s=10, progress=False)
+    for s in result.suggestions:
+        assert all(math.isfinite(v) for v in s.values() if isinstance(v, float)), s
+    return result, dict(seen)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")   # none is started
+def test_a_fix_that_timed_no_step_is_a_note_not_a_nan_suggestion(monkeypatch):
+    from course_utils.diagnose import LoopTiming
+    result, seen = _patched_diagnose(monkeypatch, {
+        "num_workers=1": _fake_timing("num_workers=1", 0.004, 0.001, 20),
+        "num_workers=16": LoopTiming("num_workers=16", [], [], 0, 1.2, 32)})
+    assert result.verdict == "data-bound"
+    assert [s["change"] for s in result.suggestions] == ["num_workers=1"]
+    assert result.suggestions[0]["gain"] == pytest.approx(2.0)
+    note = [n for n in result.notes if n.startswith("not measured: num_workers=16")]
+    assert note == [f"not measured: num_workers=16 timed no step in {seen['num_workers=16']:.1f} s "
+                    f"(32 warm-up batches)"], result.notes
+    assert "nan" not in str(result).lower()
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")   # none is started
+def test_a_zero_step_time_in_the_loop_does_not_divide_by_zero(monkeypatch):
+    loop = _fake_timing("your loop", 0.009, 0.0, 20)            # step_s all 0: base_step is 0
+    result, _ = _patched_diagnose(monkeypatch, {
+        "num_workers=1": _fake_timing("num_workers=1", 0.004, 0.002, 20),
+        "num_workers=16": _fake_timing("num_workers=16", 0.001, 0.003, 20)} | {"your loop": loop})
+    assert [s["change"] for s in result.suggestions] == ["num_workers=1", "num_workers=16"]
+    assert not any("x as long" in n for n in result.notes), result.notes
+
+
+def test_json_output_is_strict_json_without_nan_or_infinity(tmp_path, capsys):
+    from course_utils.__main__ import _print_and_save
+
+    class Result:
+        def __str__(self) -> str:
+            return "a result"
+
+        def to_dict(self) -> dict:
+            return {"gain": float("nan"), "rows": [1.5, float("inf"), {"low": float("-inf")}],
+                    "pair": (2.0, float("nan")), "name": "x", "n": 3}
+
+    def no_constants(name: str):
+        raise ValueError(f"{name} is not JSON")
+
+    out = tmp_path / "r.json"
+    _print_and_save(Result(), str(out))
+    text = out.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text, parse_constant=no_constants) == {
+        "gain": None, "rows": [1.5, None, {"low": None}], "pair": [2.0, None], "name": "x", "n": 3}
+    assert "a result" in capsys.readouterr().out
