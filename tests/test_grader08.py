@@ -267,3 +267,11 @@ def test_hints_do_not_print_the_solution_lines():
         text = str(info.value)
         for line in ("[warmup_steps:]", "key=lambda e: e[\"ts\"]", "s[\"ts\"] <= e[\"ts\"]"):
             assert line not in text, text
+
+
+def test_the_reference_counts_the_cpu_side_of_a_cuda_trace_once():
+    # on CUDA each record_function / ProfilerStep span is recorded again as gpu_user_annotation
+    events = synthetic_trace([(4.0, 1.0, 6.0, 1.0)] * 3, first=1)
+    gpu_copies = [dict(e, cat="gpu_user_annotation", pid=0, tid=7, ts=e["ts"] + 30.0,
+                       dur=e["dur"] * 0.5) for e in events if e.get("cat") == "user_annotation"]
+    assert _reference_fraction(events + gpu_copies, 1) == pytest.approx(5 / 12)
