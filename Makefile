@@ -62,10 +62,14 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
 lab: install
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" $(ALLOW_ROOT) $(LAB_ARGS) notebooks/00_measure_first.ipynb
 
+# Then the GPU check's rehearsal (every step of tools/device_gpu_check.sh on this CPU), on its
+# own: its step timeouts are the GPU run's, so it must not share the CPUs with other tests.
 test: install
 	COURSE_QUICK=1 MPLBACKEND=Agg $(FORCE_START) $(PY) -m pytest tests notebooks solutions \
 	  --nbval-lax --nbval-cell-timeout=$(CELL_TIMEOUT) -p course_utils._nbval_kernels \
 	  -n $(PYTEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
+	COURSE_REHEARSAL=1 MPLBACKEND=Agg $(FORCE_START) $(PY) -m pytest tests/test_gpu_rehearsal.py \
+	  $(PYTEST_ARGS)
 
 exercises: install
 	$(PY) -m course_authoring make-exercises

@@ -3,7 +3,7 @@
 Commands:
   make-exercises   write exercises/ from solutions/ (--check: only report differences)
   hosted-cell      write the Colab/Kaggle install cell into every notebook (--check: only report)
-  gpu-check        on a CUDA machine: GPU benchmarks in full mode, written as reference results
+  gpu-check        on a CUDA machine: the whole GPU check as steps (--rehearse: on the CPU)
 """
 from __future__ import annotations
 
@@ -81,13 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 when a notebook lacks the current cell")
     p.set_defaults(func=_cmd_hosted_cell)
-    p = sub.add_parser("gpu-check", help="on a CUDA machine: GPU benchmarks -> reference results",
-                       description="On a CUDA machine: run lessons 04-05's GPU benchmarks in "
-                                   "full mode, then the code cells of their notebooks in quick "
-                                   "mode (no Jupyter needed), within a time budget; print the "
-                                   "targets, and write reference results as JSON. Exits non-zero "
-                                   "when any section or cell failed. Refuses on a machine without "
-                                   "CUDA.")
+    p = sub.add_parser("gpu-check", help="on a CUDA machine: the whole GPU check -> reference results",
+                       description="On a CUDA machine: the whole GPU check as independent steps, "
+                                   "each with its own timeout (at most 420 s in all): doctor, "
+                                   "lessons 04-05's GPU benchmarks in full mode (the reference "
+                                   "results), notebooks 04, 05, 08 in quick mode without Jupyter, "
+                                   "the CUDA unit tests, tune, one torchrun rank and diagnose. "
+                                   "Ends with a summary; exits 1 when any step failed. Refuses "
+                                   "without CUDA, except with --rehearse (every step on the CPU).")
     gpu_check.add_arguments(p)
     p.set_defaults(func=gpu_check.cli)
 

@@ -1,42 +1,30 @@
-"""``python -m course_authoring gpu-check``: measure the GPU lessons on a real CUDA machine.
+"""``python -m course_authoring gpu-check --out DIR``: the whole GPU check, as independent steps.
 
-On a machine with CUDA this runs, within a time budget (default 540 s):
+A GPU machine is lent rarely, for one run of at most 600 s whose output is shown only as its
+last 12,000 characters. So the check is a list of steps (:func:`check_steps`), each a process of
+its own with its own timeout (:mod:`course_authoring.step_runner`); the timeouts add up to at
+most :data:`LIMIT_S` (a test holds this), a failure or timeout in one step is logged and the
+next runs, and the output ends with a summary of every step and every failure. The steps:
+``nvidia-smi``, ``doctor``; lessons 04 and 05's GPU benchmarks in full mode (the reference
+results, written into DIR: :data:`course_utils.reference.REFERENCE_NAMES`); notebooks 04, 05
+and 08 in quick mode without Jupyter; the CUDA unit tests; ``tune``, one torchrun rank and
+``diagnose`` in quick mode. Steps that only prove a path works run on at most
+:data:`QUICK_CPUS` CPUs. ``/dev/shm`` is sized first (enlarged when root, else lesson 05
+shrinks its loaders).
 
-1. lesson 04's GPU benchmarks (:func:`course_authoring.gpu_lesson04.run_lesson04`, full mode):
-   copy bandwidth pageable / pinned / device-to-device, naive vs honest timing, copy/compute
-   overlap, uint8 vs float32, the prefetcher, pin_memory in a DataLoader, the forked-worker
-   error;
-2. lesson 05's (``course_authoring.gpu_lesson05.run_lesson05``, full mode): on-device vs
-   per-sample CPU augmentation and the training loop's data-wait fraction;
-3. the code cells of the lesson notebooks 04, 05 and 08 (a profiled CUDA loop), in quick mode, each notebook in a fresh
-   Python process of its own that runs the cells in one namespace (:func:`run_notebook_cells`:
-   no Jupyter, nbclient or kernel needed, ``MPLBACKEND=Agg``, the hosted-install cell skipped);
-
-and writes the results as reference JSON files (:mod:`course_utils.reference`: lesson 04,
-lesson 05 and a summary holding the issue's three targets, each with the value measured and
-whether it was met), into ``course_utils/reference_results/`` or ``--out DIR``.
-
-Nothing is hidden: a section of a benchmark that raised, a notebook cell that raised (or a
-notebook that ran out of time) is a *failure*: it is printed, listed in the summary's
-``failures``, the summary then never says the targets were met, and the command exits 2.
-A target a failed or skipped section should have measured is listed as not measured.
-
-On a machine without CUDA it refuses with a clear message, exits non-zero and writes nothing:
-reference results are only ever measured, never made up. ``--plan`` prints what would run,
-with each step's share of the budget, and runs nothing.
-
-Importing this module is cheap (torch is imported only when a check runs).
+Without CUDA it refuses and writes nothing, except with ``--rehearse``: every step of the same
+check on the CPU, with the same timeouts, files, summary and exit status (lesson benchmarks at
+quick sizes), its files marked as a rehearsal — never reference results. ``--part`` and
+``--notebook`` are the steps' own entry points.
 """
 from __future__ import annotations
 
 import argparse
-import glob
-import importlib.util
+import math
 import os
 import shutil
+import subprocess
 import sys
-import time
-import traceback
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -44,46 +32,45 @@ import psutil
 
 from course_utils.config import QUICK_ENV
 from course_utils.reference import (LESSON04, LESSON05, REFERENCE_DIR, REFERENCE_NAMES, SUMMARY,
-                                    describe_machine, save_reference)
+                                    describe_machine, load_reference, save_reference)
 
-from .notebook_runner import run_notebook
+from .notebook_runner import run_notebook_cells
+from .step_runner import Step, StepResult, echo_to, run_steps, summary_block, worst_case_s
 
-__all__ = [
-    "DEFAULT_BUDGET_S",
-    "EXPECTED_TARGETS",
-    "GpuCheckRefused",
-    "cuda_available",
-    "host_memory",
-    "memory_notes",
-    "plan",
-    "run_gpu_check",
-    "format_targets",
-    "add_arguments",
-    "cli",
-    "main",
-]
+__all__ = ["LIMIT_S", "IN_PROCESS_S", "QUICK_CPUS", "EXPECTED_TARGETS", "NOTEBOOKS",
+           "GpuCheckRefused", "cuda_available", "host_memory", "memory_notes", "plan_shm",
+           "check_steps", "run_part", "run_notebook_step", "summarize", "format_targets",
+           "run_check", "add_arguments", "cli", "main"]
 
-#: Total seconds the check may take (the issue asks for under 10 minutes).
-DEFAULT_BUDGET_S = 540.0
-#: Share of the budget for each step; the notebooks get what the benchmarks leave.
-SHARES = {"lesson04": 0.26, "lesson05": 0.36, "notebooks": 0.38}
-#: Below this many seconds a step is not started.
-MIN_STEP_S = 20.0
-#: The lesson notebooks the check executes (globs, relative to the repository root).
-NOTEBOOK_GLOBS = ("notebooks/04_*.ipynb", "notebooks/05_*.ipynb", "notebooks/08_*.ipynb")
-#: The targets each benchmark step measures: one that is absent is reported as not measured.
-EXPECTED_TARGETS = {"lesson04": ("pinned_h2d",),
-                    "lesson05": ("augment_speedup", "tuned_data_wait")}
-#: About what lesson 05's full-size training loaders (workers x prefetched batches) can hold
-#: in /dev/shm at once.
-LESSON05_SHM_BYTES = 5 * 1024 ** 3
+#: The whole check's worst case in seconds (the device tool allows 600 s per call and 15 min in
+#: all, a machine start of several minutes included: a second try must still fit).
+LIMIT_S = 420
+#: Seconds of the check spent outside its steps (memory, /dev/shm, the summary).
+IN_PROCESS_S = 10
+#: CPUs for the steps that only prove a path works (fewer DataLoader workers to start).
+QUICK_CPUS = 8
+#: The notebooks the check runs, in quick mode, each a step of its own with its timeout.
+NOTEBOOKS = {"04_host_to_device.ipynb": 30, "05_gpu_augmentation.ipynb": 50,
+             "08_find_the_stall.ipynb": 30}
+#: Unit tests whose CUDA paths only a GPU runs.
+UNIT_TESTS = ("tests/test_transfer.py", "tests/test_augment.py", "tests/test_grader04.py",
+              "tests/test_grader05.py")
+#: The targets each benchmark part measures: one that is absent is reported as not measured.
+EXPECTED_TARGETS = {"lesson04": ("pinned_h2d",), "lesson05": ("augment_speedup", "tuned_data_wait")}
+#: (timeout, --budget) of the two benchmark parts: the budget leaves the timeout room for
+#: python, torch and CUDA to start.
+PARTS = {"lesson04": (50, 38), "lesson05": (75, 62)}
+#: About what lesson 05's full-size per-sample loaders (workers x prefetched float32 batches)
+#: hold in /dev/shm at once, and tune's loaders beside them.
+SHM_NEED_BYTES = 6 * 1024 ** 3
 SHM_PATH = Path("/dev/shm")
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 1024 ** 3
+TAKES = "the device tool returns at most 8 files"
 
 
 class GpuCheckRefused(RuntimeError):
-    """The check cannot run here (no CUDA); nothing was written."""
+    """The check cannot run here (no CUDA, no --rehearse); nothing was written."""
 
 
 def cuda_available() -> bool:
@@ -93,122 +80,134 @@ def cuda_available() -> bool:
 
 
 def _refusal() -> str:
-    try:
-        from course_utils.machine import machine_summary
-        here = machine_summary()
-    except Exception:  # pragma: no cover - the summary is only decoration here
-        here = "this machine"
-    return (f"gpu-check needs a CUDA GPU, and torch.cuda.is_available() is False on {here}.\n"
-            f"Nothing was measured and nothing was written: reference GPU results are only ever "
-            f"measured on a real GPU, never made up.\n"
-            f"Run it on a machine with an NVIDIA GPU and a CUDA build of torch:\n"
-            f"    python -m course_authoring gpu-check            # writes {REFERENCE_DIR}\n"
-            f"    python -m course_authoring gpu-check --out DIR  # or into DIR\n"
-            f"(Apple MPS is not a substitute: the reference results describe a CUDA GPU.)")
-
-
-def _check_budget(budget_s: Any) -> float:
-    if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or budget_s <= 0:
-        raise ValueError(f"budget_s must be a positive number of seconds (default "
-                         f"{DEFAULT_BUDGET_S:g}), got {budget_s!r}.")
-    return float(budget_s)
-
-
-def _notebooks() -> list[Path]:
-    found: list[Path] = []
-    for pattern in NOTEBOOK_GLOBS:
-        found += sorted(Path(p) for p in glob.glob(str(ROOT / pattern)))
-    return found
-
-
-def _has_augment() -> bool:
-    """True when lesson 05's module (course_utils.augment) is in this copy of the course."""
-    return importlib.util.find_spec("course_utils.augment") is not None
+    return ("gpu-check needs a CUDA GPU, and torch.cuda.is_available() is False here.\n"
+            "Nothing was measured and nothing was written: reference GPU results are only ever "
+            "measured on a real GPU, never made up.\n"
+            "Run it on a machine with an NVIDIA GPU and a CUDA build of torch:\n"
+            "    python -m course_authoring gpu-check --out DIR   # then copy the reference files\n"
+            "or rehearse every step on this CPU (its files are marked, never references):\n"
+            "    python -m course_authoring gpu-check --rehearse --out DIR")
 
 
 def _gib(n: float | None) -> str:
     return "unknown" if n is None else f"{n / GIB:.1f} GiB"
 
 
-# --------------------------------------------------------------------------------------
-# host memory: what the RAM- and /dev/shm-bound parts can use
-# --------------------------------------------------------------------------------------
+# ---- memory -----------------------------------------------------------------------------------
 
 def host_memory(shm_path: Path = SHM_PATH) -> dict:
     """RAM available and free space in ``/dev/shm`` (where DataLoader workers put batches),
     in bytes; ``shm_free_bytes`` is None where there is no such folder."""
     ram = psutil.virtual_memory()
     try:
-        shm_free: int | None = int(shutil.disk_usage(shm_path).free)
+        usage = shutil.disk_usage(shm_path)
+        shm_free, shm_total = int(usage.free), int(usage.total)
     except OSError:
-        shm_free = None
+        shm_free = shm_total = None
     return {"ram_available_bytes": int(ram.available), "ram_total_bytes": int(ram.total),
-            "shm_free_bytes": shm_free}
+            "shm_free_bytes": shm_free, "shm_total_bytes": shm_total}
 
 
 def memory_notes(memory: Mapping[str, Any]) -> tuple[list[str], bool]:
     """What the memory found means for this run, as lines for the log, and whether /dev/shm is
-    too small for lesson 05's full-size loaders (they are run anyway; a failure then says why)."""
+    too small for lesson 05's full-size loaders."""
     ram, shm = memory.get("ram_available_bytes"), memory.get("shm_free_bytes")
     notes = [f"RAM available {_gib(ram)}: lesson 04's bandwidth sweep sizes its largest copy from "
-             f"it (at most 1 GiB, at most a quarter of the available RAM; the GPU's free memory "
-             f"caps it too)"]
-    short = shm is not None and shm < LESSON05_SHM_BYTES
+             f"it (at most 1 GiB, at most a quarter of the available RAM)"]
+    short = shm is not None and shm < SHM_NEED_BYTES
     if shm is None:
         notes.append(f"{SHM_PATH} not found: DataLoader workers cannot share batches there")
     elif short:
         notes.append(f"WARNING: {SHM_PATH} has only {_gib(shm)} free; lesson 05's full-size "
-                     f"loaders can hold about {_gib(LESSON05_SHM_BYTES)} there, so a worker may "
-                     f"die with a bus error (give the machine more, e.g. docker --shm-size=8g)")
+                     f"loaders and tune's can hold about {_gib(SHM_NEED_BYTES)} there, so they "
+                     f"run smaller (or give the machine more, e.g. docker --shm-size=8g)")
     else:
         notes.append(f"{SHM_PATH} has {_gib(shm)} free: enough for lesson 05's full-size loaders "
-                     f"(about {_gib(LESSON05_SHM_BYTES)} at most)")
+                     f"(about {_gib(SHM_NEED_BYTES)} at most)")
     return notes, short
 
 
-def plan(budget_s: float = DEFAULT_BUDGET_S, *, notebooks: bool = True) -> list[dict]:
-    """The steps the check would run, each with its budget in seconds; runs nothing.
+def plan_shm(memory: Mapping[str, Any], *, rehearse: bool, is_root: bool,
+             remount: Callable[[int], bool]) -> tuple[dict, list[str]]:
+    """Make room in /dev/shm where it is short: as root, ``remount(size_bytes)`` enlarges it
+    (not in a rehearsal: this machine's /dev/shm is left alone); the new ``memory`` and lines
+    saying what was done. ``remount`` returns whether it worked."""
+    free, total = memory.get("shm_free_bytes"), memory.get("shm_total_bytes")
+    if free is None or free >= SHM_NEED_BYTES:
+        return dict(memory), []
+    size = int(math.ceil(((total or 0) + SHM_NEED_BYTES - free) / GIB)) * GIB
+    if rehearse:
+        return dict(memory), [f"rehearsal: {SHM_PATH} is short; a real run as root would remount it "
+                              f"with size={size // GIB}G, here it is left alone"]
+    if not is_root:
+        return dict(memory), [f"{SHM_PATH} is short and this is not root: lesson 05 and tune run smaller"]
+    if remount(size) and (after := host_memory()).get("shm_free_bytes", 0) >= SHM_NEED_BYTES:
+        return after, [f"remounted {SHM_PATH} with size={size // GIB}G: now "
+                       f"{_gib(after['shm_free_bytes'])} free"]
+    return dict(memory), [f"could not enlarge {SHM_PATH} (mount -o remount,size={size // GIB}G "
+                          f"failed): lesson 05 and tune run smaller"]
 
-    Each step: ``{"name", "what", "budget_s", "runs"}`` (``runs`` False, with ``why``, when the
-    step would be skipped: its share of the budget is under MIN_STEP_S, lesson 05's module is
-    missing, or there are no lesson 04/05/08 notebooks).
-    """
-    budget_s = _check_budget(budget_s)
-    steps = []
-    has_augment = _has_augment()
-    books = _notebooks()
-    for name, what in (("lesson04", "course_authoring.gpu_lesson04.run_lesson04 -> "
-                                    f"{LESSON04}.json"),
-                       ("lesson05", "course_authoring.gpu_lesson05.run_lesson05 -> "
-                                    f"{LESSON05}.json"),
-                       ("notebooks", "run the code cells of " + (", ".join(p.name for p in books) or
-                                                              "no lesson 04/05/08 notebooks found")
-                                     + " (quick mode, a fresh python process each)")):
-        step = {"name": name, "what": what, "budget_s": round(SHARES[name] * budget_s, 1),
-                "runs": True}
-        if step["budget_s"] < MIN_STEP_S:
-            step.update(runs=False, why=f"its share of the budget is under {MIN_STEP_S:g} s")
-        elif name == "lesson05" and not has_augment:
-            step.update(runs=False, why="course_utils.augment is not in this copy of the course")
-        elif name == "notebooks" and not notebooks:
-            step.update(runs=False, why="notebooks switched off (--no-notebooks)")
-        elif name == "notebooks" and not books:
-            step.update(runs=False, why="no lesson 04/05/08 notebooks found")
-        steps.append(step)
-    steps.append({"name": "summary", "what": f"targets met or not -> {SUMMARY}.json",
-                  "budget_s": 0.0, "runs": True})
+
+def _remount(size_bytes: int) -> bool:
+    try:
+        return subprocess.run(["mount", "-o", f"remount,size={size_bytes // GIB}G", str(SHM_PATH)],
+                              capture_output=True, timeout=5).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+# ---- the steps --------------------------------------------------------------------------------
+
+_DDP = """from course_authoring.notebook_modules import notebook_module
+from course_utils import usable_cpus
+from course_utils.lessons.l07_launch import pick_backend
+print('backend for 1 rank:', pick_backend(1))
+ddp = notebook_module('07_scaling_out.ipynb', 'lesson07_ddp')  # the lesson's own measure_ddp
+print(ddp.measure_ddp(1, num_workers=max(usable_cpus() - 1, 0), rank_threads=1, timeout_s=18))"""
+
+
+def check_steps(out_dir: str | os.PathLike, *, python: str = sys.executable,
+                rehearse: bool = False, shm_free_bytes: int | None = None) -> list[Step]:
+    """The check's steps, in order, with their timeouts (seconds); runs nothing."""
+    out, py = str(out_dir), str(python)
+    quick = {QUICK_ENV: "1", "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1"}
+    me = [py, "-m", "course_authoring", "gpu-check"] + (["--rehearse"] if rehearse else [])
+    short = shm_free_bytes is not None and shm_free_bytes < SHM_NEED_BYTES
+    steps = [Step("nvidia-smi", ["nvidia-smi"], 10, required=False),
+             Step("doctor", [py, "-m", "course_utils", "doctor"], 15)]
+    for part, (timeout, budget) in PARTS.items():
+        argv = me + ["--part", part, "--out", out, "--budget", str(budget)]
+        if part == "lesson05" and shm_free_bytes is not None:
+            argv += ["--shm-bytes", str(shm_free_bytes)]
+        steps.append(Step(f"{part} benchmarks ({'quick sizes: rehearsal' if rehearse else 'full mode'})",
+                          argv, timeout, env={"PYTHONUNBUFFERED": "1"}))
+    for name, timeout in NOTEBOOKS.items():
+        steps.append(Step(f"notebook {name[:2]} (quick)", me + ["--notebook", f"notebooks/{name}"],
+                          timeout, env=quick, max_cpus=QUICK_CPUS, where=r"^--- .* cell \d+"))
+    steps.append(Step("unit tests (CUDA paths of lessons 04-05)",
+                      [py, "-m", "pytest", "-v", "-rfE", "-p", "no:cacheprovider", *UNIT_TESTS],
+                      35, env=quick, max_cpus=QUICK_CPUS, where=r"::"))
+    size = ["--images", "256", "--batch-size", "32"] if short else []
+    steps.append(Step("lesson 06: tune (quick)", [py, "-m", "course_utils", "tune", "--budget", "15",
+                                                  "--no-progress", *size, "--json",
+                                                  f"{out}/tune_cuda.json"], 35, env=quick,
+                      max_cpus=QUICK_CPUS))
+    steps.append(Step("lesson 07: one torchrun rank (quick)", [py, "-c", _DDP], 25, env=quick,
+                      max_cpus=QUICK_CPUS))
+    steps.append(Step("lesson 08: diagnose (quick)",
+                      [py, "-m", "course_utils", "diagnose", "course_utils.examples.data_bound:make_loop",
+                       "--budget", "10", "--no-progress", "--json", f"{out}/diagnose_cuda.json"],
+                      25, env=quick, max_cpus=QUICK_CPUS))
+    for step in steps:
+        step.cwd = str(ROOT)
     return steps
 
 
-def _lesson04(budget_s: float) -> dict:
-    from .gpu_lesson04 import run_lesson04    # imports torch: only when the check runs
-    return run_lesson04(budget_s)
+#: Files the check writes into --out: the log, the reference files, tune's and diagnose's.
+OWN_FILES = ("gpu_check_log.txt", "tune_cuda.json", "diagnose_cuda.json")
 
 
-def _lesson05(budget_s: float) -> dict:
-    from .gpu_lesson05 import run_lesson05
-    return run_lesson05(budget_s)
-
+# ---- one step's entry points -------------------------------------------------------------------
 
 def _section_failures(result: Mapping) -> list[str]:
     """The sections of a benchmark result that raised (recorded as ``"failed: ..."`` in its
@@ -219,217 +218,223 @@ def _section_failures(result: Mapping) -> list[str]:
     return [str(v) for v in skipped if "failed" in str(v).lower()]
 
 
-def _targets_from(parts: Mapping[str, dict | None], status: Mapping[str, dict]) -> dict:
-    """Every target measured, then every expected one that was not (``met: None``, with why)."""
-    targets: dict[str, Any] = {}
-    for part in parts.values():
-        if isinstance(part, dict) and isinstance(part.get("targets"), dict):
-            targets.update(part["targets"])
-    for step, names in EXPECTED_TARGETS.items():
-        for name in names:
-            if name not in targets:
-                st = status.get(step, {})
-                why = f"{step} {st.get('status', 'not run')}"
-                if st.get("detail"):
-                    why += f": {st['detail']}"
-                targets[name] = {"description": "not measured", "value": None, "target": None,
-                                 "met": None, "detail": f"(not measured: {why})"}
-    return targets
+def _measure_part(part: str, budget_s: float, rehearse: bool, shm_bytes: int | None) -> dict:
+    """lesson04/lesson05's benchmarks: full mode on CUDA; quick sizes on the CPU (rehearsal)."""
+    device = "cpu" if rehearse else "cuda"
+    os.environ[QUICK_ENV] = "1" if rehearse else "0"
+    if part == "lesson04":
+        from .gpu_lesson04 import run_lesson04    # imports torch: only when the part runs
+        return run_lesson04(budget_s, device=device)
+    from .gpu_lesson05 import run_lesson05
+    return run_lesson05(budget_s, device=device, quick=rehearse, shm_bytes=shm_bytes)
 
 
-def format_targets(targets: dict) -> str:
+def run_part(part: str, out_dir: str | os.PathLike, budget_s: float, *, rehearse: bool = False,
+             shm_bytes: int | None = None, log: Callable[[str], None] = print,
+             measure: Callable[..., dict] = _measure_part) -> int:
+    """Run one benchmark part and write its JSON into ``out_dir``; 0 when no section raised,
+    2 when one did (what was measured is still written), 1 when it is refused."""
+    if not rehearse and not cuda_available():
+        raise GpuCheckRefused(_refusal())
+    ref = {"lesson04": LESSON04, "lesson05": LESSON05}[part]
+    result = measure(part, budget_s, rehearse, shm_bytes)
+    if rehearse:
+        result = {**result, "rehearsal": "measured on the CPU by gpu-check --rehearse: not a "
+                                         "reference result"}
+    path = save_reference(ref, result, machine=result.get("machine") or describe_machine(),
+                          directory=out_dir)
+    failures = _section_failures(result)
+    targets = {k: v for k, v in (result.get("targets") or {}).items()}
+    log(f"[gpu-check] {part} targets:\n" + format_targets(targets))
+    for failure in failures:
+        log(f"[gpu-check] {part}: FAILED {failure}")
+    log(f"[gpu-check] {part}: {'FAILED' if failures else 'done'} -> {path}")
+    return 2 if failures else 0
+
+
+def run_notebook_step(path: str | os.PathLike, log: Callable[[str], None] = print) -> int:
+    """Run a notebook's code cells here (quick mode), every cell even after one failed; 0 when
+    all passed, 1 otherwise, each failed cell named on a line of its own at the end."""
+    result = run_notebook_cells(path, keep_going=True)
+    name = Path(path).name
+    for failure in result["failures"]:
+        log(f"[notebook] {name}: FAILED cell {failure['cell']} ({failure['source']!r}): "
+            f"{failure['error']}")
+    log(f"[notebook] {name}: {result['status']}: {result['ran']} of {result['code_cells']} code "
+        f"cells ran without error in {result['seconds']:.0f} s")
+    return 0 if result["status"] == "passed" else 1
+
+
+# ---- the summary ------------------------------------------------------------------------------
+
+def format_targets(targets: Mapping) -> str:
     """The issue targets as lines for a person: measured value, threshold, met or not."""
     if not targets:
-        return "no targets were measured"
+        return "  no targets were measured"
     lines = []
     for name, t in targets.items():
-        if not isinstance(t, dict):
+        if not isinstance(t, Mapping):
             lines.append(f"  {name}: {t}")
             continue
         met = t.get("met")
         mark = "MET    " if met else ("NOT MET" if met is not None else "n/a    ")
         measured = t.get("value", t.get("measured"))
         value = f"{measured:.3g}" if isinstance(measured, (int, float)) else str(measured)
-        target = t.get("target", t.get("threshold"))
-        lines.append(f"  [{mark}] {name}: measured {value} (target {target}) - "
+        lines.append(f"  [{mark}] {name}: measured {value} (target {t.get('target')}) - "
                      f"{t.get('description', '')} {t.get('detail', '')}".rstrip())
     return "\n".join(lines)
 
 
-def _run_benchmark(name: str, fn: Callable[[float], dict], share: float, ref: str, *,
-                   machine: dict, out_dir: Any, shm_short: bool,
-                   log: Callable[[str], None]) -> tuple[dict, dict | None]:
-    """Run one benchmark step; (its status, its results or None)."""
-    log(f"[gpu-check] {name}: running ({share:.0f} s budget) ...")
-    t0 = time.perf_counter()
-    try:
-        result = fn(share)
-    except Exception as exc:  # record it, keep the other steps
-        detail = f"{type(exc).__name__}: {exc}"
-        if name == "lesson05" and shm_short:
-            detail += f" ({SHM_PATH} was short of space: see the memory lines above)"
-        log(f"[gpu-check] {name}: FAILED: {detail}\n{traceback.format_exc()}")
-        return {"status": "failed", "seconds": time.perf_counter() - t0, "detail": detail,
-                "failures": [detail]}, None
-    if not isinstance(result, dict):
-        detail = f"returned {type(result).__name__}, not a dict of results"
-        log(f"[gpu-check] {name}: FAILED: {detail}")
-        return {"status": "failed", "detail": detail, "failures": [detail]}, None
-    path = save_reference(ref, result, machine=machine, directory=out_dir)
-    failures = _section_failures(result)
-    seconds = time.perf_counter() - t0
-    st: dict[str, Any] = {"status": "failed" if failures else "done", "seconds": seconds,
-                          "file": str(path)}
-    if failures:
-        st.update(detail=f"{len(failures)} section(s) raised; the rest was saved",
-                  failures=failures)
-        for failure in failures:
-            log(f"[gpu-check] {name}: FAILED {failure}")
-    log(f"[gpu-check] {name}: {st['status']} in {seconds:.0f} s -> {path}")
-    return st, result
+def _targets(docs: Mapping[str, dict | None], results: Sequence[StepResult]) -> dict:
+    """Every target measured, then every expected one that was not (``met: None``, with why)."""
+    targets: dict[str, Any] = {}
+    for doc in docs.values():
+        if doc is not None and isinstance(doc["results"].get("targets"), Mapping):
+            targets.update(doc["results"]["targets"])
+    for part, names in EXPECTED_TARGETS.items():
+        step = next((r for r in results if r.name.startswith(f"{part} ")), None)
+        why = f"{part}: {step.status if step else 'not run'}"
+        for name in names:
+            targets.setdefault(name, {"description": "not measured", "value": None, "target": None,
+                                      "met": None, "detail": f"(not measured: {why})"})
+    return targets
 
 
-def _run_notebooks(deadline: float, log: Callable[[str], None]) -> dict:
-    books = _notebooks()
-    runs: dict[str, dict] = {}
-    for n, book in enumerate(books):
-        left = deadline - time.perf_counter()
-        timeout_s = left / (len(books) - n)
-        if timeout_s < MIN_STEP_S:
-            runs[book.name] = {"status": "not run",
-                               "detail": f"only {left:.0f} s of the budget left"}
-            log(f"[gpu-check] {book.name}: NOT RUN (only {left:.0f} s of the budget left)")
-            continue
-        log(f"[gpu-check] running the code cells of {book.name} (quick mode, up to "
-            f"{timeout_s:.0f} s) ...")
-        runs[book.name] = run_notebook(book, timeout_s)
-        log(f"[gpu-check] {book.name}: {runs[book.name]['status']} in "
-            f"{runs[book.name]['seconds']:.0f} s ({runs[book.name]['detail']})")
-    failures = [f"notebook {name}: {r['status']}: {r.get('detail', '')}"
-                for name, r in runs.items() if r["status"] != "passed"]
-    return {"status": "failed" if failures else "done", "notebooks": runs, "failures": failures}
-
-
-def run_gpu_check(out_dir: str | os.PathLike | None = None, *, budget_s: float = DEFAULT_BUDGET_S,
-                  notebooks: bool = True, log: Callable[[str], None] = print) -> dict:
-    """Run the GPU benchmarks of lessons 04 and 05 on CUDA in full mode, then the code cells
-    of their notebooks in quick mode, and write the reference results; return the summary.
-
-    ``out_dir``: where the JSON files go (default :data:`course_utils.reference.REFERENCE_DIR`).
-    ``budget_s``: total seconds, split by :data:`SHARES` (see :func:`plan`).
-    The summary's ``failures`` lists every section, step and notebook that failed (a notebook
-    not run for lack of time counts); ``all_targets_met`` is True only when there is none and
-    every target of :data:`EXPECTED_TARGETS` was measured and met.
-    Raises :class:`GpuCheckRefused` before writing anything when CUDA is not available.
-    """
-    budget_s = _check_budget(budget_s)
-    if not cuda_available():
-        raise GpuCheckRefused(_refusal())
-    start = time.perf_counter()
-    steps = {s["name"]: s for s in plan(budget_s, notebooks=notebooks)}
-    saved_mode = os.environ.get(QUICK_ENV)
-    os.environ[QUICK_ENV] = "0"  # full mode for every measurement of this run
-    machine = describe_machine()
-    memory = host_memory()
-    notes, shm_short = memory_notes(memory)
-    log(f"[gpu-check] {machine.get('summary')}; GPU {machine.get('gpu_name')}; budget {budget_s:.0f} s")
-    for note in notes:
-        log(f"[gpu-check] memory: {note}")
-    status: dict[str, dict] = {}
-    parts: dict[str, dict | None] = {"lesson04": None, "lesson05": None}
-    try:
-        for name, fn, ref in (("lesson04", _lesson04, LESSON04), ("lesson05", _lesson05, LESSON05)):
-            step = steps[name]
-            left = budget_s - (time.perf_counter() - start)
-            share = min(step["budget_s"], max(0.0, left - MIN_STEP_S))
-            if not step["runs"] or share < MIN_STEP_S:
-                why = step.get("why") or f"only {left:.0f} s of the budget left"
-                status[name] = {"status": "skipped", "detail": why}
-                log(f"[gpu-check] {name}: skipped ({why})")
-                continue
-            status[name], parts[name] = _run_benchmark(name, fn, share, ref, machine=machine,
-                                                       out_dir=out_dir, shm_short=shm_short, log=log)
-    finally:
-        if saved_mode is None:
-            os.environ.pop(QUICK_ENV, None)
-        else:
-            os.environ[QUICK_ENV] = saved_mode
-
-    nb_step = steps["notebooks"]
-    if not nb_step["runs"]:
-        status["notebooks"] = {"status": "skipped", "detail": nb_step.get("why", "")}
-        log(f"[gpu-check] notebooks: skipped ({nb_step.get('why', '')})")
-    else:
-        torch = sys.modules.get("torch")
-        if torch is not None and torch.cuda.is_initialized():
-            torch.cuda.empty_cache()          # the notebook processes need the GPU's memory
-        status["notebooks"] = _run_notebooks(start + budget_s - 5.0, log)
-
-    failures = [f"{name}: {f}" for name, st in status.items() for f in st.get("failures", [])]
-    targets = _targets_from(parts, status)
-    summary = {"budget_s": budget_s, "total_s": time.perf_counter() - start,
-               "memory": memory, "steps": status, "failures": failures, "targets": targets,
+def summarize(out_dir: str | os.PathLike, results: Sequence[StepResult], memory: Mapping, *,
+              rehearse: bool, notes: Sequence[str] = ()) -> dict:
+    """The summary of a run, written as ``gpu_check_summary.json`` into ``out_dir``: every
+    step, every failure, the targets (from the parts' files) and whether all were met."""
+    docs = {part: load_reference(ref, directory=out_dir)
+            for part, ref in (("lesson04", LESSON04), ("lesson05", LESSON05))}
+    failures = [f"{r.name}: {line}" for r in results if not r.ok for line in r.failures[-3:]]
+    targets = _targets(docs, results)
+    summary = {"steps": [r.to_dict() for r in results], "memory": dict(memory),
+               "notes": list(notes), "failures": failures, "targets": targets,
+               "total_s": sum(r.seconds for r in results),
                "all_targets_met": not failures and all(
-                   isinstance(t, dict) and t.get("met") is True for t in targets.values())}
-    path = save_reference(SUMMARY, summary, machine=machine, directory=out_dir)
-    summary["file"] = str(path)
-    log("[gpu-check] targets:\n" + format_targets(targets))
-    if failures:
-        log(f"[gpu-check] FAILED: {len(failures)} failure(s); the targets cannot be called met:\n"
-            + "\n".join(f"  - {f}" for f in failures))
-    else:
-        log(f"[gpu-check] no failures; all targets met: {summary['all_targets_met']}")
-    log(f"[gpu-check] finished in {summary['total_s']:.0f} s; summary -> {path}")
-    if out_dir is not None:
-        written = [f"{n}.json" for n in REFERENCE_NAMES if (Path(out_dir) / f"{n}.json").is_file()]
-        log(f"[gpu-check] reference files in {out_dir}: {' '.join(written)} (these, and only "
-            f"these, go into course_utils/reference_results/)")
+                   isinstance(t, Mapping) and t.get("met") is True for t in targets.values())}
+    if rehearse:
+        summary["rehearsal"] = "gpu-check --rehearse on the CPU: not a reference result"
+    machine = next((d["machine"] for d in docs.values() if d is not None), None)
+    save_reference(SUMMARY, summary, machine=machine or describe_machine(), directory=out_dir)
     return summary
 
 
-# --------------------------------------------------------------------------------------
-# command line
-# --------------------------------------------------------------------------------------
+def _files_lines(out: Path, rehearse: bool) -> list[str]:
+    files = sorted(p for p in out.iterdir() if p.is_file()) if out.is_dir() else []
+    lines = [f"files in {out} ({len(files)}; {TAKES}): "
+             + ", ".join(f"{p.name} ({p.stat().st_size / 1e3:.0f} kB)" for p in files)]
+    refs = [f"{out}/{n}.json" for n in REFERENCE_NAMES if (out / f"{n}.json").is_file()]
+    if rehearse:
+        lines.append("a rehearsal: these files are not reference results; copy none of them")
+    elif refs:
+        lines.append(f"the reference results, and only these, go into course_utils/reference_results/: "
+                     f"cp {' '.join(refs)} course_utils/reference_results/")
+    return lines
+
+
+def run_check(out_dir: str | os.PathLike, *, rehearse: bool = False, python: str = sys.executable,
+              log_path: str | os.PathLike | None = None,
+              steps: Callable[..., list[Step]] = check_steps) -> int:
+    """The whole check (module docstring); 0 when every required step passed, else 1."""
+    out = Path(out_dir)
+    if not rehearse and not cuda_available():
+        raise GpuCheckRefused(_refusal())
+    if out.resolve() == REFERENCE_DIR.resolve():
+        raise ValueError(f"--out {out}: give a folder of its own; copy the reference files into "
+                         f"{REFERENCE_DIR} afterwards (the summary says which).")
+    out.mkdir(parents=True, exist_ok=True)
+    echo, close = echo_to(log_path if log_path is not None else out / OWN_FILES[0])
+    try:
+        is_root = hasattr(os, "geteuid") and os.geteuid() == 0
+        memory, shm_lines = plan_shm(host_memory(), rehearse=rehearse, is_root=is_root,
+                                     remount=_remount)
+        notes, _ = memory_notes(memory)
+        notes += shm_lines
+        echo(f"== gpu-check{' --rehearse (every step, on the CPU)' if rehearse else ''}; "
+             f"python {python}; out {out}\n" + "".join(f"== memory: {n}\n" for n in notes))
+        todo = steps(out, python=python, rehearse=rehearse,
+                     shm_free_bytes=memory.get("shm_free_bytes"))
+        results = run_steps(todo, echo)
+        try:
+            summary = summarize(out, results, memory, rehearse=rehearse, notes=notes)
+            extra = ["targets:", format_targets(summary["targets"]),
+                     f"all targets met: {summary['all_targets_met']}"]
+        except Exception as exc:   # the summary must still be printed
+            extra = [f"the summary file could not be written: {type(exc).__name__}: {exc}"]
+            results.append(StepResult("summary", "failed", 0.0, IN_PROCESS_S, failures=extra[:1]))
+        title = ("REHEARSAL on the CPU" if rehearse else "GPU check") + f", worst case " \
+                f"{worst_case_s(todo, IN_PROCESS_S):.0f} s"
+        echo("\n" + summary_block(results, title=title, extra=extra + _files_lines(out, rehearse)))
+        return 0 if all(r.ok for r in results) else 1
+    finally:
+        close()
+
+
+# ---- command line -----------------------------------------------------------------------------
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add gpu-check's options to ``parser`` (used by ``python -m course_utils``)."""
-    parser.add_argument("--out", metavar="DIR", default=None,
-                        help=f"write the JSON files to DIR (default: {REFERENCE_DIR})")
-    parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, metavar="SECONDS",
-                        help=f"total time budget (default {DEFAULT_BUDGET_S:g})")
-    parser.add_argument("--no-notebooks", action="store_true",
-                        help="do not run the code cells of the lesson notebooks")
+    """Add gpu-check's options to ``parser``."""
+    parser.add_argument("--out", metavar="DIR", default="gpu_out",
+                        help="write every file here (default: gpu_out); the summary says which "
+                             "reference files to copy into course_utils/reference_results/")
+    parser.add_argument("--rehearse", action="store_true",
+                        help="run every step on the CPU (no GPU needed): the files are marked as "
+                             "a rehearsal and are never reference results")
+    parser.add_argument("--log", metavar="FILE", default=None,
+                        help="the full log (default: DIR/gpu_check_log.txt)")
     parser.add_argument("--plan", action="store_true",
-                        help="print the steps and their budgets; run and write nothing")
+                        help="print the steps and their timeouts; run and write nothing")
+    parser.add_argument("--part", choices=sorted(PARTS), default=None,
+                        help="(a step) run one benchmark part and write its JSON into DIR")
+    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                        help="(with --part) its time budget")
+    parser.add_argument("--shm-bytes", type=int, default=None, metavar="N",
+                        help="(with --part lesson05) free bytes in /dev/shm: fewer workers if short")
+    parser.add_argument("--notebook", metavar="PATH", default=None,
+                        help="(a step) run a notebook's code cells here, without Jupyter")
     return parser
 
 
+def _plan_text(out: str, rehearse: bool) -> str:
+    todo = check_steps(out, rehearse=rehearse, shm_free_bytes=host_memory().get("shm_free_bytes"))
+    rows = [f"{s.timeout_s:5g} s + {s.grace_s:g}  {s.name}: {' '.join(s.argv).replace(chr(10), '; ')[:110]}" for s in todo]
+    return "\n".join(rows + [f"worst case {worst_case_s(todo, IN_PROCESS_S):.0f} s (limit {LIMIT_S} s, "
+                             f"{IN_PROCESS_S} s outside the steps)",
+                             f"CUDA available here: {cuda_available()}"])
+
+
 def cli(args: argparse.Namespace) -> int:
-    """Run gpu-check from parsed arguments; the exit status (0 done, 1 refused/bad input,
-    2 a section, step or notebook failed)."""
+    """Run gpu-check from parsed arguments; 0 passed, 1 refused or a step failed, 2 a part's
+    section failed (``--part``)."""
     try:
         if args.plan:
-            for step in plan(args.budget, notebooks=not args.no_notebooks):
-                state = "runs" if step["runs"] else f"skipped: {step['why']}"
-                print(f"{step['name']:<10} {step['budget_s']:>6.0f} s  {step['what']}  [{state}]")
-            print(f"CUDA available here: {cuda_available()}")
+            print(_plan_text(args.out, args.rehearse))
             return 0
-        summary = run_gpu_check(args.out, budget_s=args.budget, notebooks=not args.no_notebooks)
+        if args.notebook is not None:
+            if not Path(args.notebook).is_file():
+                raise ValueError(f"--notebook {args.notebook}: no such notebook")
+            return run_notebook_step(args.notebook)
+        if args.part is not None:
+            if args.budget is None or not args.budget > 0:
+                raise ValueError(f"--part {args.part} needs --budget SECONDS (more than 0), e.g. "
+                                 f"--budget {PARTS[args.part][1]}")
+            return run_part(args.part, args.out, args.budget, rehearse=args.rehearse,
+                            shm_bytes=args.shm_bytes)
+        return run_check(args.out, rehearse=args.rehearse, log_path=args.log)
     except GpuCheckRefused as exc:
         print(exc, file=sys.stderr)
         return 1
     except ValueError as exc:
         print(f"gpu-check: {exc}", file=sys.stderr)
         return 1
-    return 2 if summary["failures"] else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = add_arguments(argparse.ArgumentParser(
         prog="python -m course_authoring gpu-check",
-        description="On a CUDA machine: run lessons 04-05's GPU benchmarks in full mode and the "
-                    "code cells of their notebooks in quick mode, within a time budget, and "
-                    "write reference results as JSON."))
+        description="The whole GPU check as independent steps, each with its own timeout (at most "
+                    f"{LIMIT_S} s in all), ending with a summary; --rehearse runs it on the CPU."))
     return cli(parser.parse_args(argv))
 
 

@@ -63,8 +63,8 @@ class _NormalizeAndCompute:
         return x
 
 
-def run_lesson04(budget_s: float = 180.0, *, progress: bool = False) -> dict:
-    """Run lesson 04's measurements on CUDA and return them as a JSON-friendly dict.
+def run_lesson04(budget_s: float = 180.0, *, device: Any = "cuda", progress: bool = False) -> dict:
+    """Run lesson 04's measurements on ``device`` and return them as a JSON-friendly dict.
 
     Sections (each skipped, with the reason recorded, when the budget is spent or it fails): the
     bandwidth sweep (pageable / pinned / device-to-device), the naive vs honest timing,
@@ -72,14 +72,16 @@ def run_lesson04(budget_s: float = 180.0, *, progress: bool = False) -> dict:
     pin_memory in a DataLoader, and the forked-worker error. Sizes follow the mode (full unless
     quick mode is on; the gpu-check command runs in full mode). ``targets["pinned_h2d"]`` holds
     the issue target: the best pinned copy >= 90% of the best host-to-device copy measured.
-    Raises RuntimeError without CUDA: these are GPU reference results.
+    ``device="cpu"`` runs every code path on the CPU (gpu-check's rehearsal); asking for CUDA
+    where there is none raises RuntimeError: these are GPU reference results.
     """
-    if not torch.cuda.is_available():
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("run_lesson04 needs a CUDA GPU (torch.cuda.is_available() is "
                            "False): these results are the reference a CPU-only learner is shown.")
     if isinstance(budget_s, bool) or not isinstance(budget_s, (int, float)) or budget_s <= 0:
         raise ValueError(f"budget_s must be a positive number of seconds, got {budget_s!r}.")
-    return _measure(torch.device("cuda"), budget_s, progress=progress)
+    return _measure(dev, budget_s, progress=progress)
 
 
 def _measure(dev: torch.device, budget_s: float, *, progress: bool = False) -> dict:

@@ -10,10 +10,12 @@ lesson05_throughput.py`` and ``lesson05_training.py`` cells, imported without Ju
 """
 from __future__ import annotations
 
+import math
 import numbers
 import os
 import time
-from typing import Any, Optional
+import traceback
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -22,6 +24,7 @@ from course_utils.augment import AugmentParams
 from course_utils.data import JpegDataset
 from course_utils.device import resolve_device
 from course_utils.lessons.l05_measure import DecodedImages
+from course_utils.machine import usable_cpus
 from course_utils.reference import LESSON05, describe_machine
 
 #: The notebook whose %%writefile cells hold the harness run here.
@@ -31,10 +34,34 @@ NOTEBOOK = "05_gpu_augmentation.ipynb"
 #: Targets of issue 4 measured by :func:`run_lesson05`.
 AUGMENT_SPEEDUP_TARGET = 10.0
 DATA_WAIT_TARGET = 0.05
+#: Batches each DataLoader worker holds in /dev/shm at once (the default prefetch_factor).
+PREFETCH = 2
+#: Share of the free /dev/shm the per-sample loaders may fill (the rest: the training loaders).
+SHM_SHARE = 0.5
+
+
+def workers_that_fit(shm_bytes: int, batch_size: int, side: int, wanted: int) -> int:
+    """How many per-sample float32 workers (``PREFETCH`` batches of ``batch_size`` images of
+    ``side`` px each, in /dev/shm) fit in ``SHM_SHARE`` of ``shm_bytes``: at most ``wanted``,
+    at least 1."""
+    per_worker = PREFETCH * batch_size * 3 * side * side * 4
+    return max(1, min(wanted, math.floor(SHM_SHARE * shm_bytes / per_worker)))
+
+
+def _guarded(name: str, result: dict, part: Callable[[], Any]) -> Any:
+    """Run one part; a part that raises is recorded as ``failed: ...`` in ``result["skipped"]``
+    (gpu-check counts it as a failure) and the other parts still run."""
+    try:
+        return part()
+    except Exception as exc:  # a bus error in a worker, CUDA out of memory, ...
+        traceback.print_exc()
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        result["skipped"].append(f"failed: {name}: {type(exc).__name__}: {first}")
+        return None
 
 
 def run_lesson05(budget_s: float = 300, *, device: Any = "cuda", quick: Optional[bool] = None,
-                       progress: bool = False) -> dict:
+                 progress: bool = False, shm_bytes: Optional[int] = None) -> dict:
     """Lesson 05's GPU measurements, for the gpu-check command; returns a JSON-able dict.
 
     Measured side by side in one run on ``device`` (CUDA; ``device='cpu'`` with ``quick=True``
@@ -48,8 +75,11 @@ def run_lesson05(budget_s: float = 300, *, device: Any = "cuda", quick: Optional
 
     Full sizes unless ``quick`` (default: full, whatever quick mode says). Each part checks the
     time left: what would not fit in ``budget_s`` seconds is skipped and listed in ``skipped``
-    (its target reads ``met: None``). Keys: name, mode, device, machine, budget_s, elapsed_s,
-    augmentation, training, targets, skipped.
+    (its target reads ``met: None``); a part that raises is listed there as ``failed: ...`` and
+    the other part still runs. ``shm_bytes`` (free bytes in /dev/shm, where given) caps the
+    per-sample workers so their batches fit (:func:`workers_that_fit`; ``shm`` says what was
+    shrunk). Keys: name, mode, device, machine, budget_s, elapsed_s, augmentation, training,
+    targets, skipped, shm.
     """
 
     if isinstance(budget_s, bool) or not isinstance(budget_s, numbers.Real) or budget_s <= 0:
@@ -76,7 +106,16 @@ def run_lesson05(budget_s: float = 300, *, device: Any = "cuda", quick: Optional
     result: dict[str, Any] = {"name": LESSON05, "mode": "quick" if quick else "full",
                               "device": str(dev), "machine": describe_machine(), "budget_s": float(budget_s),
                               "plan": {k: v for k, v in plan.items()}, "augmentation": None, "training": None,
-                              "skipped": []}
+                              "skipped": [], "shm": None}
+    if shm_bytes is not None:
+        wanted = plan["num_workers"] or usable_cpus()
+        fit = workers_that_fit(shm_bytes, max(plan["batch_sizes"]), plan["output"], wanted)
+        result["shm"] = {"free_bytes": int(shm_bytes), "workers_wanted": wanted, "workers": fit,
+                         "shrunk": fit < wanted}
+        if fit < wanted:
+            plan["num_workers"] = result["plan"]["num_workers"] = fit
+            print(f"[lesson05] /dev/shm has {shm_bytes / 2 ** 30:.1f} GiB free: the per-sample "
+                  f"loaders run {fit} workers, not {wanted}, so their batches fit")
     if dev.type == "cuda":
         result["machine"]["cuda_device"] = torch.cuda.get_device_name(dev)
 
@@ -84,23 +123,25 @@ def run_lesson05(budget_s: float = 300, *, device: Any = "cuda", quick: Optional
     params = AugmentParams(size=plan["output"])
     images = DecodedImages(n=plan["n_images"], side=plan["input_side"])
     aug_deadline = start + 0.45 * float(budget_s)
-    result["augmentation"] = throughput.measure_augment_throughput(
+    result["augmentation"] = _guarded("augmentation", result, lambda: throughput.measure_augment_throughput(
         images, plan["batch_sizes"], params, dev, num_workers=plan["num_workers"],
         repeats=plan["repeats"], worker_samples=plan["worker_samples"], target_s=plan["target_s"],
-        progress=progress, deadline=aug_deadline)
-    missing = [b for b, v in zip(plan["batch_sizes"], result["augmentation"]["device_samples_per_s"]) if v is None]
+        progress=progress, deadline=aug_deadline))
+    missing = [b for b, v in zip(plan["batch_sizes"], (result["augmentation"] or {}).get(
+        "device_samples_per_s", plan["batch_sizes"])) if v is None]
     if missing:
         result["skipped"].append(f"augmentation at batch sizes {missing} (budget)")
-    del images
+    images = None                    # the decoded images go before the training loop
 
     # 2. training loop (a dataset of real JPEGs first: a few seconds to encode)
     if time.perf_counter() < deadline - 20:
-        base = JpegDataset(n=plan["n_jpeg"], progress=progress)
-        result["training"] = training.compare_training(
-            base, dev, batch_size=plan["train_batch"], steps=plan["steps"],
-            image_side=plan["output"], input_side=plan["input_side"], width=plan["width"],
-            num_workers=plan["num_workers"], progress=progress, deadline=deadline - 5)
-        result["skipped"] += [f"training loop: {n} (budget)" for n in result["training"]["skipped"]]
+        result["training"] = _guarded("training loop", result, lambda: training.compare_training(
+            JpegDataset(n=plan["n_jpeg"], progress=progress), dev, batch_size=plan["train_batch"],
+            steps=plan["steps"], image_side=plan["output"], input_side=plan["input_side"],
+            width=plan["width"], num_workers=plan["num_workers"], progress=progress,
+            deadline=deadline - 5))
+        if result["training"] is not None:
+            result["skipped"] += [f"training loop: {n} (budget)" for n in result["training"]["skipped"]]
     else:
         result["skipped"].append("training loop (budget)")
 

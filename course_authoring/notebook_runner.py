@@ -4,8 +4,9 @@ The GPU machine the course is checked on has torch but no Jupyter packages (no n
 ipykernel or nbformat), so lessons 04 and 05 cannot run in a kernel there.
 :func:`run_notebook_cells` reads the notebook as JSON and runs its code cells in one namespace
 standing in for ``__main__``, in quick mode with matplotlib's Agg backend, skipping the
-hosted-install cell; :func:`run_notebook` does that in a fresh Python process with a timeout, so
-a hang or a crash cannot take the caller down. Maintainer tooling, not a learner helper.
+hosted-install cell. gpu-check runs each notebook that way as a step of its own, in a fresh
+Python process with a timeout (:mod:`course_authoring.step_runner`), so a hang or a crash cannot
+take the check down. Maintainer tooling, not a learner helper.
 """
 from __future__ import annotations
 
@@ -14,22 +15,19 @@ import builtins
 import json
 import linecache
 import os
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 import traceback
 import types
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from course_utils.config import QUICK_ENV
 
 from .exercises import cell_source
 from .hosted import is_install_cell
 
-__all__ = ["UnsupportedMagic", "run_notebook_cells", "run_notebook"]
+__all__ = ["UnsupportedMagic", "run_notebook_cells"]
 
 #: The repository root: child processes import course_utils from here.
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,10 +114,12 @@ def _close_figures() -> None:
 
 
 def run_notebook_cells(path: str | os.PathLike, *, log: Callable[[str], None] = print,
-                       progress: Callable[[dict], None] | None = None) -> dict:
+                       progress: Callable[[dict], None] | None = None,
+                       keep_going: bool = False) -> dict:
     """Run the code cells of the notebook at ``path`` in this process, top to bottom, in one
     fresh namespace that stands in for ``__main__`` (as in a Jupyter kernel), and stop at the
-    first cell that raises.
+    first cell that raises (``keep_going``: run the later cells too, so one failure does not
+    hide what the rest would show; they may fail for want of its names).
 
     The notebook is read with the json module (no nbformat). While it runs: quick mode
     (:data:`course_utils.config.QUICK_ENV` set to 1), ``MPLBACKEND=Agg``, the working directory
@@ -128,11 +128,12 @@ def run_notebook_cells(path: str | os.PathLike, *, log: Callable[[str], None] = 
     escape fails its cell (:class:`UnsupportedMagic`). Figures are closed after each cell.
 
     Returns ``{"notebook", "status" ("passed"|"failed"), "code_cells", "ran", "skipped" (cell
-    indices), "not_run", "current" (index of the last cell started), "failure" (None or
-    {"cell", "error", "source"}), "seconds"}``; cell indices count every cell of the notebook
-    from 0. ``progress`` is called with that dict before each cell and at the end.
+    indices), "not_run", "current" (index of the last cell started), "failure" (None or the
+    first {"cell", "error", "source"}), "failures" (every one), "seconds"}``; cell indices count
+    every cell of the notebook from 0. ``progress`` is called with that dict before each cell
+    and at the end.
     """
-    path = Path(path)
+    path = Path(path).resolve()          # the working directory changes below
     try:
         nb = json.loads(path.read_text(encoding="utf-8"))
         cells = nb["cells"]
@@ -142,7 +143,7 @@ def run_notebook_cells(path: str | os.PathLike, *, log: Callable[[str], None] = 
     code_cells = [i for i, c in enumerate(cells) if c.get("cell_type") == "code"]
     result: dict[str, Any] = {"notebook": path.name, "status": "running",
                               "code_cells": len(code_cells), "ran": 0, "skipped": [], "not_run": 0,
-                              "current": None, "failure": None, "seconds": 0.0}
+                              "current": None, "failure": None, "failures": [], "seconds": 0.0}
     t0 = time.perf_counter()
     module = types.ModuleType("__main__")
     module.__dict__.update(__builtins__=builtins, display=_display)
@@ -177,10 +178,14 @@ def run_notebook_cells(path: str | os.PathLike, *, log: Callable[[str], None] = 
             except BaseException as exc:  # SystemExit too: a cell must not end the run
                 traceback.print_exc()
                 message = (str(exc).strip().splitlines() or [""])[0][:300]
-                result["failure"] = {"cell": index, "error": f"{type(exc).__name__}: {message}",
-                                     "source": _first_line(src)}
-                result["not_run"] = len(code_cells) - n - 1
-                break
+                failure = {"cell": index, "error": f"{type(exc).__name__}: {message}",
+                           "source": _first_line(src)}
+                result["failures"].append(failure)
+                result["failure"] = result["failure"] or failure
+                if not keep_going:
+                    result["not_run"] = len(code_cells) - n - 1
+                    break
+                continue
             finally:
                 _close_figures()
             result["ran"] += 1
@@ -201,82 +206,3 @@ def run_notebook_cells(path: str | os.PathLike, *, log: Callable[[str], None] = 
     if progress is not None:
         progress(result)
     return result
-
-
-def _save_json(path: Path, data: Mapping) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data), encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def _notebook_child(notebook: str, result_file: str) -> int:
-    """The notebook process: run the cells, keep ``result_file`` up to date (the parent reads
-    it after a timeout or a crash to say which cell was running)."""
-    result = run_notebook_cells(notebook, progress=lambda r: _save_json(Path(result_file), r))
-    return 0 if result["status"] == "passed" else 1
-
-
-_CHILD = ("import sys\nfrom course_authoring.notebook_runner import _notebook_child\n"
-          "sys.exit(_notebook_child(sys.argv[1], sys.argv[2]))")
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    try:
-        if hasattr(os, "killpg"):
-            os.killpg(proc.pid, signal.SIGKILL)   # its DataLoader workers too
-        else:  # pragma: no cover - not POSIX
-            proc.kill()
-    except ProcessLookupError:
-        pass
-    proc.wait()
-
-
-def run_notebook(path: str | os.PathLike, timeout_s: float) -> dict:
-    """Run the code cells of one notebook with :func:`run_notebook_cells` in a fresh Python
-    process (this interpreter; its output goes to this process's stdout and stderr), killed
-    with its workers after ``timeout_s`` seconds.
-
-    Returns run_notebook_cells's dict; ``status`` is "passed", "failed" (a cell raised, or
-    the process died) or "timed out", and ``detail`` says what happened, in one line.
-    """
-    path = Path(path)
-    env = dict(os.environ, **{QUICK_ENV: "1", "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1"})
-    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    sys.stdout.flush()
-    sys.stderr.flush()
-    t0 = time.perf_counter()
-    timed_out = False
-    with tempfile.TemporaryDirectory(prefix="gpu_check_nb_") as tmp:
-        result_file = Path(tmp) / "result.json"
-        proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(path.resolve()), str(result_file)],
-                                env=env, cwd=str(ROOT), start_new_session=True)
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill(proc)
-        try:
-            result = json.loads(result_file.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            result = {"notebook": path.name, "current": None, "failure": None}
-    result["seconds"] = time.perf_counter() - t0
-    where = f"cell {result['current']}" if result.get("current") is not None else "before any cell"
-    if timed_out:
-        result.update(status="timed out",
-                      detail=f"stopped after {timeout_s:.0f} s (the check's budget) in {where}")
-    elif result.get("failure"):
-        fail = result["failure"]
-        result.update(status="failed", detail=f"cell {fail['cell']} ({fail['source']!r}) raised "
-                                              f"{fail['error']}")
-    elif proc.returncode != 0 or result.get("status") != "passed":
-        result.update(status="failed", detail=f"the notebook process ended with exit status "
-                                              f"{proc.returncode} in {where}")
-    else:
-        result.update(status="passed", detail=f"{result.get('ran', 0)} code cells ran")
-    return result
-
-
-# --------------------------------------------------------------------------------------
-# the benchmark steps (module attributes so that tests can replace them)
-# --------------------------------------------------------------------------------------
-

@@ -31,7 +31,7 @@ REFERENCE_DIR: Path = Path(__file__).resolve().parent / "reference_results"
 #: Names of the reference files the course writes and reads.
 LESSON04 = "lesson04_transfer"      # course_authoring.gpu_lesson04.run_lesson04
 LESSON05 = "lesson05_augment"       # course_authoring.gpu_lesson05.run_lesson05
-SUMMARY = "gpu_check_summary"       # course_authoring.gpu_check.run_gpu_check: the issue targets
+SUMMARY = "gpu_check_summary"       # course_authoring.gpu_check.summarize: every step, the targets
 #: Every reference file gpu-check writes: exactly these ``<name>.json`` go into
 #: REFERENCE_DIR (other JSON that a GPU run writes, such as tune's, does not belong there).
 REFERENCE_NAMES = (LESSON04, LESSON05, SUMMARY)

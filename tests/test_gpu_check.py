@@ -1,25 +1,27 @@
-"""gpu-check: refuses without CUDA and writes nothing; its plan; and, with the GPU steps
-replaced by stand-ins that return labelled fake dicts (written only to a temporary folder),
-the files it writes and the summary of targets. No GPU figure is made up: the fakes never
-reach course_utils/reference_results/."""
+"""gpu-check: refuses without CUDA (and writes nothing) unless rehearsing; its steps' worst
+case stays under the limit and its files under the device tool's 8; each part writes its JSON
+and says when a section failed; the summary reads the targets from the parts' files; /dev/shm
+is made room in; notebooks run without Jupyter; and the rehearsal itself, every step on this
+CPU, passes and ends its output with the summary. No GPU figure is made up: the stand-ins are
+labelled and written only to temporary folders."""
 from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from course_authoring import gpu_check
-from course_authoring.gpu_check import (GpuCheckRefused, format_targets, host_memory, main,
-                                        memory_notes, plan, run_gpu_check)
+from course_authoring.gpu_check import (IN_PROCESS_S, LIMIT_S, OWN_FILES, GpuCheckRefused,
+                                        check_steps, format_targets, host_memory, main,
+                                        memory_notes, plan_shm, run_check, run_part, summarize)
 from course_authoring.hosted import install_cell
-from course_authoring.notebook_runner import run_notebook, run_notebook_cells
+from course_authoring.notebook_runner import run_notebook_cells
+from course_authoring.step_runner import Step, StepResult, worst_case_s
 from course_utils.config import QUICK_ENV
 from course_utils.reference import (LESSON04, LESSON05, REFERENCE_DIR, REFERENCE_NAMES, SUMMARY,
                                     available_references, load_reference)
@@ -27,6 +29,8 @@ from course_utils.reference import (LESSON04, LESSON05, REFERENCE_DIR, REFERENCE
 pytestmark = pytest.mark.timeout(120)
 CUDA = torch.cuda.is_available()
 ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tools" / "device_gpu_check.sh"
+GIB = 1024 ** 3
 
 
 def _snapshot(folder: Path) -> dict:
@@ -38,25 +42,13 @@ def test_refuses_without_cuda_and_writes_nothing(tmp_path, capsys):
     before = _snapshot(REFERENCE_DIR)
     out = tmp_path / "out"
     with pytest.raises(GpuCheckRefused, match="needs a CUDA GPU") as info:
-        run_gpu_check(out)
-    assert "nothing was written" in str(info.value)
-    assert "python -m course_authoring gpu-check" in str(info.value)
+        run_check(out)
+    assert "nothing was written" in str(info.value) and "--rehearse" in str(info.value)
     assert not out.exists()
     assert main(["--out", str(out)]) == 1
     assert "needs a CUDA GPU" in capsys.readouterr().err
-    assert not out.exists()
-    assert main([]) == 1                              # default folder: still nothing written
-    assert _snapshot(REFERENCE_DIR) == before
-
-
-@pytest.mark.skipif(CUDA, reason="this machine has CUDA")
-def test_command_line_refuses_with_nonzero_exit(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "course_authoring.gpu_check", "--out",
-                           str(tmp_path / "o")], capture_output=True, text=True, env=env,
-                          cwd=str(ROOT), timeout=100)
-    assert proc.returncode == 1 and "needs a CUDA GPU" in proc.stderr
-    assert not (tmp_path / "o").exists()
+    assert main(["--part", "lesson04", "--budget", "5", "--out", str(out)]) == 1
+    assert not out.exists() and _snapshot(REFERENCE_DIR) == before
 
 
 def test_importing_it_loads_no_notebook_machinery():
@@ -68,170 +60,149 @@ def test_importing_it_loads_no_notebook_machinery():
     assert proc.stdout.strip() == "[]"
 
 
-def test_plan_splits_the_budget_and_skips_what_cannot_run():
-    steps = plan(540)
-    assert [s["name"] for s in steps] == ["lesson04", "lesson05", "notebooks", "summary"]
-    assert sum(s["budget_s"] for s in steps) == pytest.approx(540, abs=1)
-    assert steps[0]["runs"]
-    tiny = plan(30)
-    assert not tiny[0]["runs"] and "under" in tiny[0]["why"]
-    assert not plan(540, notebooks=False)[2]["runs"]
-    with pytest.raises(ValueError, match="budget_s"):
-        plan(0)
+# ---- the steps: time and files ----------------------------------------------------------------
+
+@pytest.mark.parametrize("shm", [None, 60 * GIB, GIB])
+def test_the_worst_case_fits_a_second_try_and_few_files_come_back(tmp_path, shm):
+    steps = check_steps(tmp_path, python="python3", shm_free_bytes=shm)
+    assert worst_case_s(steps, IN_PROCESS_S) <= LIMIT_S <= 420
+    assert len(set(OWN_FILES) | {f"{n}.json" for n in REFERENCE_NAMES}) <= 8
+    written = {Path(a).name for s in steps for a in s.argv if str(a).startswith(str(tmp_path) + "/")}
+    assert written <= set(OWN_FILES)                          # tune's and diagnose's JSON
+    parts = [s for s in steps if "--part" in s.argv]
+    assert all(str(tmp_path) in s.argv for s in parts) and len(parts) == 2
+    for s in parts:                                           # room inside the timeout to start
+        assert s.timeout_s - float(s.argv[s.argv.index("--budget") + 1]) >= 10
+
+
+def test_quick_steps_prove_paths_on_few_cpus_and_the_parts_measure_in_full(tmp_path):
+    steps = {s.name: s for s in check_steps(tmp_path, python="python3")}
+    quick = [s for s in steps.values() if s.env.get(QUICK_ENV) == "1"]
+    assert {s.name.split(":")[0] for s in quick} >= {"lesson 06", "lesson 07", "lesson 08"}
+    assert all(s.max_cpus == gpu_check.QUICK_CPUS for s in quick)
+    assert sum("notebook" in s.name for s in quick) == 3
+    full = [s for s in steps.values() if "--part" in s.argv]
+    assert all(QUICK_ENV not in s.env and s.max_cpus is None for s in full)
+    assert not steps["nvidia-smi"].required and all(s.required for s in quick + full)
+    assert all("--rehearse" in s.argv for s in check_steps(tmp_path, rehearse=True) if "--part" in s.argv)
+
+
+def test_a_short_dev_shm_shrinks_tune_and_tells_lesson05(tmp_path):
+    steps = check_steps(tmp_path, python="python3", shm_free_bytes=GIB)
+    tune = next(s for s in steps if s.name.startswith("lesson 06"))
+    assert "--images" in tune.argv and "--batch-size" in tune.argv
+    l05 = next(s for s in steps if "lesson05" in s.argv)
+    assert l05.argv[l05.argv.index("--shm-bytes") + 1] == str(GIB)
+    roomy = check_steps(tmp_path, python="python3", shm_free_bytes=60 * GIB)
+    assert "--images" not in next(s for s in roomy if s.name.startswith("lesson 06")).argv
 
 
 def test_plan_option_prints_and_writes_nothing(tmp_path, capsys):
     before = _snapshot(REFERENCE_DIR)
     assert main(["--plan", "--out", str(tmp_path / "o")]) == 0
     out = capsys.readouterr().out
-    assert "lesson04" in out and "CUDA available here" in out
+    assert "lesson04" in out and "CUDA available here" in out and "worst case" in out
     assert not (tmp_path / "o").exists() and _snapshot(REFERENCE_DIR) == before
 
 
-# ---- with stand-ins for the GPU ----------------------------------------------------------------
-
-def _fake04(budget_s):
-    return {"fake": "test stand-in, not a measurement", "budget_s": budget_s,
-            "targets": {"pinned_h2d": {"description": "pinned >= 90% of best H2D",
-                                       "value": 0.95, "target": ">= 0.9", "met": True}}}
-
-
-def _fake05(budget_s):
-    return {"fake": "test stand-in, not a measurement",
-            "targets": {"augment_speedup": {"description": "on-device >= 10x CPU", "value": 7.0,
-                                            "target": ">= 10", "met": False},
-                        "tuned_data_wait": {"description": "tuned data-wait < 5%", "value": 0.03,
-                                            "target": "< 0.05", "met": True},
-                        "skipped_one": {"description": "not measured", "value": None,
-                                        "target": "> 1", "met": None}}}
-
-
-def _fake05_met(budget_s):
-    return {"fake": "test stand-in, not a measurement", "skipped": [],
-            "targets": {"augment_speedup": {"value": 12.0, "target": ">= 10", "met": True},
-                        "tuned_data_wait": {"value": 0.03, "target": "< 0.05", "met": True}}}
-
-
-@pytest.fixture
-def fake_gpu(monkeypatch):
+def test_the_reference_folder_is_never_the_out_folder(monkeypatch):
     monkeypatch.setattr(gpu_check, "cuda_available", lambda: True)
-    monkeypatch.setattr(gpu_check, "_lesson04", _fake04)
-    monkeypatch.setattr(gpu_check, "_lesson05", _fake05)
-    monkeypatch.setattr(gpu_check, "_has_augment", lambda: True)
+    with pytest.raises(ValueError, match="a folder of its own"):
+        run_check(REFERENCE_DIR)
 
 
-def test_writes_the_reference_files_and_the_targets(tmp_path, fake_gpu, monkeypatch):
-    monkeypatch.setenv(QUICK_ENV, "1")
-    before = _snapshot(REFERENCE_DIR)
-    lines = []
-    summary = run_gpu_check(tmp_path, budget_s=540, notebooks=False, log=lines.append)
-    assert os.environ[QUICK_ENV] == "1"               # the mode is put back
-    assert _snapshot(REFERENCE_DIR) == before         # fakes never reach the shipped folder
-    assert available_references(tmp_path) == sorted([LESSON04, LESSON05, SUMMARY])
-    doc04 = load_reference(LESSON04, directory=tmp_path)
-    assert doc04["results"]["fake"].startswith("test stand-in")
-    assert doc04["results"]["budget_s"] == pytest.approx(gpu_check.SHARES["lesson04"] * 540)
-    assert doc04["machine"]["torch_version"] == torch.__version__
-    doc = load_reference(SUMMARY, directory=tmp_path)
-    assert set(doc["results"]["targets"]) == {"pinned_h2d", "augment_speedup", "tuned_data_wait",
-                                              "skipped_one"}
-    assert doc["results"]["failures"] == [] and "ram_available_bytes" in doc["results"]["memory"]
-    assert doc["results"]["all_targets_met"] is False and summary["all_targets_met"] is False
-    assert doc["results"]["steps"]["notebooks"]["status"] == "skipped"
-    text = "\n".join(lines)
-    assert "[NOT MET]" in text and "[MET    ]" in text
-    json.dumps(summary)
+# ---- /dev/shm ---------------------------------------------------------------------------------
+
+def _mem(free_gib, total_gib=None):
+    return {"ram_available_bytes": 100 * GIB, "ram_total_bytes": 128 * GIB,
+            "shm_free_bytes": int(free_gib * GIB), "shm_total_bytes": int((total_gib or free_gib) * GIB)}
 
 
-def test_a_failing_step_is_recorded_and_exits_2(tmp_path, fake_gpu, monkeypatch, capsys):
-    def broken(budget_s):
-        raise RuntimeError("CUDA out of memory (stand-in)")
-
-    monkeypatch.setattr(gpu_check, "_lesson05", broken)
-    assert main(["--out", str(tmp_path), "--no-notebooks"]) == 2
-    doc = load_reference(SUMMARY, directory=tmp_path)
-    assert doc["results"]["steps"]["lesson05"]["status"] == "failed"
-    assert "out of memory" in doc["results"]["steps"]["lesson05"]["detail"]
-    assert load_reference(LESSON05, directory=tmp_path) is None
-    assert load_reference(LESSON04, directory=tmp_path) is not None
-    results = doc["results"]
-    assert any("lesson05" in f and "out of memory" in f for f in results["failures"])
-    assert results["all_targets_met"] is False
-    for name in ("augment_speedup", "tuned_data_wait"):       # expected, not measured: said so
-        assert results["targets"][name]["met"] is None
-        assert "not measured: lesson05 failed" in results["targets"][name]["detail"]
-    assert "FAILED" in capsys.readouterr().out
+def test_enough_dev_shm_is_left_alone():
+    calls = []
+    memory, lines = plan_shm(_mem(64), rehearse=False, is_root=True, remount=calls.append)
+    assert memory["shm_free_bytes"] == 64 * GIB and lines == [] and calls == []
 
 
-def test_format_targets():
-    text = format_targets(_fake05(1)["targets"])
-    assert "[NOT MET] augment_speedup: measured 7 (target >= 10)" in text
-    assert "[n/a    ] skipped_one: measured None" in text
-    assert format_targets({}) == "no targets were measured"
+def test_a_short_dev_shm_is_enlarged_as_root(monkeypatch):
+    sizes = []
+
+    def remount(size):
+        sizes.append(size)
+        return True
+
+    monkeypatch.setattr(gpu_check, "host_memory", lambda: _mem(8, 9))
+    memory, lines = plan_shm(_mem(1, 2), rehearse=False, is_root=True, remount=remount)
+    assert sizes == [7 * GIB]                                 # 2 GiB + 6 needed - 1 free
+    assert memory["shm_free_bytes"] == 8 * GIB and "remounted /dev/shm with size=7G" in lines[0]
 
 
-@pytest.mark.skipif(CUDA, reason="this machine has CUDA")
-def test_the_course_command_line_has_gpu_check(tmp_path, capsys):
-    from course_authoring.__main__ import main as course_main
-    assert course_main(["gpu-check", "--out", str(tmp_path / "o")]) == 1
-    assert "needs a CUDA GPU" in capsys.readouterr().err
-    assert not (tmp_path / "o").exists()
-    assert course_main(["gpu-check", "--plan"]) == 0
-
-
-def test_a_section_that_raised_inside_lesson04_fails_the_run(tmp_path, fake_gpu, monkeypatch,
-                                                             capsys):
-    # run_gpu_benchmarks records a section that raised as skipped[...] = "failed: ...": that
-    # must fail the run, and the target that section measures must not count as met
-    def sweep_broke(budget_s):
-        return {"fake": "test stand-in", "skipped": {
-                    "sweep": "failed: RuntimeError: CUDA error (stand-in)",
-                    "dtype": "budget: 1 s left, about 3 s needed"}, "targets": {}}
-
-    monkeypatch.setattr(gpu_check, "_lesson04", sweep_broke)
-    monkeypatch.setattr(gpu_check, "_lesson05", _fake05_met)
-    assert main(["--out", str(tmp_path), "--no-notebooks"]) == 2
-    out = capsys.readouterr().out
-    assert "lesson04: FAILED section sweep: failed: RuntimeError" in out
-    results = load_reference(SUMMARY, directory=tmp_path)["results"]
-    assert results["steps"]["lesson04"]["status"] == "failed"
-    assert results["failures"] == ["lesson04: section sweep: failed: RuntimeError: CUDA error "
-                                   "(stand-in)"]                # a budget skip is no failure
-    assert results["targets"]["pinned_h2d"]["met"] is None
-    assert "not measured" in results["targets"]["pinned_h2d"]["detail"]
-    assert results["all_targets_met"] is False
-    assert "[n/a    ] pinned_h2d" in out and "FAILED: 1 failure(s)" in out
-    # what was measured is kept: lesson 04's file is written, with its failures inside
-    doc04 = load_reference(LESSON04, directory=tmp_path)
-    assert doc04["results"]["skipped"]["sweep"].startswith("failed:")
-
-
-def test_all_targets_met_only_without_failures(tmp_path, fake_gpu, monkeypatch):
-    monkeypatch.setattr(gpu_check, "_lesson05", _fake05_met)
-    summary = run_gpu_check(tmp_path, budget_s=540, notebooks=False, log=lambda line: None)
-    assert summary["failures"] == [] and summary["all_targets_met"] is True
-    assert main(["--out", str(tmp_path), "--no-notebooks"]) == 0
-
-
-def test_the_log_names_exactly_the_reference_files(tmp_path, fake_gpu):
-    lines = []
-    run_gpu_check(tmp_path, budget_s=540, notebooks=False, log=lines.append)
-    hint = [line for line in lines if "reference files in" in line]
-    assert len(hint) == 1
-    assert all(f"{n}.json" in hint[0] for n in REFERENCE_NAMES) and "*" not in hint[0]
+def test_a_short_dev_shm_that_cannot_grow_says_the_run_shrinks():
+    memory, lines = plan_shm(_mem(1), rehearse=False, is_root=True, remount=lambda size: False)
+    assert memory["shm_free_bytes"] == GIB and "could not enlarge" in lines[0]
+    _, lines = plan_shm(_mem(1), rehearse=False, is_root=False, remount=lambda size: 1 / 0)
+    assert "not root" in lines[0] and "run smaller" in lines[0]
+    _, lines = plan_shm(_mem(1), rehearse=True, is_root=True, remount=lambda size: 1 / 0)
+    assert lines[0].startswith("rehearsal:") and "left alone" in lines[0]
 
 
 def test_memory_notes_say_what_fits():
     mem = host_memory()
-    assert mem["ram_available_bytes"] > 0 and set(mem) == {"ram_available_bytes", "ram_total_bytes",
-                                                          "shm_free_bytes"}
-    gib = 1024 ** 3
-    notes, short = memory_notes({"ram_available_bytes": 100 * gib, "shm_free_bytes": 60 * gib})
+    assert mem["ram_available_bytes"] > 0 and "shm_free_bytes" in mem
+    notes, short = memory_notes(_mem(60))
     assert not short and "enough for lesson 05" in notes[1] and "100.0 GiB" in notes[0]
-    notes, short = memory_notes({"ram_available_bytes": 100 * gib, "shm_free_bytes": gib // 16})
+    notes, short = memory_notes(_mem(1 / 16))
     assert short and "WARNING" in notes[1] and "shm-size" in notes[1]
-    notes, short = memory_notes({"ram_available_bytes": gib, "shm_free_bytes": None})
+    notes, short = memory_notes({"ram_available_bytes": GIB, "shm_free_bytes": None})
     assert not short and "not found" in notes[1]
+
+
+def test_lesson05_fits_its_workers_to_dev_shm():
+    from course_authoring.gpu_lesson05 import workers_that_fit
+    per_worker = 2 * 256 * 3 * 224 * 224 * 4                 # two float32 batches of 256
+    assert workers_that_fit(2 * 16 * per_worker, 256, 224, 16) == 16
+    assert workers_that_fit(2 * 16 * per_worker - 1, 256, 224, 16) == 15
+    assert workers_that_fit(0, 256, 224, 16) == 1
+
+
+# ---- one part: its file, its failures ---------------------------------------------------------
+
+def _fake_part(targets, skipped=()):
+    def measure(part, budget_s, rehearse, shm_bytes):
+        return {"fake": "test stand-in, not a measurement", "budget_s": budget_s,
+                "skipped": list(skipped), "targets": targets,
+                "machine": {"summary": "a test stand-in"}}
+    return measure
+
+
+def test_a_part_writes_its_file_and_says_its_targets(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_check, "cuda_available", lambda: True)
+    lines = []
+    targets = {"pinned_h2d": {"description": "pinned >= 90%", "value": 0.95, "target": ">= 0.9",
+                              "met": True}}
+    assert run_part("lesson04", tmp_path, 38, log=lines.append, measure=_fake_part(targets)) == 0
+    doc = load_reference(LESSON04, directory=tmp_path)
+    assert doc["results"]["budget_s"] == 38 and "rehearsal" not in doc["results"]
+    assert doc["machine"] == {"summary": "a test stand-in"}
+    assert "[MET    ] pinned_h2d: measured 0.95" in "\n".join(lines)
+
+
+def test_a_part_whose_section_raised_exits_2_and_keeps_what_it_measured(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_check, "cuda_available", lambda: True)
+    lines = []
+    measure = _fake_part({}, skipped=["failed: training loop: RuntimeError: bus error (stand-in)",
+                                      "augmentation at batch sizes [256] (budget)"])
+    assert run_part("lesson05", tmp_path, 62, log=lines.append, measure=measure) == 2
+    assert load_reference(LESSON05, directory=tmp_path) is not None
+    assert any(line.startswith("[gpu-check] lesson05: FAILED failed: training loop") for line in lines)
+    assert not any("FAILED augmentation" in line for line in lines)   # a budget skip is no failure
+
+
+def test_a_rehearsed_part_runs_without_cuda_and_is_marked(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_check, "cuda_available", lambda: False)
+    assert run_part("lesson04", tmp_path, 5, rehearse=True, log=lambda line: None,
+                    measure=_fake_part({})) == 0
+    assert "not a reference" in load_reference(LESSON04, directory=tmp_path)["results"]["rehearsal"]
 
 
 def test_section_failures_reads_both_shapes():
@@ -241,6 +212,79 @@ def test_section_failures_reads_both_shapes():
     assert gpu_check._section_failures({}) == []
 
 
+# ---- the summary ------------------------------------------------------------------------------
+
+def _results(**status):
+    names = {"lesson04": "lesson04 benchmarks (full mode)", "lesson05": "lesson05 benchmarks (full mode)",
+             "doctor": "doctor"}
+    return [StepResult(names[k], v, 3.0, 50, 0 if v == "passed" else 1,
+                       [] if v == "passed" else [f"{k} broke (stand-in)"]) for k, v in status.items()]
+
+
+def test_the_summary_reads_the_targets_and_names_what_was_not_measured(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_check, "cuda_available", lambda: True)
+    met = {"pinned_h2d": {"value": 0.95, "target": ">= 0.9", "met": True}}
+    run_part("lesson04", tmp_path, 38, log=lambda line: None, measure=_fake_part(met))
+    summary = summarize(tmp_path, _results(doctor="passed", lesson04="passed", lesson05="failed"),
+                        _mem(60), rehearse=False)
+    assert available_references(tmp_path) == sorted([LESSON04, SUMMARY])
+    assert summary["targets"]["pinned_h2d"]["met"] is True
+    for name in ("augment_speedup", "tuned_data_wait"):
+        assert summary["targets"][name]["met"] is None
+        assert "not measured: lesson05: failed" in summary["targets"][name]["detail"]
+    assert summary["failures"] == ["lesson05 benchmarks (full mode): lesson05 broke (stand-in)"]
+    assert summary["all_targets_met"] is False
+    doc = load_reference(SUMMARY, directory=tmp_path)
+    assert doc["machine"] == {"summary": "a test stand-in"} and "rehearsal" not in doc["results"]
+    json.dumps(summary)
+
+
+def test_all_targets_met_only_without_failures(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_check, "cuda_available", lambda: True)
+    run_part("lesson04", tmp_path, 38, log=lambda line: None,
+             measure=_fake_part({"pinned_h2d": {"value": 0.95, "met": True}}))
+    run_part("lesson05", tmp_path, 62, log=lambda line: None,
+             measure=_fake_part({"augment_speedup": {"value": 12.0, "met": True},
+                                 "tuned_data_wait": {"value": 0.03, "met": True}}))
+    ok = _results(doctor="passed", lesson04="passed", lesson05="passed")
+    assert summarize(tmp_path, ok, {}, rehearse=False)["all_targets_met"] is True
+    broken = _results(doctor="failed", lesson04="passed", lesson05="passed")
+    assert summarize(tmp_path, broken, {}, rehearse=False)["all_targets_met"] is False
+
+
+def test_format_targets():
+    text = format_targets({"a": {"value": 7.0, "target": ">= 10", "met": False, "description": "d"},
+                           "b": {"value": None, "target": "> 1", "met": None}})
+    assert "[NOT MET] a: measured 7 (target >= 10) - d" in text
+    assert "[n/a    ] b: measured None" in text
+    assert format_targets({}) == "  no targets were measured"
+
+
+def test_the_check_runs_every_step_and_ends_with_the_summary(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(gpu_check, "cuda_available", lambda: True)
+
+    def steps(out, **_):
+        noisy = "for i in range(3000): print('FAILED noisy line', i)\nraise SystemExit(4)"
+        return [Step("noisy and broken", [sys.executable, "-c", noisy], 30),
+                Step("fine", [sys.executable, "-c", "print('fine')"], 30),
+                Step("too slow", [sys.executable, "-c", "import time; time.sleep(30)"], 2, grace_s=1)]
+
+    assert run_check(tmp_path / "out", steps=steps) == 1
+    out = capsys.readouterr().out
+    log = (tmp_path / "out" / "gpu_check_log.txt").read_text()
+    assert log == out and len(out) > 40_000                   # everything, in full
+    tail = out[-12_000:]                                      # what the device tool shows
+    assert "==================== summary: GPU check" in tail
+    for line in ("FAILED", "passed", "TIMED OUT"):
+        assert line in tail
+    assert "noisy and broken" in tail and "exit status 4" in tail and "timed out after 2 s" in tail
+    assert "files in" in tail and "gpu_check_summary.json" in tail
+    assert tail.rstrip().splitlines()[-1].startswith("exit status 1: 2 of 3 steps did not pass")
+    summary = load_reference(SUMMARY, directory=tmp_path / "out")["results"]
+    assert [s["status"] for s in summary["steps"]] == ["failed", "passed", "timed out"]
+
+
+# ---- the notebooks, without Jupyter -----------------------------------------------------------
 # ---- the notebooks, without Jupyter -----------------------------------------------------------
 
 def _write_notebook(path: Path, sources: list[str | dict]) -> Path:
@@ -321,123 +365,40 @@ def test_an_unreadable_notebook_is_a_clear_error(tmp_path):
         run_notebook_cells(tmp_path / "bad.ipynb")
 
 
-def test_run_notebook_in_its_own_process_reports_the_failing_cell(tmp_path, capfd):
-    book = _write_notebook(tmp_path / "child.ipynb",
-                           ["print('hello from the notebook')",
-                            "# md: text",
-                            "raise ValueError('broken on purpose')",
-                            "print('not reached')"])
-    result = run_notebook(book, timeout_s=90)
-    out = capfd.readouterr()
-    assert result["status"] == "failed", result
-    assert result["failure"]["cell"] == 2
-    assert result["detail"] == ('cell 2 ("raise ValueError(\'broken on purpose\')") raised '
-                                'ValueError: broken on purpose')
-    assert "hello from the notebook" in out.out and "not reached" not in out.out
+def test_keep_going_runs_every_cell_and_lists_each_failure(tmp_path):
+    book = _write_notebook(tmp_path / "two.ipynb", ["a = 1", "1 / 0", "b = a + 1", "b + c"])
+    result = run_notebook_cells(book, log=lambda line: None, keep_going=True)
+    assert result["status"] == "failed" and result["ran"] == 2 and result["not_run"] == 0
+    assert [f["cell"] for f in result["failures"]] == [1, 3]
+    assert result["failure"] == result["failures"][0]
+    assert result["failures"][1]["error"] == "NameError: name 'c' is not defined"
 
 
-def test_run_notebook_stops_a_notebook_that_runs_out_of_time(tmp_path):
-    book = _write_notebook(tmp_path / "slow.ipynb", ["import time\ntime.sleep(120)"])
-    t0 = time.perf_counter()
-    result = run_notebook(book, timeout_s=15)
-    assert time.perf_counter() - t0 < 60
-    assert result["status"] == "timed out" and "stopped after 15 s" in result["detail"]
+def test_a_notebook_step_names_every_failed_cell_at_the_end(tmp_path, monkeypatch, capsys):
+    book = _write_notebook(tmp_path / "05_x.ipynb", ["%%writefile x_mod_for_test.py\nV = 2\n",
+                                                     "import x_mod_for_test\nx_mod_for_test.V",
+                                                     "raise KeyError('k')"])
+    monkeypatch.chdir(tmp_path.parent)                   # a relative path, as gpu-check passes it
+    monkeypatch.delitem(sys.modules, "x_mod_for_test", raising=False)
+    assert main(["--notebook", f"{tmp_path.name}/05_x.ipynb"]) == 1
+    sys.modules.pop("x_mod_for_test", None)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-2] == "[notebook] 05_x.ipynb: FAILED cell 2 (\"raise KeyError('k')\"): KeyError: 'k'"
+    assert lines[-1].startswith("[notebook] 05_x.ipynb: failed: 2 of 3 code cells ran")
+    assert main(["--notebook", str(tmp_path / "nope.ipynb")]) == 1
 
 
-def test_failed_and_unrun_notebooks_fail_the_check(tmp_path, fake_gpu, monkeypatch, capsys):
-    good = _write_notebook(tmp_path / "04_good.ipynb", [install_cell(), "print('fine')"])
-    bad = _write_notebook(tmp_path / "05_bad.ipynb", ["import math", "math.sqrt(-1)"])
-    monkeypatch.setattr(gpu_check, "_notebooks", lambda: [good, bad])
-    monkeypatch.setattr(gpu_check, "_lesson05", _fake05_met)
-    assert plan(540)[2]["runs"] and "04_good.ipynb" in plan(540)[2]["what"]
-    assert main(["--out", str(tmp_path / "out"), "--budget", "540"]) == 2
-    results = load_reference(SUMMARY, directory=tmp_path / "out")["results"]
-    runs = results["steps"]["notebooks"]["notebooks"]
-    assert runs["04_good.ipynb"]["status"] == "passed" and runs["04_good.ipynb"]["skipped"] == [0]
-    assert runs["05_bad.ipynb"]["status"] == "failed"
-    assert results["failures"] == ["notebooks: notebook 05_bad.ipynb: failed: cell 1 "
-                                   "('math.sqrt(-1)') raised ValueError: math domain error"]
-    assert results["all_targets_met"] is False                 # though every target was met
-    assert "05_bad.ipynb: failed" in capsys.readouterr().out
+# ---- tools/device_gpu_check.sh ----------------------------------------------------------------
 
-    # a notebook left without time is not silently dropped
-    step = gpu_check._run_notebooks(time.perf_counter() + 1.0, log=lambda line: None)
-    assert step["status"] == "failed" and len(step["failures"]) == 2
-    assert all(r["status"] == "not run" for r in step["notebooks"].values())
-
-
-# ---- tools/device_gpu_check.sh -----------------------------------------------------------------
-
-SCRIPT = ROOT / "tools" / "device_gpu_check.sh"
-#: The device tool allows one call of 600 s; the steps must leave a margin for the rest.
-SCRIPT_LIMIT_S = 560
-
-
-def _script_lines() -> list[str]:
-    return SCRIPT.read_text(encoding="utf-8").splitlines()
-
-
-def test_the_script_is_valid_bash():
+def test_the_script_is_valid_bash_and_hands_over_to_gpu_check(tmp_path):
     proc = subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
-
-
-def test_the_script_step_budgets_add_up_to_less_than_the_call():
-    code = [line.split("#")[0] for line in _script_lines() if not line.lstrip().startswith("#")]
-    found = [(int(m.group(2)), int(m.group(1) or 0))
-             for line in code for m in re.finditer(r"\btimeout\s+(?:-k\s+(\d+)\s+)?(\d+)\b", line)]
-    assert len(found) >= 6, found
-    worst = [n + k for n, k in found]
-    assert sum(worst) <= SCRIPT_LIMIT_S, f"the steps may take {sum(worst)} s: {found}"
-    # the comment table says the same, row by row, and its total
-    rows = [re.search(r"\s(\d+)(?: \+ (\d+))?$", line) for line in _script_lines()
-            if re.match(r"#   \S.*\s\d+( \+ \d+)?$", line)]
-    table = [int(m.group(1)) + int(m.group(2) or 0) for m in rows]
-    assert table[:-1] == worst and table[-1] == sum(worst)
-    # gpu-check's own budget leaves room, inside its timeout, for python, torch and CUDA to start
-    gpu = next(line for line in code if "gpu-check --out" in line)
-    budget = int(re.search(r"--budget (\d+)", gpu).group(1))
-    timeout = next(n for line in code for m in [re.search(r"timeout -k \d+ (\d+) .*gpu-check", line)]
-                   if m for n in [int(m.group(1))])
-    assert timeout - budget >= 30
-
-
-def test_the_script_writes_few_files_and_names_the_ones_to_copy():
-    text = SCRIPT.read_text(encoding="utf-8")
-    own = set(re.findall(r'\$OUT/([A-Za-z0-9_.-]+)', text))
-    assert own == {"gpu_check_log.txt", "tune_cuda.json", "diagnose_cuda.json"}
-    assert len(own) + len(REFERENCE_NAMES) <= 6              # the device tool returns 8 at most
-    assert f'REFERENCE_FILES="{" ".join(f"{n}.json" for n in REFERENCE_NAMES)}"' in text
-    assert "*.json" not in text and "| tail" not in text
-
-
-def _stub_python(tmp_path: Path) -> Path:
     stub = tmp_path / "python"
-    stub.write_text('#!/usr/bin/env bash\necho "stub python: $*"\n'
-                    'if [ -n "${STUB_FAIL:-}" ]; then case "$*" in *"$STUB_FAIL"*) exit 3;; esac; fi\n'
-                    "exit 0\n")
+    stub.write_text('#!/usr/bin/env bash\necho "stub python: $* (PYTHONPATH=$PYTHONPATH)"\nexit 7\n')
     stub.chmod(0o755)
-    return stub
-
-
-@pytest.mark.parametrize("fail", ["", "gpu-check"])
-def test_the_script_logs_everything_and_fails_when_a_step_fails(tmp_path, fail):
-    out = tmp_path / "out"
-    env = dict(os.environ, OUT=str(out), PYTHON=str(_stub_python(tmp_path)), STUB_FAIL=fail)
-    proc = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, env=env,
-                          cwd=str(ROOT), timeout=120)
-    log = (out / "gpu_check_log.txt").read_text(encoding="utf-8")
-    assert log == proc.stdout                                 # the whole output, in full
-    assert "== memory" in log and "sizes:" in log
-    assert log.index("== memory") < log.index("stub python: -m course_utils doctor")
-    for words in ("-m course_authoring gpu-check --out", "-m pytest", "-m course_utils tune",
-                  "-c from course_authoring.notebook_modules import notebook_module"):
-        assert "stub python: " + words in log
-    assert "cp " + " ".join(f"{out}/{n}.json" for n in REFERENCE_NAMES) in log
-    assert len(list(out.iterdir())) <= 6
-    if fail:
-        assert proc.returncode == 1
-        assert re.search(r"FAILED.*\n(   - .*\n)*   - gpu-check .*\(exit 3\)", log), log[-800:]
-    else:
-        assert proc.returncode == 0, log[-800:]
-        assert "every step passed" in log
+    proc = subprocess.run(["bash", str(SCRIPT), "--rehearse"], capture_output=True, text=True,
+                          env=dict(os.environ, OUT=str(tmp_path / "o"), PYTHON=str(stub)),
+                          cwd=str(tmp_path), timeout=60)
+    assert proc.returncode == 7                                 # its exit status is the check's
+    assert proc.stdout.startswith(f"stub python: -m course_authoring gpu-check --out {tmp_path}/o "
+                                  f"--log {tmp_path}/o/gpu_check_log.txt --rehearse (PYTHONPATH={ROOT}")
