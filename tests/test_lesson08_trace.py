@@ -130,3 +130,40 @@ def test_merged_and_idle_between(trace):
     assert trace.merged([(5, 7), (0, 2), (1, 3), (3, 4)]) == [(0, 4), (5, 7)]
     assert trace.idle_between([(0, 4), (5, 7)], -1, 10) == [(-1, 0), (4, 5), (7, 10)]
     assert trace.idle_between([(0, 4)], 1, 3) == []
+
+
+# ---- the common advice's verdicts (lesson08_verdicts.py) --------------------------------------
+
+@pytest.fixture(scope="module")
+def verdicts():
+    return notebook_module("08_find_the_stall.ipynb", "lesson08_verdicts")
+
+
+def test_the_bound_rule_is_diagnose_s_own(verdicts):
+    from course_utils.diagnose import DATA_BOUND_FRACTION
+    assert verdicts.DATA_BOUND_FRACTION is DATA_BOUND_FRACTION
+    assert verdicts.bound(DATA_BOUND_FRACTION + 1e-6) == "data-bound"
+    assert verdicts.bound(DATA_BOUND_FRACTION) == "compute-bound"
+
+
+def test_the_profiler_distorts_only_beyond_the_noise(verdicts):
+    same = verdicts.SAME_WITHIN
+    assert not verdicts.profiler_distorts(0.30, 0.30 + same * 0.99, 0.0)   # within SAME_WITHIN
+    assert verdicts.profiler_distorts(0.30, 0.30 + same * 1.01, 0.0)
+    assert not verdicts.profiler_distorts(0.30, 0.379, 0.04)                # within twice the noise
+    assert verdicts.profiler_distorts(0.30, 0.381, 0.04)
+
+
+def test_the_clock_verdict_cannot_hold_by_default_on_a_cpu(verdicts):
+    same = verdicts.SAME_WITHIN
+    assert verdicts.clock_is_the_wait("cpu", 0.1, 0.9) is None              # not checkable
+    assert verdicts.clock_is_the_wait("cuda", 0.20, 0.20 + same * 0.99) is True
+    assert verdicts.clock_is_the_wait("cuda", 0.20, 0.20 + same * 1.01) is False
+    assert verdicts.held(None) == "cannot be checked on this device"
+    assert (verdicts.held(True), verdicts.held(False)) == ("held", "did not hold")
+
+
+def test_a_small_average_holds_only_without_long_tails(verdicts):
+    share = verdicts.SPIKE_SHARE
+    assert verdicts.average_tells_all(share * 10.0, 10.0)
+    assert not verdicts.average_tells_all(share * 10.0 + 0.01, 10.0)
