@@ -4,6 +4,7 @@
 # Opt-in tools, not part of make test:
 #   make browser-check   run lesson 00 in JupyterLab in headless Chromium (tools/browser_check.py)
 #   make runtimes        time every lesson, quick and full mode, into README.md (tools/lesson_runtimes.py)
+#   make mutation        mutation score of the code that computes figures and verdicts (tools/mutation.py)
 #
 # Knobs (make VAR=value ...):
 #   PYTHON           interpreter that creates the venv (default: python3, needs >= 3.10)
@@ -21,6 +22,7 @@
 #                    (see .venv/bin/python tools/browser_check.py --help)
 #   RUNTIMES_ARGS    options for make runtimes, e.g. "--quick-only --lessons 00 03"
 #                    (see .venv/bin/python tools/lesson_runtimes.py --help)
+#   MUTATION_ARGS    groups for make mutation, e.g. "timing diagnose" (see tools/mutation.py --help)
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -40,8 +42,10 @@ STAMP := $(VENV)/.installed
 BROWSER_STAMP := $(VENV)/.installed-browser
 BROWSER_CHECK_ARGS ?=
 RUNTIMES_ARGS ?=
+MUTATION_ARGS ?=
+MUTATION_STAMP := $(VENV)/.installed-mutation
 
-.PHONY: install lab test exercises doctor bench clean browser-check runtimes
+.PHONY: install lab test exercises doctor bench clean browser-check runtimes mutation
 
 $(PY):
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 is needed; run make PYTHON=python3.11 ..."'
@@ -100,6 +104,14 @@ browser-check: $(BROWSER_STAMP)
 # on a quiet machine). Raw results: build/lesson_runtimes.json.
 runtimes: install
 	$(PY) tools/lesson_runtimes.py $(RUNTIMES_ARGS)
+
+# Opt-in, not part of make test (minutes per group): mutmut in a scratch copy, build/mutation/.
+$(MUTATION_STAMP): pyproject.toml $(STAMP)
+	$(PIP) install -e ".[test,mutation]"
+	@touch $@
+
+mutation: $(MUTATION_STAMP)
+	$(PY) tools/mutation.py $(MUTATION_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""``make mutation``: how many small bugs put into the code that computes figures and verdicts
+do the tests catch? Runs mutmut (3.x) group by group: each group is a few modules and the test
+files that pin them (:data:`GROUPS`), run in a scratch copy of this checkout (``build/mutation/``),
+so the working tree is never mutated. Prints, per group, the mutants killed / survived / timed
+out and the score, and for the survivors which function they are in, and how many change only
+the text of a message (a string literal): those are left to the wording tests, the rest are the
+ones to kill. The report is also written to ``build/mutation/report.md``.
+
+Why mutmut: it runs the test suite once, then forks that warm process for each mutant and runs
+only the tests that reach the mutated function (about 5 mutants per second here), where
+cosmic-ray starts the whole test command, torch's import included, for every mutant. Not part of
+``make test`` (it takes minutes per group on 2 CPUs).
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import tokenize
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / "build" / "mutation"
+
+#: group -> (modules mutated, test files that pin them). The modules that compute the figures
+#: and verdicts: the timing engine and its results, the thread limiter, the datasets workers
+#: use, the graders' decision code, diagnose's verdict.
+GROUPS: dict[str, tuple[list[str], list[str]]] = {
+    "timing": (["course_utils/measurement.py", "course_utils/bench.py"],
+               ["tests/test_bench.py"]),
+    "threads": (["course_utils/threads.py"], ["tests/test_threads.py"]),
+    "datasets": (["course_utils/lessons/l03_memory.py"], ["tests/test_grader03.py"]),
+    "graders": (["course_utils/graders/ex00_timing.py", "course_utils/graders/ex03_scaling.py"],
+                ["tests/test_grader00.py", "tests/test_grading.py", "tests/test_grader03.py"]),
+    "diagnose": (["course_utils/diagnose.py"], ["tests/test_diagnose.py"]),
+}
+MUTANT_RE = re.compile(r"^\s*(?P<name>\S+): (?P<status>.+)$")
+
+
+def _copy_checkout(dest: Path, rev: str | None = None) -> None:
+    """The checkout as git sees it (tracked and untracked files, not ignored ones) into dest;
+    with ``rev``, that commit's files instead (to compare a score with an earlier one)."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    if rev is not None:
+        dest.mkdir(parents=True)
+        archive = subprocess.run(["git", "archive", rev], cwd=ROOT, capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+        return
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        src = ROOT / name
+        if src.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+
+
+def _configure(dest: Path, modules: list[str], tests: list[str]) -> None:
+    """Append this group's [tool.mutmut] table to the copy's pyproject.toml."""
+    also = sorted({p.split("/")[0] for p in
+                   subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True,
+                                  text=True, check=True).stdout.split()} - {"course_utils"})
+    table = ("\n[tool.mutmut]\n"
+             f"source_paths = [\"course_utils/\"]\n"
+             f"only_mutate = {json.dumps(modules)}\n"
+             f"pytest_add_cli_args_test_selection = {json.dumps(tests)}\n"
+             f"pytest_add_cli_args = [\"-p\", \"no:cacheprovider\", \"-q\", \"-x\"]\n"
+             f"also_copy = {json.dumps(also)}\n")
+    with open(dest / "pyproject.toml", "a", encoding="utf-8") as fh:
+        fh.write(table)
+
+
+def _mutmut(dest: Path, *args: str, log: Path | None = None, timeout: float | None = None) -> str:
+    cmd = [sys.executable, "-m", "mutmut", *args]
+    env = dict(os.environ, COURSE_QUICK="1", MPLBACKEND="Agg")
+    if log is None:
+        return subprocess.run(cmd, cwd=dest, env=env, capture_output=True, text=True,
+                              timeout=timeout).stdout
+    with open(log, "w", encoding="utf-8") as fh:
+        subprocess.run(cmd, cwd=dest, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout)
+    return ""
+
+
+def _code_tokens(line: str) -> list[str] | None:
+    """The line's tokens with every string literal's text blanked (None: not tokenizable)."""
+    try:
+        toks = tokenize.generate_tokens(io.StringIO(line.strip() + "\n").readline)
+        return [("STR" if t.type == tokenize.STRING else t.string) for t in toks
+                if t.type not in (tokenize.NEWLINE, tokenize.NL, tokenize.COMMENT)]
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return None
+
+
+def text_only(diff: str) -> bool:
+    """True when a mutant's diff changes nothing but the text inside string literals."""
+    minus = [line[1:] for line in diff.splitlines() if line.startswith("-") and not line.startswith("---")]
+    plus = [line[1:] for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    if not minus or len(minus) != len(plus):
+        return False
+    pairs = [(_code_tokens(a), _code_tokens(b)) for a, b in zip(minus, plus)]
+    return all(a is not None and a == b for a, b in pairs)
+
+
+def _function_of(name: str) -> str:
+    """course_utils.measurement.x_from_times__mutmut_3 -> measurement.from_times."""
+    module, _, mangled = name.rpartition(".")
+    func = re.sub(r"__mutmut_\d+$", "", mangled)
+    func = re.sub(r"^x[ǁ_]", "", func).replace("ǁ", ".")
+    return f"{module.rpartition('.')[2]}.{func}"
+
+
+def run_group(group: str, timeout_s: float, rev: str | None = None) -> dict:
+    """Mutate one group in its own scratch copy; its counts and its survivors."""
+    modules, tests = GROUPS[group]
+    dest = WORK / (group if rev is None else f"{group}@{rev}")
+    _copy_checkout(dest, rev)
+    tests = [t for t in tests if (dest / t).is_file()]     # an earlier commit may lack one
+    _configure(dest, modules, tests)
+    t0 = time.perf_counter()
+    _mutmut(dest, "run", log=WORK / f"{dest.name}.log", timeout=timeout_s)
+    _mutmut(dest, "export-cicd-stats")
+    stats_file = dest / "mutants" / "mutmut-cicd-stats.json"
+    stats = json.loads(stats_file.read_text()) if stats_file.is_file() else {}
+    survivors = []
+    for line in _mutmut(dest, "results").splitlines():
+        m = MUTANT_RE.match(line)
+        if m and m.group("status") in ("survived", "timeout", "no tests"):
+            diff = _mutmut(dest, "show", m.group("name"))
+            survivors.append({"name": m.group("name"), "status": m.group("status"),
+                              "function": _function_of(m.group("name")), "text_only": text_only(diff),
+                              "diff": diff})
+    return {"group": group, "modules": modules, "tests": tests, "stats": stats,
+            "seconds": time.perf_counter() - t0, "survivors": survivors}
+
+
+def report(results: list[dict]) -> str:
+    """The groups' scores, and the survivors that change more than a message's text."""
+    lines = ["# Mutation score (mutmut)", "",
+             "| group | modules | mutants | killed | survived | timeout | score | score without text-only |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        s = r["stats"]
+        total, killed = s.get("total", 0), s.get("killed", 0) + s.get("timeout", 0)
+        text = sum(x["text_only"] for x in r["survivors"])
+        score = killed / total if total else 0.0
+        code_total = total - text
+        lines.append(f"| {r['group']} | {', '.join(Path(m).name for m in r['modules'])} | {total} | "
+                     f"{s.get('killed', 0)} | {s.get('survived', 0)} | {s.get('timeout', 0)} | "
+                     f"{score:.0%} | {(killed / code_total if code_total else 0):.0%} |")
+    for r in results:
+        code = [x for x in r["survivors"] if not x["text_only"]]
+        if not code:
+            continue
+        lines += ["", f"## {r['group']}: {len(code)} survivors that change code, by function", ""]
+        for func, n in Counter(x["function"] for x in code).most_common():
+            lines.append(f"- {func}: {n}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("groups", nargs="*", default=list(GROUPS), metavar="GROUP",
+                        help=f"groups to mutate (default: all of {', '.join(GROUPS)})")
+    parser.add_argument("--timeout", type=float, default=1800, metavar="SECONDS",
+                        help="stop a group's run after this long (default 1800)")
+    parser.add_argument("--rev", default=None, metavar="COMMIT",
+                        help="mutate that commit's files instead of the working tree (a 'before' score)")
+    args = parser.parse_args(argv)
+    unknown = [g for g in args.groups if g not in GROUPS]
+    if unknown:
+        parser.error(f"GROUP {unknown[0]!r} is not one of {', '.join(GROUPS)}")
+    try:
+        import mutmut
+        del mutmut                                         # installed by make mutation
+    except ImportError:
+        print("mutation: mutmut is not installed; run make mutation (it installs .[mutation])",
+              file=sys.stderr)
+        return 2
+    WORK.mkdir(parents=True, exist_ok=True)
+    results = []
+    for group in args.groups:
+        print(f"mutation: {group} ({', '.join(GROUPS[group][0])}) ...", flush=True)
+        results.append(run_group(group, args.timeout, args.rev))
+        s = results[-1]["stats"]
+        print(f"mutation: {group}: {s.get('killed', 0)} of {s.get('total', 0)} killed in "
+              f"{results[-1]['seconds']:.0f} s", flush=True)
+    text = report(results)
+    suffix = "" if args.rev is None else f"@{args.rev}"
+    (WORK / f"report{suffix}.md").write_text(text, encoding="utf-8")
+    (WORK / f"survivors{suffix}.json").write_text(json.dumps(results, indent=1), encoding="utf-8")
+    print(text)
+    print(f"survivors with their diffs: {WORK / f'survivors{suffix}.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
