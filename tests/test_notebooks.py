@@ -51,6 +51,14 @@ def test_stored_without_outputs(path):
 
 
 @pytest.mark.parametrize("path", ALL, ids=_id)
+def test_cell_ids_are_unique(path):
+    # nbformat 4.5 requires it; JupyterLab and nbformat.validate reject a notebook without it
+    ids = [c.get("id") for c in json.loads(path.read_text(encoding="utf-8"))["cells"]]
+    repeated = sorted({i for i in ids if ids.count(i) > 1})
+    assert not repeated and None not in ids, f"{_id(path)}: cell ids {repeated} are used twice"
+
+
+@pytest.mark.parametrize("path", ALL, ids=_id)
 def test_imports_are_explicit_and_exist(path):
     for source in _cells(path, "code"):
         code = TransformerManager().transform_cell(source)     # magics become plain calls
