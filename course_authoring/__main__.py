@@ -9,15 +9,30 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Sequence
 
 from . import gpu_check
-from .exercises import make_exercises
+from .exercises import ExerciseFormatError, make_exercises
 from .hosted import REPOSITORY_URL, sync_install_cells
 
 
 def _cmd_make_exercises(args: argparse.Namespace) -> int:
-    changed = make_exercises(args.solutions, args.exercises, check=args.check)
+    """Bad folders or a malformed solution notebook: one line on stderr, exit status 2."""
+    def fail(message: str) -> int:
+        print(f"python -m course_authoring make-exercises: error: {message}", file=sys.stderr)
+        return 2
+
+    if not Path(args.solutions).is_dir():
+        return fail(f"--solutions {args.solutions!r} is not a folder; run from the course root or "
+                    f"pass the folder that holds the solution notebooks.")
+    if Path(args.exercises).exists() and not Path(args.exercises).is_dir():
+        return fail(f"--exercises {args.exercises!r} is not a folder; pass the folder the exercise "
+                    f"notebooks are written to.")
+    try:
+        changed = make_exercises(args.solutions, args.exercises, check=args.check)
+    except ExerciseFormatError as exc:
+        return fail(str(exc))
     if args.check:
         if changed:
             print("exercises/ is out of date with solutions/ for:")

@@ -28,7 +28,7 @@ _END_RE = re.compile(r"^[ \t]*### END SOLUTION\s*$")
 
 
 class ExerciseFormatError(ValueError):
-    """A solution notebook's markers are unbalanced or misplaced."""
+    """A solution notebook's markers are unbalanced or misplaced, or it is not notebook JSON."""
 
 
 def strip_solution(source: str, *, where: str = "cell") -> str:
@@ -122,7 +122,11 @@ def make_exercises(solutions_dir: str | Path = "solutions", exercises_dir: str |
     expected_names = set()
     for path in sorted(src.glob("*.ipynb")):
         expected_names.add(path.name)
-        nb = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            nb = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ExerciseFormatError(f"{path} is not valid notebook JSON ({exc}); restore it "
+                                      f"(e.g. from git) or open and save it in Jupyter.") from None
         text = render_notebook(exercise_notebook(nb, name=str(path)))
         target = dst / path.name
         if target.exists() and target.read_text(encoding="utf-8") == text:

@@ -28,6 +28,10 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 def _cmd_grade(args: argparse.Namespace) -> int:
     """Grade notebooks; a bad path gives one line on stderr and exit status 2, before any runs."""
     from .grade_notebook import grade_notebook, read_notebook  # only when this subcommand runs
+    if args.cell_timeout <= 0:
+        print(f"python -m course_utils grade: error: --cell-timeout {args.cell_timeout} must be more "
+              f"than 0 seconds per cell; pass e.g. --cell-timeout 600.", file=sys.stderr)
+        return 2
     for notebook in args.notebooks:
         try:
             read_notebook(notebook, argument="NOTEBOOK")
@@ -63,8 +67,15 @@ def _print_and_save(result: Any, json_path: str | None) -> None:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from .benchmark import run_benchmark  # only when this subcommand runs
-    result = run_benchmark(n=args.images, batch_size=args.batch_size, repeats=args.repeats,
+    """Run the benchmark; sizes too small to time give one line on stderr and exit status 2."""
+    from .benchmark import benchmark_sizes, run_benchmark  # only when this subcommand runs
+    try:
+        n, batch_size, repeats = benchmark_sizes(args.images, args.batch_size, args.repeats,
+                                                 names=("--images ", "--batch-size "))
+    except ValueError as exc:
+        print(f"python -m course_utils bench: error: {exc}", file=sys.stderr)
+        return 2
+    result = run_benchmark(n=n, batch_size=batch_size, repeats=repeats,
                            storage=not args.no_storage, progress=not args.no_progress)
     _print_and_save(result, args.json)
     return 0

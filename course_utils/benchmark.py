@@ -61,6 +61,28 @@ class ShippingOnly(Dataset):
 
 TARGETS = {"speedup": 2.0, "cpu_ratio": 0.5, "decode_share": 0.8, "memmap_share": 0.6}
 
+#: Batches per epoch every row needs: one of warm-up, then at least one timed.
+MIN_BATCHES = 2
+
+
+def benchmark_sizes(n: int | None = None, batch_size: int | None = None,
+                    repeats: int | None = None, *, names: tuple[str, str] = ("n=", "batch_size="),
+                    ) -> tuple[int, int, int]:
+    """``(n, batch_size, repeats)`` with the quick/full defaults filled in, checked; ``names``
+    spell the first two in the ValueError (the command line passes its own flags)."""
+    n = check_int("n", pick(full=2000, quick=400) if n is None else n, 1, "run_benchmark")
+    batch_size = check_int("batch_size", pick(full=64, quick=32) if batch_size is None else batch_size,
+                           1, "run_benchmark")
+    repeats = check_int("repeats", pick(full=5, quick=2) if repeats is None else repeats, 1,
+                        "run_benchmark")
+    if n < MIN_BATCHES * batch_size:
+        n_name, batch_name = names
+        raise ValueError(f"{n_name}{n} is too few images for {batch_name}{batch_size}: every loader "
+                         f"needs {MIN_BATCHES} batches (a warm-up, then one timed); pass "
+                         f"{n_name}{MIN_BATCHES * batch_size} or more, or a smaller "
+                         f"{batch_name.strip(' =')}.")
+    return n, batch_size, repeats
+
 
 @dataclass
 class BenchmarkResult:
@@ -168,11 +190,7 @@ def run_benchmark(*, n: int | None = None, batch_size: int | None = None,
                   progress: bool = True) -> BenchmarkResult:
     """Measure every row (module docstring) on the course JPEGs written as files, in one run;
     the seed recipe's process-wide settings apply only while it runs."""
-    n = check_int("n", pick(full=2000, quick=400) if n is None else n, 1, "run_benchmark")
-    batch_size = check_int("batch_size", pick(full=64, quick=32) if batch_size is None else batch_size,
-                           1, "run_benchmark")
-    repeats = check_int("repeats", pick(full=5, quick=2) if repeats is None else repeats, 1,
-                        "run_benchmark")
+    n, batch_size, repeats = benchmark_sizes(n, batch_size, repeats)
     base = JpegDataset(n=n, progress=progress)
     folder = write_image_folder(base)
     files = image_files(folder)

@@ -33,13 +33,46 @@ from .machine import usable_cpus
 from .start_methods import start_method
 from .threads import make_worker_init
 
+#: The loop is data-bound when it waited for data more than this fraction of its time.
 DATA_BOUND_FRACTION = 0.10
 #: a worker with more OS threads than this runs thread pools of its own (OpenCV, BLAS, OpenMP)
 POOL_THREADS = 3
+#: the loader alone under this many times the loop's samples/s is "barely faster": decode-bound
+LOADER_ALONE_FACTOR = 1.2
+#: a fix whose step (without the wait) took over this many times the loop's step gets a note
+STEP_SLOWDOWN_FACTOR = 1.5
+
+
+# The clock of time_loop. Tests replace this module attribute with a fake clock.
+_now: Callable[[], float] = time.perf_counter
 
 
 class DiagnoseError(ValueError):
     """Bad input to ``diagnose``: the message is one line that says what to do."""
+
+
+# ---- the rules, each a pure function of measured figures and one threshold above ----
+def verdict(wait_fraction: float) -> str:
+    """``"data-bound"`` when the loop waited more than :data:`DATA_BOUND_FRACTION` of its
+    time, else ``"compute-bound"``."""
+    return "data-bound" if wait_fraction > DATA_BOUND_FRACTION else "compute-bound"
+
+
+def runs_own_pools(worker_threads: list[int]) -> bool:
+    """True when a worker has more than :data:`POOL_THREADS` OS threads."""
+    return bool(worker_threads) and max(worker_threads) > POOL_THREADS
+
+
+def loader_barely_faster(loader_samples_per_s: float, loop_samples_per_s: float) -> bool:
+    """True when the loader alone delivers under :data:`LOADER_ALONE_FACTOR` times the loop's
+    samples/s: loading itself (decode, augment) is the limit, not the step."""
+    return loader_samples_per_s < LOADER_ALONE_FACTOR * loop_samples_per_s
+
+
+def step_slowed(base_step_s: float, fixed_step_s: float) -> bool:
+    """True when a fix made the step itself (no wait) over :data:`STEP_SLOWDOWN_FACTOR` times
+    as long (workers and the step's threads sharing the CPUs)."""
+    return base_step_s > 0 and fixed_step_s > STEP_SLOWDOWN_FACTOR * base_step_s
 
 
 def load_target(target: str) -> Callable[[], Any]:
@@ -51,7 +84,7 @@ def load_target(target: str) -> Callable[[], Any]:
                             f"or mypackage.train:make_loop.")
     path = Path(module_name).expanduser()
     try:
-        if module_name.endswith(".py") or path.exists():
+        if module_name.endswith(".py") or path.is_file():   # a folder is a package, not a file
             if not path.is_file():
                 raise DiagnoseError(f"MODULE {module_name!r}: no such file; pass the path of your "
                                     f"training script, e.g. train.py:make_loop.")
@@ -178,8 +211,21 @@ def _next(it: Any, what: str) -> Any:
     except (StopIteration, KeyboardInterrupt):
         raise
     except Exception as exc:
+        lines, head = str(exc).strip().splitlines(), f"{type(exc).__name__}: "
+        if len(lines) > 2 and lines[0].startswith("Caught "):   # a worker's error, its traceback
+            found = [line[len(head):] for line in lines if line.startswith(head)]
+            raise DiagnoseError(f"the {what} raised {lines[0][7:].rstrip('.')} while loading a "
+                                f"batch: {found[-1] if found else lines[-1].strip()}") from exc
         raise DiagnoseError(f"the {what} raised {type(exc).__name__} while loading a batch: "
                             f"{_first_line(exc)}") from exc
+
+
+def _first_batch(it: Any) -> Any:
+    try:
+        return _next(it, "loader")
+    except StopIteration:
+        raise DiagnoseError("the loader gave no batch (an empty dataset, or fewer samples than "
+                            "one batch with drop_last=True); return a loader with data.") from None
 
 
 def warmup_steps(loader: Any) -> int:
@@ -207,18 +253,18 @@ def time_loop(loader: Any, step: Callable | None, *, max_steps: int, seconds: fl
     wait: list[float] = []
     stepped: list[float] = []
     samples, threads = 0, []
-    t_start = time.perf_counter()
+    t_start = _now()
     it = iter(loader)
     try:
-        batch = _next(it, "loader")
-        arrived = time.perf_counter()
+        batch = _first_batch(it)
+        arrived = _now()
         startup, deadline = arrived - t_start, arrived + seconds
         done = 0
-        while len(stepped) < max_steps and time.perf_counter() < deadline:
+        while len(stepped) < max_steps and _now() < deadline:
             if step is not None:
                 _call_step(step, batch)
                 synchronizer(None)()   # asked each step: the step may be what initialises CUDA
-            t0 = time.perf_counter()
+            t0 = _now()
             counted = done >= warmup
             if counted:
                 stepped.append(t0 - arrived)
@@ -231,7 +277,7 @@ def time_loop(loader: Any, step: Callable | None, *, max_steps: int, seconds: fl
                 _shutdown(it)
                 it = iter(loader)
                 batch = _next(it, "loader")
-            arrived = time.perf_counter()
+            arrived = _now()
             if counted:
                 wait.append(arrived - t0)
             done += 1
@@ -361,7 +407,7 @@ def _fixes(loader: Any, loop: LoopTiming, cuda: bool) -> list[tuple[str, dict]]:
     for more in sorted({max(1, workers * 2), usable} - {workers}):
         if workers < more <= 2 * usable:
             fixes.append((f"num_workers={more}", {"num_workers": more}))
-    if workers and loop.worker_threads and max(loop.worker_threads) > POOL_THREADS:
+    if workers and runs_own_pools(loop.worker_threads):
         fixes.append(("worker_init_fn limits pools to 1", {"worker_init_fn": _Chained(loader.worker_init_fn)}))
     if cuda and not loader.pin_memory:
         fixes.append(("pin_memory=True", {"pin_memory": True}))
@@ -380,9 +426,10 @@ def _suggestion(change: str, loop: LoopTiming, fixed: LoopTiming) -> dict | None
 
 
 def _step_slowdown(change: str, loop: LoopTiming, fixed: LoopTiming) -> str | None:
-    """A note when the step itself (mean seconds, no wait) took over 1.5x as long with the fix."""
+    """A note when the step itself (mean seconds, no wait) was slowed by the fix
+    (:func:`step_slowed`)."""
     base_step, fixed_step = (sum(t.step_s) / max(1, t.steps) for t in (loop, fixed))
-    if not (loop.steps and fixed.steps and base_step > 0 and fixed_step > 1.5 * base_step):
+    if not (loop.steps and fixed.steps and step_slowed(base_step, fixed_step)):
         return None
     return (f"with {change} the step itself took {fixed_step / base_step:.1f}x as long "
             f"({base_step * 1e3:.1f} -> {fixed_step * 1e3:.1f} ms): the workers and the "
@@ -398,27 +445,27 @@ def diagnose(loader: Any, step: Callable, *, budget_s: float = 60.0, max_steps: 
         t_end = time.perf_counter() + budget_s
         loop = time_loop(loader, step, max_steps=max_steps, seconds=0.4 * budget_s,
                          label="your loop", tick=bar.update)
-        first = next(iter(rebuild(loader, num_workers=0))) if isinstance(loader, DataLoader) \
-            else next(iter(loader))
+        first = _first_batch(iter(rebuild(loader, num_workers=0) if isinstance(loader, DataLoader)
+                                  else loader))
         step_alone = time_step_alone(step, first, repeats=min(10, max(3, loop.steps // 4)))
         cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
         alone = time_loop(loader, None, max_steps=max_steps, seconds=0.15 * budget_s,
                           label="loader alone", tick=bar.update)
-        verdict = "data-bound" if loop.wait_fraction > DATA_BOUND_FRACTION else "compute-bound"
+        bound = verdict(loop.wait_fraction)
         causes, notes, suggestions = [], [], []
         if cuda:
             notes.append("CUDA: the device was synchronised around each step, so the wait fraction "
                          "is an upper bound (lesson 08 measures it without forced syncs).")
-        if verdict == "data-bound":
+        if bound == "data-bound":
             workers = getattr(loader, "num_workers", 0)
             if workers < usable_cpus():
                 causes.append(f"too few workers: num_workers={workers} on {usable_cpus()} usable CPUs")
-            if loop.worker_threads and max(loop.worker_threads) > POOL_THREADS:
+            if runs_own_pools(loop.worker_threads):
                 causes.append(f"thread pools inside the workers: {max(loop.worker_threads)} OS threads "
                               f"in a worker (oversubscription, lesson 02)")
             if (reason := _float_per_sample(first)) is not None:
                 causes.append(reason)
-            if alone.samples_per_s < loop.samples_per_s * 1.2:
+            if loader_barely_faster(alone.samples_per_s, loop.samples_per_s):
                 causes.append("the loader alone is barely faster than the loop: decode/augment-bound "
                               "(reduced-size decode, fewer bytes, lessons 01 and 03)")
             if cuda and not getattr(loader, "pin_memory", True):
@@ -443,7 +490,7 @@ def diagnose(loader: Any, step: Callable, *, budget_s: float = 60.0, max_steps: 
                 if (slower := _step_slowdown(change, loop, fixed)) is not None:
                     notes.append(slower)
                 suggestions.append(suggestion)
-        return Diagnosis(target, verdict, loop, step_alone, alone, _method_of(loader), causes,
+        return Diagnosis(target, bound, loop, step_alone, alone, _method_of(loader), causes,
                          suggestions, notes)
     finally:
         bar.close()

@@ -14,10 +14,15 @@ import numpy as np
 from .checks import check_int
 from .machine import machine_summary
 
-__all__ = ["NOISY_IQR_FRACTION", "METRICS", "Measurement", "Comparison", "compare"]
+__all__ = ["NOISY_IQR_FRACTION", "MIN_REPEATS", "SHORT_REPEAT_S", "METRICS", "Measurement",
+           "Comparison", "compare"]
 
 #: A measurement is called noisy when its IQR is more than this fraction of its median.
 NOISY_IQR_FRACTION = 0.10
+#: Fewer repeats than this get a "few repeats" warning (a median and IQR need three).
+MIN_REPEATS = 3
+#: A median repeat shorter than this (seconds) gets a "short repeats" warning.
+SHORT_REPEAT_S = 1e-3
 
 #: Metrics that :meth:`Measurement.metric`, :meth:`Comparison.ratio` and the plots understand.
 METRICS = ("samples_per_s", "median_s", "cpu_s_per_sample", "involuntary_ctx_switches",
@@ -112,9 +117,10 @@ class Measurement:
         if median > 0 and (q75 - q25) / median > NOISY_IQR_FRACTION:
             notes.append(f"noisy: IQR is {100 * (q75 - q25) / median:.0f}% of the median "
                          f"(more repeats, a quieter machine, or longer repeats help)")
-        if len(times) < 3:
-            notes.append(f"few repeats: {len(times)} (use 3 or more for a meaningful median and IQR)")
-        if median < 1e-3:
+        if len(times) < MIN_REPEATS:
+            notes.append(f"few repeats: {len(times)} (use {MIN_REPEATS} or more for a meaningful "
+                         f"median and IQR)")
+        if median < SHORT_REPEAT_S:
             notes.append(f"short repeats: the median repeat is {_fmt_time(median)}; timer and "
                          f"call overhead matter at this scale, time more work per repeat")
         return cls(label=str(label), times_s=times, items_per_repeat=int(items_per_repeat),
@@ -174,7 +180,7 @@ class Measurement:
     # -- derived -----------------------------------------------------------------------
     @property
     def noisy(self) -> bool:
-        """True when the IQR is more than 10 % of the median."""
+        """True when the IQR is more than :data:`NOISY_IQR_FRACTION` of the median."""
         return self.median_s > 0 and self.iqr_s / self.median_s > NOISY_IQR_FRACTION
 
     @property

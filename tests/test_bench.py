@@ -1,12 +1,12 @@
 """Tests for course_utils.bench: structure, arithmetic and bad input — never speed claims.
 
-Timing assertions are only safe lower bounds (a 10 ms sleep takes at least 10 ms) or loose
-cross-checks between two timers measuring the same thing in the same run.
+The arithmetic is pinned with a fake clock (and a fake CPU monitor) on hand-computed, asymmetric
+cases; real timings are only checked against bounds no busy machine can break (a 10 ms sleep
+takes at least 10 ms; CPU time cannot exceed wall time x processes).
 """
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from collections import namedtuple
 from types import SimpleNamespace
@@ -18,7 +18,8 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from course_utils import bench
 from course_utils.bench import DataWait, batch_size_of, measure, measure_data_wait, measure_loader
-from course_utils.measurement import Comparison, Measurement, compare
+from course_utils.measurement import (MIN_REPEATS, NOISY_IQR_FRACTION, SHORT_REPEAT_S, Comparison,
+                                      Measurement, compare)
 from course_utils.plots import plot_measurements
 
 from _helpers import TinyDataset
@@ -87,6 +88,59 @@ class FakeClock:
         self.t += self.durations.pop(0) if self.durations else 0.0
 
 
+class FakeMonitor:
+    """Replaces bench.TreeMonitor: window ``i`` reads ``windows[i]`` = (CPU seconds, context
+    switches) of the whole tree; no memory is sampled."""
+
+    def __init__(self, windows) -> None:
+        self.windows = list(windows)
+
+    def list_tree(self) -> list:
+        return []
+
+    def start(self, procs=None) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def snapshot(self, fresh: bool = False) -> dict:
+        return {}
+
+    def window(self, before, after):
+        return self.windows.pop(0)
+
+    def peaks(self):
+        return None, None
+
+
+class PlannedEpochs:
+    """A loader (no len) whose epoch ``r`` yields the batches ``epochs[r]`` plans, as
+    (samples, seconds): pulling a batch advances ``clock`` by its seconds."""
+
+    def __init__(self, clock: FakeClock, epochs) -> None:
+        self.clock, self.epochs = clock, [list(e) for e in epochs]
+
+    def __iter__(self):
+        for samples, seconds in self.epochs.pop(0):
+            self.clock.t += seconds
+            yield torch.zeros(samples, 2)
+
+
+class ClockDataset(Dataset):
+    """Item ``i`` advances ``clock`` by ``(i + 1)`` ms when fetched (in this process)."""
+
+    def __init__(self, n: int, clock: FakeClock) -> None:
+        self.n, self.clock = n, clock
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        self.clock.t += (i + 1) * 1e-3
+        return torch.zeros(2), i
+
+
 # ---------------------------------------------------------------------------------------
 # Measurement arithmetic
 # ---------------------------------------------------------------------------------------
@@ -121,6 +175,95 @@ def test_from_times_quiet_and_warnings():
         Measurement.from_times("x", [], 1, machine="m")
     with pytest.raises(ValueError, match="items_per_repeat"):
         Measurement.from_times("x", [0.1], 0, machine="m")
+
+
+def test_from_times_on_asymmetric_times_uses_the_median_and_numpy_quartiles():
+    # sorted 0.1, 0.2, 0.3, 0.9: median 0.25 (the mean would be 0.375)
+    m = Measurement.from_times("asym", [0.3, 0.9, 0.1, 0.2], 50, machine="m")
+    assert m.median_s == pytest.approx(0.25)
+    # numpy's linear percentiles: 25th at position 0.75 -> 0.1 + 0.75 x 0.1,
+    # 75th at position 2.25 -> 0.3 + 0.25 x 0.6
+    assert m.quartiles_s == pytest.approx((0.175, 0.45))
+    assert m.iqr_s == pytest.approx(0.45 - 0.175)
+    assert m.samples_per_s == pytest.approx(50 / 0.25)
+    # odd count, skewed by one slow repeat: median 2 (mean 4.33), quartiles 1.5 and 6
+    m = Measurement.from_times("skew", [2.0, 10.0, 1.0], 8, machine="m")
+    assert (m.median_s, m.iqr_s, m.samples_per_s) == pytest.approx((2.0, 4.5, 4.0))
+
+
+@pytest.mark.parametrize("scale, noisy", [(0.99, False), (1.01, True)])
+def test_noisy_warning_starts_just_above_the_threshold(scale, noisy):
+    # five repeats: numpy's quartiles are the 2nd and 4th times exactly; median 1.0
+    iqr = NOISY_IQR_FRACTION * scale
+    times = [0.5, 1.0 - 0.3 * iqr, 1.0, 1.0 + 0.7 * iqr, 3.0]
+    m = Measurement.from_times("n", times, 10, machine="m")
+    assert m.median_s == 1.0 and m.iqr_s == pytest.approx(iqr)
+    assert m.noisy is noisy
+    assert any(w.startswith("noisy:") for w in m.warnings) is noisy
+    assert (" *" in str(compare([m]))) is noisy
+
+
+@pytest.mark.parametrize("repeats, warned", [(MIN_REPEATS - 1, True), (MIN_REPEATS, False)])
+def test_few_repeats_warning(repeats, warned):
+    m = Measurement.from_times("r", [0.2] * repeats, 10, machine="m")
+    assert [w.startswith("few repeats:") for w in m.warnings] == ([True] if warned else [])
+
+
+@pytest.mark.parametrize("scale, warned", [(0.99, True), (1.01, False)])
+def test_short_repeats_warning_below_the_threshold(scale, warned):
+    m = Measurement.from_times("s", [SHORT_REPEAT_S * scale] * 3, 1, machine="m")
+    assert [w.startswith("short repeats:") for w in m.warnings] == ([True] if warned else [])
+
+
+def test_measure_cpu_per_sample_is_the_cpu_total_over_every_sample(monkeypatch):
+    clock = FakeClock([0.0, 0.2, 0.6])                  # warm-up, then two repeats
+    monkeypatch.setattr(bench, "_now", clock)
+    monkeypatch.setattr(bench, "TreeMonitor", lambda: FakeMonitor([(0.2, 1), (0.6, 4)]))
+    m = measure(clock.work, items=5, warmup=1, repeats=2)
+    assert m.times_s == pytest.approx([0.2, 0.6])
+    assert m.cpu_s_per_sample == pytest.approx((0.2 + 0.6) / (5 * 2))
+    assert m.involuntary_ctx_switches == 5
+
+
+def test_measure_loader_scales_uneven_repeats_and_divides_cpu_by_every_sample(monkeypatch):
+    """Three repeats of 4, 6 and 4 samples (a partial batch in the last), fake clock and CPU."""
+    clock = FakeClock([])
+    monkeypatch.setattr(bench, "_now", clock)
+    monkeypatch.setattr(bench, "TreeMonitor", lambda: FakeMonitor([(0.3, 2), (0.5, 3), (0.6, 4)]))
+    loader = PlannedEpochs(clock, [[(2, 0.1), (2, 0.3)],             # 4 samples in 0.4 s
+                                   [(2, 0.2), (2, 0.3), (2, 0.4)],   # 6 samples in 0.9 s
+                                   [(3, 0.3), (1, 0.4)]])            # 4 samples in 0.7 s
+    m = measure_loader(loader, warmup_batches=0, repeats=3, progress=False)
+    assert m.items_per_repeat == 4                       # the first repeat's count
+    assert m.times_s == pytest.approx([0.4, 0.9 * 4 / 6, 0.7])   # scaled to 4 samples
+    assert m.median_s == pytest.approx(0.6)              # unscaled, the median would be 0.7
+    assert m.samples_per_s == pytest.approx(4 / 0.6)
+    assert m.cpu_s_per_sample == pytest.approx((0.3 + 0.5 + 0.6) / (4 + 6 + 4))
+    assert m.involuntary_ctx_switches == 2 + 3 + 4
+    assert any("different numbers of samples ([4, 6, 4])" in w for w in m.warnings)
+
+
+def test_measure_data_wait_fraction_is_total_wait_over_total_loop_time(monkeypatch):
+    """Per step (fake seconds): wait 0.1, 0.3, 0.2 and compute 0.5, 0.1, 0.8, after a warm-up
+    step of 5 s + 5 s that must not count: 0.6 s of 2.0 s waited."""
+    clock = FakeClock([])
+    monkeypatch.setattr(bench, "_now", clock)
+    waits, computes = [5.0, 0.1, 0.3, 0.2], [5.0, 0.5, 0.1, 0.8]
+
+    class Loader:
+        def __iter__(self):
+            for seconds in waits:
+                clock.t += seconds
+                yield torch.zeros(1)
+
+    def step(batch) -> None:
+        clock.t += computes.pop(0)
+
+    w = measure_data_wait(Loader(), step, steps=3, warmup_steps=1)
+    assert w.wait_s == pytest.approx([0.1, 0.3, 0.2])
+    assert w.step_s == pytest.approx([0.6, 0.4, 1.0])     # the wait is part of the step
+    assert w.wait_fraction == pytest.approx(0.6 / 2.0)    # not the mean of per-step fractions
+    assert (w.median_wait_s, w.median_step_s) == pytest.approx((0.2, 0.6))
 
 
 def test_measure_real_sleep_lower_bound_and_fields():
@@ -320,6 +463,11 @@ def test_cpu_time_includes_the_workers():
     assert m.settings["prefetch_factor"] == 2
     assert m.cpu_s_per_sample is not None
     assert m.cpu_s_per_sample >= 0.010  # only possible if the workers' CPU time is counted
+    # ...and at most what the main process and 2 workers could burn in the timed windows
+    # (every repeat timed the same samples; 1.25: CPU clock ticks and the last snapshot)
+    assert not any("different numbers" in w for w in m.warnings)
+    cpu_total = m.cpu_s_per_sample * m.items_per_repeat * m.repeats
+    assert cpu_total <= sum(m.times_s) * (2 + 1) * 1.25
     if m.peak_uss_bytes is not None:
         assert m.peak_uss_bytes > 0
     if m.peak_pss_bytes is not None:
@@ -336,24 +484,17 @@ def test_default_warm_up_covers_every_batch_in_flight():
     assert bench._warmup_for(SimpleNamespace(num_workers=5), 1) == 1
 
 
-def test_measure_loader_agrees_with_an_independent_timer():
-    """Cross-check: a plain perf_counter loop over the same loader, same warm-up."""
-    loader = DataLoader(SleepDataset(40, latency_s=0.004), batch_size=4)  # 10 batches
+def test_measure_loader_times_exactly_the_batches_after_warm_up(monkeypatch):
+    """A fake clock advanced by each item (item i: i + 1 ms): each repeat's time is the sum
+    over the timed items, the warm-up batch (items 0-3) left out, nothing else in the window."""
+    clock = FakeClock([])
+    monkeypatch.setattr(bench, "_now", clock)
+    loader = DataLoader(ClockDataset(40, clock), batch_size=4)      # 10 batches
     m = measure_loader(loader, warmup_batches=1, repeats=3, progress=False)
-
-    rates = []
-    for _ in range(3):
-        it = iter(loader)
-        next(it)  # the same single warm-up batch, untimed
-        samples = 0
-        t0 = time.perf_counter()
-        for images, labels in it:
-            samples += len(labels)
-        rates.append(samples / (time.perf_counter() - t0))
-        del it
-    independent = statistics.median(rates)
+    timed_s = sum(range(5, 41)) * 1e-3                  # items 4..39 cost 5..40 ms
     assert m.items_per_repeat == 36
-    assert 0.5 < m.samples_per_s / independent < 2.0
+    assert m.times_s == pytest.approx([timed_s] * 3)
+    assert m.samples_per_s == pytest.approx(36 / timed_s)
 
 
 # ---------------------------------------------------------------------------------------

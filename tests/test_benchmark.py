@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
 from course_utils.__main__ import main
 from course_utils.benchmark import (COLD, DECODE_ONLY, IMAGENET, MEMMAP, RAM_BYTES, RAM_GATHER,
-                                    SEED, SHIPPING, TUNED, BenchmarkResult, run_benchmark)
+                                    SEED, SHIPPING, TARGETS, TUNED, BenchmarkResult, run_benchmark)
 from course_utils.measurement import Measurement, compare
 
 
@@ -18,10 +19,18 @@ def test_benchmark_measures_every_row_side_by_side(tmp_path, capsys):
     storage = [m.label for m in result.storage.rows]
     assert storage[:2] == [RAM_BYTES, TUNED] and storage[-2:] == [MEMMAP, RAM_GATHER]
     assert (COLD in storage) == ("dropped" in result.cold_cache)
-    assert result.speedup > 0 and result.decode_share > 0 and result.memmap_share > 0
-    # CPU time comes in 10 ms ticks: a run this small can read 0 s for one side, so only the
-    # ratio's type and sign are checked; bench measures it for real
-    assert isinstance(result.cpu_ratio, float) and not result.cpu_ratio < 0
+    # every ratio is the one it names, from the same rows (an inverted ratio fails)
+    rate = {m.label: m.samples_per_s for m in result.loaders.rows + result.storage.rows}
+    assert result.speedup == pytest.approx(rate[TUNED] / rate[IMAGENET])
+    assert result.decode_share == pytest.approx(rate[TUNED] / rate[DECODE_ONLY])
+    assert result.memmap_share == pytest.approx(rate[MEMMAP] / rate[RAM_GATHER])
+    # CPU time comes in 10 ms ticks: a run this small can read 0 s for the recipe, and then
+    # the ratio is inf (or nan for 0 / 0), never a number
+    cpu = {m.label: m.cpu_s_per_sample for m in result.loaders.rows}
+    if cpu[IMAGENET] > 0:
+        assert result.cpu_ratio == pytest.approx(cpu[TUNED] / cpu[IMAGENET])
+    else:
+        assert result.cpu_ratio == math.inf if cpu[TUNED] > 0 else math.isnan(result.cpu_ratio)
     assert result.shipping_share is None or result.shipping_share > 0
     assert (result.shipping_share is None) == ("sending its pixels alone" not in str(result))
     text = str(result)
@@ -32,11 +41,39 @@ def test_benchmark_measures_every_row_side_by_side(tmp_path, capsys):
                  "--no-progress", "--json", str(out)]) == 0
     saved = json.loads(out.read_text())
     assert saved["loaders"] and saved["storage"] is None and saved["memmap_share"] is None
+    saved_rate = {m["label"]: m["samples_per_s"] for m in saved["loaders"]["rows"]}
+    assert saved["speedup"] == pytest.approx(saved_rate[TUNED] / saved_rate[IMAGENET])
     assert "tuned / ImageNet recipe" in capsys.readouterr().out
 
 
-def _row(label: str, cpu_s: float | None) -> Measurement:
-    return Measurement.from_times(label, [0.1], 64, cpu_s_per_sample=cpu_s)
+def _row(label: str, cpu_s: float | None, seconds: float = 0.1) -> Measurement:
+    return Measurement.from_times(label, [seconds], 64, cpu_s_per_sample=cpu_s, machine="m")
+
+
+def test_every_ratio_and_target_by_hand():
+    """64 samples per repeat: ImageNet 0.8 s (80/s), tuned 0.25 s (256/s), decode only 0.16 s
+    (400/s); storage: memmap 0.5 s (128/s) against a RAM gather of 0.4 s (160/s)."""
+    loaders = compare([_row(SEED, 5e-3, 1.6), _row(IMAGENET, 4e-3, 0.8), _row(TUNED, 1e-3, 0.25),
+                       _row(DECODE_ONLY, 8e-4, 0.16), _row(SHIPPING, 3e-4, 0.1)], baseline=IMAGENET)
+    storage = compare([_row(RAM_BYTES, 1e-3, 0.3), _row(TUNED, 1e-3, 0.25),
+                       _row(MEMMAP, 1e-3, 0.5), _row(RAM_GATHER, 1e-3, 0.4)], baseline=RAM_BYTES)
+    result = BenchmarkResult(loaders, storage, "m", "d", "f", "c")
+    assert result.speedup == pytest.approx(256 / 80)              # 3.2: met (>= 2)
+    assert result.cpu_ratio == pytest.approx(1e-3 / 4e-3)         # 0.25: met (<= 0.5)
+    assert result.decode_share == pytest.approx(256 / 400)        # 0.64: NOT met (>= 0.8)
+    assert result.memmap_share == pytest.approx(128 / 160)        # 0.8: met (>= 0.6)
+    assert result.shipping_share == pytest.approx(3e-4 / 1e-3)
+    checks = {what: (value, met) for what, value, _, _, met in result.checks()}
+    assert checks == {
+        "samples/s, tuned / ImageNet recipe": (result.speedup, result.speedup >= TARGETS["speedup"]),
+        "CPU-s/sample, tuned / ImageNet recipe": (result.cpu_ratio,
+                                                  result.cpu_ratio <= TARGETS["cpu_ratio"]),
+        "samples/s, tuned / decode only": (result.decode_share,
+                                           result.decode_share >= TARGETS["decode_share"]),
+        "samples/s, memmap / RAM gather": (result.memmap_share,
+                                           result.memmap_share >= TARGETS["memmap_share"])}
+    assert [met for *_, met in result.checks()] == [True, True, False, True]
+    assert "samples/s, tuned / ImageNet recipe: 3.20x (target >= 2.0x: met)" in str(result)
 
 
 @pytest.mark.parametrize("shipping_cpu, share", [(2e-4, 0.2), (0.0, None), (None, None)])

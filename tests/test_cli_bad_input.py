@@ -1,6 +1,7 @@
-"""Bad input on the command line: `grade` on paths that are not notebooks, `tune` on folders with
-damaged images. One line on stderr naming the argument, exit status 2, never a traceback; damaged
-images are skipped (and reported) as long as enough remain."""
+"""Bad input on the command line: `grade` on paths that are not notebooks or a cell timeout of 0,
+`bench` on too few images, `tune` on folders with damaged images. One line on stderr naming the
+argument, exit status 2, never a traceback; damaged images are skipped (and reported) as long as
+enough remain."""
 from __future__ import annotations
 
 import subprocess
@@ -14,6 +15,7 @@ import torch
 
 from course_utils import tune_loader
 from course_utils.__main__ import main
+from course_utils.benchmark import MIN_BATCHES
 from course_utils.image_folder import ImageFolderDataset, image_damage
 from course_utils.tuning import MIN_FOLDER_IMAGES
 
@@ -82,6 +84,31 @@ def test_grade_checks_every_path_before_running_any(tmp_path, capsys):
     assert main(["grade", str(good), str(tmp_path / "missing.ipynb")]) == 2
     out = capsys.readouterr()
     assert out.out == "" and "missing.ipynb" in out.err
+
+
+@pytest.mark.parametrize("value", ["0", "-5"])
+def test_grade_cell_timeout_must_be_more_than_0(value, capsys):
+    good = ROOT / "exercises" / "00_measure_first.ipynb"
+    assert main(["grade", str(good), "--cell-timeout", value]) == 2
+    out = capsys.readouterr()
+    _one_line_error(out.err, f"--cell-timeout {value}", "more than 0", "pass e.g.")
+    assert out.out == ""                                 # nothing was run
+
+
+# ---- bench ----------------------------------------------------------------------------------
+
+def test_bench_too_few_images_is_one_line_exit_2(capsys):
+    assert main(["bench", "--images", "10", "--no-progress"]) == 2      # the default batch size
+    out = capsys.readouterr()
+    _one_line_error(out.err, "--images 10 is too few images for --batch-size",
+                    f"{MIN_BATCHES} batches", "pass --images")
+    assert out.out == ""                                 # nothing was written or measured
+
+
+def test_bench_names_the_smallest_size_that_works(capsys):
+    assert main(["bench", "--images", str(MIN_BATCHES * 8 - 1), "--batch-size", "8"]) == 2
+    _one_line_error(capsys.readouterr().err, f"--images {MIN_BATCHES * 8 - 1} is too few",
+                    f"--batch-size 8", f"pass --images {MIN_BATCHES * 8} or more")
 
 
 # ---- ImageFolderDataset ---------------------------------------------------------------------

@@ -87,3 +87,35 @@ def test_cli_check_reports_up_to_date(capsys):
     assert main(["make-exercises", "--check", "--solutions", str(ROOT / "solutions"),
                  "--exercises", str(ROOT / "exercises")]) == 0
     assert "up to date" in capsys.readouterr().out
+
+
+def _one_line_error(err: str, *words: str) -> None:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("python -m course_authoring make-exercises: error: "), err
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+
+
+def test_cli_bad_folders_are_one_line_exit_2(tmp_path, capsys):
+    missing = str(tmp_path / "nonexistent")
+    assert main(["make-exercises", "--solutions", missing]) == 2
+    _one_line_error(capsys.readouterr().err, f"--solutions {missing!r} is not a folder")
+    (tmp_path / "solutions").mkdir()
+    (tmp_path / "a_file").write_text("not a folder")
+    assert main(["make-exercises", "--solutions", str(tmp_path / "solutions"),
+                 "--exercises", str(tmp_path / "a_file")]) == 2
+    _one_line_error(capsys.readouterr().err, "--exercises", "is not a folder")
+
+
+@pytest.mark.parametrize("text, words", [
+    ('{"cells": [', ["is not valid notebook JSON", "bad.ipynb"]),
+    (json.dumps(_nb(f"{BEGIN}\nx = 1\n")), ["bad.ipynb cell 0, line 1", "never closed"]),
+])
+def test_cli_malformed_solution_is_one_line_exit_2(tmp_path, capsys, text, words):
+    (tmp_path / "solutions").mkdir()
+    (tmp_path / "solutions" / "bad.ipynb").write_text(text)
+    assert main(["make-exercises", "--solutions", str(tmp_path / "solutions"),
+                 "--exercises", str(tmp_path / "exercises")]) == 2
+    _one_line_error(capsys.readouterr().err, *words)
+    assert not (tmp_path / "exercises").exists()

@@ -5,14 +5,17 @@ import functools
 import multiprocessing
 import os
 
+import types
+
 import numpy as np
 import pytest
 import torch
 from torch.utils.data import Dataset
 
+import course_utils.graders.ex03_scaling as G
 from course_utils.graders.ex03_scaling import acceptable, shuffled, synthetic_curves
 from course_utils.grading import CheckResult, ExerciseFailed, check, exercise_ids
-from course_utils.lessons.l03_memory import RecordArrayDataset
+from course_utils.lessons.l03_memory import RecordArrayDataset, make_records
 from course_utils.scaling import describe_curve, find_knee
 
 pytestmark = pytest.mark.timeout(180)
@@ -176,6 +179,80 @@ def test_choose_workers_the_course_helper_is_refused(answer, name):
         check("03.choose_workers", answer, measure_real_curve=False)
 
 
+# ---- 03.choose_workers: the accepted window, on made-up curves ---------------------------------
+
+JUST = 1.01   # "just inside / just outside" a threshold, as a factor
+BEST = 1000.0
+
+
+def made_up(truth):
+    return {"name": "made up", "story": "", "workers": list(range(len(truth))),
+            "truth": list(truth), "measured": list(truth)}
+
+
+def test_choose_workers_window_worked_example():
+    # 840 is under 85 % of the best, 860 over; 971 is the first within 97 %; one count more
+    truth = [100, 300, 600, 840, 860, 971, 990, 1000, 1000]
+    assert acceptable(range(9), truth) == [4, 5, 6]
+
+
+def saturating_at_4(first_saturated_rate=G.SATURATED_FRACTION * BEST * JUST):
+    """Workers 0..8, saturating at 4 workers unless ``first_saturated_rate`` is too low; 5 and
+    more are within SATURATED_FRACTION of the best."""
+    return made_up([100, 300, 600, 800, first_saturated_rate, 985, 990, 995, BEST])
+
+
+def test_choose_workers_just_inside_the_window_past_saturation_passes():
+    G.judge_choice(saturating_at_4(), 4 + G.STEPS_PAST_SATURATED, "made-up")
+
+
+def test_choose_workers_just_outside_the_window_past_saturation_fails():
+    with pytest.raises(ExerciseFailed, match="more workers than needed.*4 workers already"):
+        G.judge_choice(saturating_at_4(), 4 + G.STEPS_PAST_SATURATED + 1, "made-up")
+
+
+@pytest.mark.parametrize("rate_at_4, first_saturated", [
+    (G.SATURATED_FRACTION * BEST * JUST, 4), (G.SATURATED_FRACTION * BEST / JUST, 5)],
+    ids=["just-saturated", "just-short"])
+def test_choose_workers_window_ends_past_the_first_saturated_count(rate_at_4, first_saturated):
+    curve = saturating_at_4(rate_at_4)
+    assert max(acceptable(curve["workers"], curve["truth"])) == \
+        first_saturated + G.STEPS_PAST_SATURATED
+
+
+def rising_to(rate_at_2):
+    """Workers 0..5, rate_at_2 at 2 workers, saturating at 4."""
+    return made_up([100, 500, rate_at_2, 900, BEST, BEST])
+
+
+def test_choose_workers_just_enough_of_the_best_rate_passes():
+    G.judge_choice(rising_to(G.ENOUGH_FRACTION * BEST * JUST), 2, "made-up")
+
+
+def test_choose_workers_just_short_of_enough_is_too_few():
+    curve = rising_to(G.ENOUGH_FRACTION * BEST / JUST)
+    with pytest.raises(ExerciseFailed, match="too few workers") as info:
+        G.judge_choice(curve, 2, "made-up")
+    assert f"reach only {G.ENOUGH_FRACTION / JUST:.0%} of the best" in info.value.problem
+    assert info.value.expected == f"one of {acceptable(curve['workers'], curve['truth'])}"
+    assert "within about 10 %" in info.value.hint
+
+
+def test_choose_workers_past_the_peak_just_short_of_enough_is_too_many():
+    peak = made_up([100, 600, BEST, 900, G.ENOUGH_FRACTION * BEST / JUST])
+    with pytest.raises(ExerciseFailed, match="too many workers.*past the peak"):
+        G.judge_choice(peak, 4, "made-up")
+
+
+def test_choose_workers_the_measured_curve_saturates_at_its_own_fraction():
+    curve = saturating_at_4(G.MEASURED_SATURATED_FRACTION * BEST * JUST)
+    measured = functools.partial(G.judge_choice, saturated=G.MEASURED_SATURATED_FRACTION)
+    measured(curve, 4 + G.STEPS_PAST_SATURATED, "measured")
+    with pytest.raises(ExerciseFailed, match="more workers than needed"):
+        measured(curve, 4 + G.STEPS_PAST_SATURATED + 1, "measured")
+    G.judge_choice(curve, 4 + G.STEPS_PAST_SATURATED + 1, "synthetic")  # 5 saturate at 97 %
+
+
 # ---- 03.copy_on_read ---------------------------------------------------------------------------
 
 class Packed(Dataset):
@@ -296,8 +373,8 @@ def test_copy_on_read_right_answers_pass(answer):
     assert "PASSED 03.copy_on_read" in str(result)
     if HAS_FORK:
         assert "forked workers" in str(result)
-        assert max(result.details["answer_growth_bytes"]) < \
-            0.25 * np.mean(result.details["list_growth_bytes"])
+        assert max(result.details["answer_growth_bytes"]) <= \
+            G.GROWTH_FRACTION * np.mean(result.details["list_growth_bytes"])
 
 
 @pytest.mark.parametrize("answer, message", [
@@ -365,3 +442,75 @@ def test_copy_on_read_a_returned_course_dataset_is_refused_however_it_was_made()
     with pytest.raises(ExerciseFailed, match="(?s)course's own `RecordArrayDataset`.*"
                                              "instance of it"):
         check("03.copy_on_read", by_getattr, n_records=2_000)
+
+
+# ---- 03.copy_on_read: the decision on measured memory, with made-up figures --------------------
+
+MB = 1e6
+LIST_GROWTH = [13.1 * MB, 13.1 * MB]    # the list of dicts, measured on a 2-core machine
+
+
+@pytest.mark.parametrize("answer_growth, verdict", [
+    ([0.97 * MB, 0.97 * MB], "pass"),     # packed arrays, measured there
+    ([3.45 * MB, 3.45 * MB], "fail"),     # packed, but the paths left in a list of str
+    (LIST_GROWTH, "fail"),
+], ids=["packed", "paths-in-a-list", "the-list-itself"])
+def test_growth_verdict_on_measured_figures(answer_growth, verdict):
+    assert G.growth_verdict(LIST_GROWTH, answer_growth) == verdict
+
+
+@pytest.mark.parametrize("answer_growth, verdict", [
+    ([1 / JUST, 1 / JUST], "pass"),
+    ([1 / JUST, JUST], "fail"),           # one worker over the limit is enough to fail
+], ids=["both-just-under", "one-just-over"])
+def test_growth_verdict_at_the_limit(answer_growth, verdict):
+    limit = G.GROWTH_FRACTION * np.mean(LIST_GROWTH)
+    assert G.growth_verdict(LIST_GROWTH, [g * limit for g in answer_growth]) == verdict
+
+
+def test_growth_verdict_too_little_list_growth_to_compare():
+    small = [G.MIN_LIST_GROWTH_BYTES / JUST] * 2
+    assert G.growth_verdict(small, small) == "too little to compare"
+    enough = [G.MIN_LIST_GROWTH_BYTES * JUST] * 2
+    assert G.growth_verdict(enough, enough) == "fail"
+    assert G.growth_verdict(enough, [0.0, 0.0]) == "pass"
+
+
+@pytest.mark.parametrize("count, found", [(99, False), (100, True)])
+def test_object_holders_threshold_is_a_fraction_of_the_records(count, found):
+    n = round(100 / G.OBJECTS_FRACTION)       # so the threshold is 100 objects
+    dataset = types.SimpleNamespace(labels=np.zeros(n), classes=[str(i) for i in range(count)])
+    assert bool(G.object_holders(dataset, n)) == found
+
+
+class HalfFixed(Packed):
+    """Labels, boxes and paths packed, but __getitem__ reads the paths from a list of str held
+    behind a bound method, where the scan for Python objects cannot see it."""
+
+    def __init__(self, records):
+        super().__init__(records)
+        self.path_of = [r["path"] for r in records].__getitem__
+
+    def __getitem__(self, i):
+        box, label, _ = super().__getitem__(i)
+        return box, label, self.path_of(i)
+
+
+@pytest.mark.skipif(not HAS_FORK, reason="copy-on-read is measured under fork only")
+def test_copy_on_read_half_fixed_dataset_fails_on_its_memory_growth():
+    with pytest.raises(ExerciseFailed) as info:
+        check("03.copy_on_read", HalfFixed)
+    err = info.value
+    assert "still copies memory into every worker" in err.problem, str(err)
+    assert f"{G.GROWTH_FRACTION:.0%} of the list version's growth" in err.expected
+
+
+def test_the_course_packed_dataset_keeps_no_python_object_per_record():
+    records = make_records(2_000, seed=0)
+    dataset = RecordArrayDataset(records)
+    storage = {name: type(value).__name__ if not isinstance(value, np.ndarray) else value.dtype
+               for name, value in vars(dataset).items()}
+    assert storage and all(isinstance(v, np.dtype) and v != object for v in storage.values()), \
+        f"RecordArrayDataset should keep only NumPy arrays of numbers or bytes; it keeps {storage}"
+    assert G.object_holders(dataset, len(records)) == []
+    assert [dataset[i][2] for i in (0, 1999)] == [records[0]["path"], records[1999]["path"]]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import time
 import types
+from pathlib import Path
 
 import cv2
 import pytest
@@ -11,6 +12,7 @@ import threadpoolctl
 
 import course_utils.threads as course_threads
 from course_utils import make_worker_init, measure_loader, thread_pools
+from course_utils.grade_notebook import grade_notebook
 from course_utils.grading import (CheckResult, ExerciseFailed, check, exercise_ids,
                                   refuse_course_helper)
 from course_utils.measurement import Measurement
@@ -266,3 +268,25 @@ def test_refuse_course_helper_knows_a_copy_of_a_helper_left_in_another_course_mo
 
     with pytest.raises(ExerciseFailed, match="course's own `make_worker_init`"):
         refuse_course_helper("02.worker_init", wraps_the_copy, LIMITERS, write="x")
+
+
+# ---- grading a whole notebook: a solved one passes, its exercise version does not ----------------
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK_00 = "00_measure_first.ipynb"   # the cheapest to run: one short, timed check
+
+
+@pytest.mark.timeout(180)
+def test_grade_notebook_passes_a_solved_notebook():
+    grade = grade_notebook(ROOT / "solutions" / NOTEBOOK_00, cell_timeout=120)
+    assert grade.passed, str(grade)
+    assert [(e.exercise, e.passed) for e in grade.exercises] == [("00.time_loader", True)]
+    assert not grade.other_failures and "1 of 1 exercises pass" in str(grade), str(grade)
+
+
+@pytest.mark.timeout(180)
+def test_grade_notebook_fails_the_same_notebook_as_an_exercise():
+    grade = grade_notebook(ROOT / "exercises" / NOTEBOOK_00, cell_timeout=120)
+    assert not grade.passed and not grade.other_failures, str(grade)
+    assert [(e.exercise, e.passed) for e in grade.exercises] == [("00.time_loader", False)]
+    assert "not done yet" in grade.exercises[0].message and "not done yet" in str(grade)

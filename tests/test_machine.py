@@ -12,6 +12,8 @@ import re
 import pytest
 import torch
 
+from course_utils.__main__ import main
+
 from course_utils.machine import (
     AcceleratorInfo,
     CpuInfo,
@@ -147,6 +149,21 @@ def test_doctor_report_structure(report):
     json.dumps(data)  # plain data only
     assert data["cpu"]["usable"] == report.cpu.usable
     assert data["pools"]["torch_intra"] == report.pools.torch_intra
+
+
+def test_doctor_command_prints_the_report(capsys):
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr()
+    assert out.err == ""
+    usable = re.findall(r"^  usable +(\d+)$", out.out, flags=re.MULTILINE)
+    assert usable == [str(usable_cpus())], out.out
+
+
+def test_doctor_json_is_valid_json(capsys):
+    assert main(["doctor", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["cpu"]["usable"] == usable_cpus()
+    assert set(data) >= {"cpu", "pools", "accelerator", "advice"}
 
 
 def test_doctor_render_is_for_a_person(report):

@@ -96,17 +96,46 @@ def test_the_folder_ships_a_readme_and_only_json_files():
     assert not others, f"only JSON files and the README belong in {REFERENCE_DIR}: {others}"
 
 
-def test_every_shipped_reference_was_measured_on_a_cuda_gpu():
-    # passes trivially while none has been measured yet
-    for name in available_references():
-        doc = load_reference(name)
-        assert doc is not None and doc["name"] == name
+def not_measured_on_a_cuda_gpu(directory=None) -> list[str]:
+    """Why each reference in ``directory`` (default: the shipped folder) is not a CUDA GPU's
+    result, one line per problem; empty when every one is."""
+    problems = []
+    for name in available_references(directory):
+        doc = load_reference(name, directory)
         machine = doc["machine"]
-        assert machine.get("accelerator") == "cuda" and machine.get("gpu_name"), (
-            f"{name}.json does not describe a CUDA GPU: reference results come only from "
-            f"'python -m course_authoring gpu-check' on a CUDA machine")
-        assert machine.get("cuda_version")
-        dt.date.fromisoformat(doc["measured_at"][:10])
+        if doc["name"] != name:
+            problems.append(f"{name}.json is named {doc['name']!r} inside")
+        if machine.get("accelerator") != "cuda" or not machine.get("gpu_name") \
+                or not machine.get("cuda_version"):
+            problems.append(f"{name}.json does not describe a CUDA GPU (accelerator "
+                            f"{machine.get('accelerator')!r}, gpu_name {machine.get('gpu_name')!r}, "
+                            f"cuda_version {machine.get('cuda_version')!r}): reference results come "
+                            f"only from 'python -m course_authoring gpu-check' on a CUDA machine")
+        try:
+            dt.date.fromisoformat(doc["measured_at"][:10])
+        except ValueError:
+            problems.append(f"{name}.json: measured_at {doc['measured_at']!r} is not a date")
+    return problems
+
+
+def test_every_shipped_reference_was_measured_on_a_cuda_gpu():
+    assert not_measured_on_a_cuda_gpu() == []
+
+
+def test_the_cuda_check_rejects_a_reference_measured_on_a_cpu(tmp_path):
+    """The check above passes while nothing ships: here it must refuse what a CPU would write
+    (with a CUDA build of torch, as on the course's CPU machines), and each other way of not
+    being a CUDA GPU's result, and accept a CUDA GPU's."""
+    cuda = {**MACHINE, "accelerator": "cuda", "cuda_version": "13.0"}
+    bad = {"cpu_run": {**cuda, "accelerator": "cpu", "gpu_name": None},
+           "mps_run": {**cuda, "accelerator": "mps", "gpu_name": "Apple M2"},
+           "no_gpu_name": {**cuda, "gpu_name": None},
+           "no_cuda_version": {**cuda, "cuda_version": None}}
+    for name, machine in {**bad, LESSON04: cuda}.items():
+        save_reference(name, {"gbps": [1.0]}, machine=machine, directory=tmp_path)
+    problems = not_measured_on_a_cuda_gpu(tmp_path)
+    assert sorted(p.split(" (")[0] for p in problems) == [
+        f"{name}.json does not describe a CUDA GPU" for name in sorted(bad)], problems
 
 
 def test_names_are_the_documented_ones():

@@ -316,6 +316,33 @@ def test_pools_in_real_workers_without_and_with_make_worker_init(busy_parent, me
     assert limited.limited_to(1)
 
 
+def test_the_seed_gives_each_worker_its_own_numpy_and_random_streams():
+    """Called in this (non-forked) process as a worker calls it: n_threads=1 is never refused
+    here and no watchdog is armed; limit_threads(1) puts the pools back and the RNG states are
+    restored. Each library is checked on its own: seed + worker_id for NumPy AND for random."""
+    import random
+
+    saved, pools_before = (random.getstate(), np.random.get_state()), _signature(thread_pools())
+    draws = {}
+    try:
+        with limit_threads(1):
+            for worker_id in (0, 1, 0):
+                WorkerThreadLimiter(1, seed=7, set_env=False)(worker_id)
+                draws.setdefault(worker_id, []).append((float(np.random.random()), random.random()))
+    finally:
+        random.setstate(saved[0])
+        np.random.set_state(saved[1])
+    assert _signature(thread_pools()) == pools_before
+    assert draws[0][0] == draws[0][1], "same seed + worker_id -> same streams"
+    (numpy0, random0), (numpy1, random1) = draws[0][0], draws[1][0]
+    assert numpy0 != numpy1, "NumPy's global stream must depend on worker_id"
+    assert random0 != random1, "random's stream must depend on worker_id"
+    for worker_id in (0, 1):                             # the documented seed + worker_id
+        numpy_draw, random_draw = draws[worker_id][0]
+        assert numpy_draw == np.random.RandomState(7 + worker_id).random_sample()
+        assert random_draw == random.Random(7 + worker_id).random()
+
+
 def test_worker_limiter_sets_more_than_one_thread_in_a_fresh_process(monkeypatch):
     """The n > 1 path, run in this (non-forked) process and undone by limit_threads."""
     for var in threads.THREAD_ENV_VARS:  # recorded, so monkeypatch restores them afterwards

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import multiprocessing
 import multiprocessing.resource_sharer
 import os
@@ -115,9 +116,10 @@ def test_code_to_paste_builds_the_best_loader(result, small_jpegs):
     assert isinstance(loader, DataLoader)
     assert loader.batch_size == result.best.batch_size
     assert loader.num_workers == result.best.num_workers
-    if result.winner == "tuned":
-        images, labels = next(iter(loader))
-        assert images.dtype == torch.uint8 and tuple(images.shape[1:]) == (3, 32, 32)
+    images, labels = next(iter(loader))           # whichever row won: its pipeline, as measured
+    expected = torch.uint8 if result.winner == "tuned" else torch.float32   # the baselines: float32
+    assert images.dtype == expected and tuple(images.shape[1:]) == (3, 32, 32)
+    assert len(labels) == result.best.batch_size
 
 
 _PLAIN_SCRIPT = """
@@ -190,6 +192,14 @@ def test_comparison_ratios_are_computed(result):
     assert result.ratio("common recipe", "samples_per_s") == pytest.approx(
         tuned / result.comparison.row("common recipe").samples_per_s)
     assert all(len(m.times_s) >= 2 for m in result.comparison.rows)   # interleaved rounds
+    for other in ("common recipe", "defaults"):        # whichever row won: the same arithmetic
+        assert result.ratio(other) == pytest.approx(result.scores["tuned"] / result.scores[other])
+        cpu_tuned, cpu_other = (result.comparison.row(k).cpu_s_per_sample for k in ("tuned", other))
+        expected = cpu_tuned / cpu_other if cpu_tuned is not None and cpu_other else math.nan
+        assert result.ratio(other, "cpu_s_per_sample") == pytest.approx(expected, nan_ok=True)
+    assert result.speedup_vs_defaults == result.ratio("defaults")
+    text = str(result)
+    assert f"tuned vs common recipe: {result.speedup_vs_recipe:.2f}x samples/s per epoch" in text
     assert result.candidates["common recipe"] == LoaderSettings(
         num_workers=4, batch_size=8, pin_memory=True, threads_per_worker=None)
     assert result.candidates["defaults"] == LoaderSettings(num_workers=0, batch_size=8)

@@ -86,7 +86,11 @@ def _mutmut(dest: Path, *args: str, log: Path | None = None, timeout: float | No
         return subprocess.run(cmd, cwd=dest, env=env, capture_output=True, text=True,
                               timeout=timeout).stdout
     with open(log, "w", encoding="utf-8") as fh:
-        subprocess.run(cmd, cwd=dest, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout)
+        try:
+            subprocess.run(cmd, cwd=dest, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout)
+        except subprocess.TimeoutExpired:   # what was tested so far is still counted
+            print(f"mutation: {dest.name}: stopped after {timeout:.0f} s (--timeout); partial counts",
+                  flush=True)
     return ""
 
 

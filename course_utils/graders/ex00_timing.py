@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch.utils.data as tud
 
@@ -44,8 +44,15 @@ class RecordingLoader:
         return getattr(self._loader, name)
 
 
-def _near(value: float, target: float, low: float = 0.6, high: float = 1.6) -> bool:
-    return target > 0 and low <= value / target <= high
+#: an answer passes within these factors of the honest rate measured in the same run; a unit
+#: slip is recognised within the same factors of the value that unit would give
+LOW_TOLERANCE = 0.6
+HIGH_TOLERANCE = 1.6
+
+
+def near(value: float, target: float) -> bool:
+    """``value`` is within LOW_TOLERANCE..HIGH_TOLERANCE times a positive ``target``."""
+    return target > 0 and LOW_TOLERANCE <= value / target <= HIGH_TOLERANCE
 
 
 @grader(EXERCISE)
@@ -84,18 +91,30 @@ def grade_time_loader(time_loader: Callable[..., Any], *, latency_s: float = 0.0
 
     honest = measure_loader(loader, batches=batches, warmup_batches=warmup_batches, repeats=1,
                             progress=False).samples_per_s
-    iterators = len(recorder.batches_per_iterator)
-    details = {"answer": value, "honest": honest, "iterators": iterators,
+    details = {"answer": value, "honest": honest,
+               "iterators": len(recorder.batches_per_iterator),
                "batches_per_iterator": recorder.batches_per_iterator}
-    seen = f"{value:.4g} (an honest measurement of the same loader just gave {honest:.4g} samples/s)"
+    return CheckResult(EXERCISE, judge_rate(value, honest, batch_size=batch_size, batches=batches,
+                                            warmup_batches=warmup_batches, startup_s=startup_s,
+                                            batches_per_iterator=recorder.batches_per_iterator),
+                       details)
 
-    if _near(value, honest):
-        return CheckResult(EXERCISE, f"{value:.1f} samples/s, honest measurement {honest:.1f} "
-                                     f"samples/s (ratio {value / honest:.2f}).", details)
+
+def judge_rate(value: float, honest: float, *, batch_size: int, batches: int,
+               warmup_batches: int, startup_s: float, batches_per_iterator: Sequence[int]) -> str:
+    """The verdict on an answer's rate ``value`` (a positive float) against the ``honest``
+    samples/s of the same loader, given how many batches each iterator the answer made gave:
+    the summary of a pass, or ExerciseFailed saying what the timing got wrong. Pure: the grader
+    hands it what it measured and recorded, and the tests hand it made-up figures."""
+    iterators = len(batches_per_iterator)
+    seen = f"{value:.4g} (an honest measurement of the same loader just gave {honest:.4g} samples/s)"
+    if near(value, honest):
+        return (f"{value:.1f} samples/s, honest measurement {honest:.1f} samples/s "
+                f"(ratio {value / honest:.2f}).")
     # What the function did with the loader comes first: a timing without warm-up (or with a
     # fresh iterator) can land anywhere below the honest rate - under forkserver or spawn, where
     # each worker also imports torch, near honest / batch_size, which would look like a unit slip.
-    no_warmup = recorder.batches_per_iterator[0] < warmup_batches + batches
+    no_warmup = batches_per_iterator[0] < warmup_batches + batches
     too_slow = "too slow: the timing includes work that is not steady-state loading."
     expected = f"about {honest:.4g} samples/s"
     if value < honest and (iterators > 1 or no_warmup):
@@ -113,7 +132,7 @@ def grade_time_loader(time_loader: Callable[..., Any], *, latency_s: float = 0.0
             ("seconds per sample", 1 / honest, inverted),
             ("seconds per batch", batch_size / honest, inverted),
             ("milliseconds per sample", 1000 / honest, inverted)):
-        if _near(value, target):
+        if near(value, target):
             raise ExerciseFailed(EXERCISE, f"wrong unit: this looks like {unit}.", seen=seen,
                                  expected="samples per second (a rate: bigger is faster)",
                                  hint=hint)

@@ -2,13 +2,14 @@
 DataLoader whose first batch, read as the DataLoader's fetcher reads it, equals the reference
 and is made by one dataset call per batch; it uses at most ``cpu_budget`` workers and cores,
 and reaches :data:`PASS_RATIO` of :func:`~course_utils.pipelines.tuned_loader`'s samples/s in
-interleaved rounds (the ratio was chosen on a busy 2-core machine, where the reference against
-itself ranged 0.59-1.16). The course's pipeline is refused, in the answer and in its loader.
+interleaved rounds (:func:`speed_verdict`; between :data:`SLOW_RATIO` and :data:`PASS_RATIO` the
+result is noise-level and the check asks for a re-run on a quiet machine). The course's pipeline
+is refused, in the answer and in its loader.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -27,8 +28,13 @@ from ..tuning import WORKER_TIMEOUT_S
 
 FAST = "06.fast_pipeline"
 
-#: the answer's samples/s must reach this fraction of the reference's
-PASS_RATIO = 0.6
+#: the answer passes at this fraction of the reference's samples/s or more (median of the
+#: per-round ratios). On a busy 2-core machine the reference against itself read 0.59-1.16: the
+#: pass mark sits a margin below the lowest, so noise does not fail a right answer.
+PASS_RATIO = 0.5
+#: below this fraction the answer fails as too slow: an answer at PASS_RATIO, slowed by the
+#: worst noise seen (x 0.59), reads 0.3. In between, the check asks for a re-run.
+SLOW_RATIO = 0.3
 #: cores of CPU-seconds per wall-second allowed above the budget (the main process's share)
 CPU_ALLOWANCE = 0.4
 #: interleaved rounds (answer, reference, answer, reference, ...)
@@ -229,9 +235,8 @@ def _resampled(loader: DataLoader, batch_size: int, samples: int,
 
 
 def _side_by_side(loader: DataLoader, reference: DataLoader, batch_size: int, window: int,
-                  rounds: int) -> tuple[dict[str, list[Measurement]], float]:
-    """Interleaved measurements of both loaders, and the median per-round ratio of samples/s
-    (answer / reference)."""
+                  rounds: int) -> dict[str, list[Measurement]]:
+    """Interleaved measurements of both loaders: one of each per round, back to back."""
     plans = []
     # the reference keeps its workers between rounds: start-up is outside the timed window
     # anyway (warm-up), and each round would otherwise start a worker (seconds under spawn)
@@ -244,11 +249,26 @@ def _side_by_side(loader: DataLoader, reference: DataLoader, batch_size: int, wi
         for label, warm, ld in plans:
             runs[label].append(measure_loader(ld, batches=window, warmup_batches=warm,
                                               repeats=1, label=label, progress=False))
-    # the median of the per-round ratios: each round's pair ran back to back, so a drift of a
-    # busy machine cancels out better than in the ratio of the two medians
-    ratio = float(np.median([a.samples_per_s / b.samples_per_s
-                             for a, b in zip(runs["your loader"], runs["reference"])]))
-    return runs, ratio
+    return runs
+
+
+def speed_verdict(answer_rates: Sequence[float], reference_rates: Sequence[float], *,
+                  pass_ratio: float = PASS_RATIO,
+                  slow_ratio: float = SLOW_RATIO) -> tuple[str, float]:
+    """("pass" | "re-run" | "slow", ratio) for the samples/s of interleaved rounds, the
+    answer's and the reference's in the same order. The ratio is the median of the per-round
+    ratios answer / reference: each round's pair ran back to back, so a drift of a busy machine
+    cancels out better than in the ratio of two medians, and one disturbed round does not count."""
+    ratio = float(np.median([a / r if r > 0 else math.nan
+                             for a, r in zip(answer_rates, reference_rates)] or [math.nan]))
+    if not math.isfinite(ratio) or ratio < slow_ratio:
+        return "slow", ratio
+    return ("pass" if ratio >= pass_ratio else "re-run"), ratio
+
+
+def over_cpu_budget(cores: float, budget: int) -> bool:
+    """Whether ``cores`` (CPU-seconds per wall-second, all processes) is over ``budget``."""
+    return cores > budget + CPU_ALLOWANCE
 
 
 # --------------------------------------------------------------------------------------
@@ -282,10 +302,11 @@ def _check_loader(loader: Any, batch_size: int) -> None:
 def grade_fast_pipeline(build_loader: Callable[..., Any], *, cpu_budget: int | None = None,
                         batch_size: int = 32, size: int = 160, n_images: int | None = None,
                         batches: int | None = None, rounds: int = ROUNDS,
-                        pass_ratio: float = PASS_RATIO) -> CheckResult:
+                        pass_ratio: float = PASS_RATIO,
+                        slow_ratio: float = SLOW_RATIO) -> CheckResult:
     """Check ``build_loader(dataset, batch_size=, size=, cpu_budget=)``: right samples made by
     one fetch per batch, within the CPU budget (cores), at least ``pass_ratio`` of the
-    reference's samples/s measured side by side."""
+    reference's samples/s measured side by side (:func:`speed_verdict`)."""
     require_callable(FAST, build_loader, "a function build_loader(dataset, *, batch_size, size, "
                                          "cpu_budget) returning a DataLoader",
                      hint="pass the function itself, not what it returns: "
@@ -307,7 +328,10 @@ def grade_fast_pipeline(build_loader: Callable[..., Any], *, cpu_budget: int | N
 
     reference = tuned_loader(dataset, batch_size=batch_size, size=size, num_workers=k)
     window = pick(full=40, quick=16) if batches is None else batches
-    runs, ratio = _side_by_side(loader, reference, batch_size, window, rounds)
+    runs = _side_by_side(loader, reference, batch_size, window, rounds)
+    verdict, ratio = speed_verdict([m.samples_per_s for m in runs["your loader"]],
+                                   [m.samples_per_s for m in runs["reference"]],
+                                   pass_ratio=pass_ratio, slow_ratio=slow_ratio)
     mine, ref = (Measurement.merge(runs[label]) for label in ("your loader", "reference"))
     table = compare([ref, mine], baseline=0)
     cores = (mine.cpu_s_per_sample or 0.0) * mine.samples_per_s
@@ -316,20 +340,29 @@ def grade_fast_pipeline(build_loader: Callable[..., Any], *, cpu_budget: int | N
             f"{ref.samples_per_s:,.0f} samples/s using {ref_cores:.2f} cores ({ratio:.2f}x)")
     details = {"ratio": ratio, "cores": cores, "reference_cores": ref_cores, "cpu_budget": k,
                "comparison": table.to_dict()}
-    if cores > k + CPU_ALLOWANCE:
+    if over_cpu_budget(cores, k):
         raise _fail(f"your loader kept {cores:.2f} cores busy; the budget is {k}.",
                     expected=f"at most {k} + {CPU_ALLOWANCE} cores (CPU-seconds per wall-second "
                              f"of the main process and all workers)", seen=seen,
                     hint="lesson 02: how many threads does OpenCV run in each worker, and in "
                          "the main process when num_workers=0? Every busy thread counts "
                          "against the budget.")
-    if not math.isfinite(ratio) or ratio < pass_ratio:
-        raise _fail(f"your loader reached {ratio:.2f}x the reference's samples/s.",
-                    expected=f"at least {pass_ratio:.2f}x, measured side by side", seen=seen,
-                    hint="does every core of the budget work, with one thread each? Is any "
-                         "pixel work done on the full-size image that could be done on the "
-                         "small one, or any copy made twice? If the machine is busy, run the "
-                         "check again.")
+    expected = (f"at least {pass_ratio:.2f}x, measured side by side (the median of {rounds} "
+                f"interleaved rounds)")
+    faster = ("does every core of the budget work, with one thread each? Is any pixel work done "
+              "on the full-size image that could be done on the small one, or any copy made "
+              "twice?")
+    if verdict == "slow":
+        raise _fail(f"your loader reached {ratio:.2f}x the reference's samples/s: too slow.",
+                    expected=expected, seen=seen, hint=faster)
+    if verdict == "re-run":
+        raise _fail(f"not decided: your loader reached {ratio:.2f}x the reference's samples/s, "
+                    f"between {slow_ratio:.2f}x (too slow) and {pass_ratio:.2f}x (passes), "
+                    f"where a busy machine's noise can put a right answer. Re-run the check on "
+                    f"a quiet machine.", expected=expected, seen=seen,
+                    hint="close other notebooks and programs that use the CPU and run the "
+                         "check again. If it lands here again on a quiet machine, your loader "
+                         "is slower than it should be: " + faster)
     return CheckResult(FAST, f"right samples, one fetch per batch; {ratio:.2f}x the reference's "
                              f"samples/s ({mine.samples_per_s:,.0f} vs {ref.samples_per_s:,.0f}) "
                              f"using {cores:.2f} cores of a budget of {k}.", details)
