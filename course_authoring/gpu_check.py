@@ -244,8 +244,7 @@ def run_part(part: str, out_dir: str | os.PathLike, budget_s: float, *, rehearse
     path = save_reference(ref, result, machine=result.get("machine") or describe_machine(),
                           directory=out_dir)
     failures = _section_failures(result)
-    targets = {k: v for k, v in (result.get("targets") or {}).items()}
-    log(f"[gpu-check] {part} targets:\n" + format_targets(targets))
+    log(f"[gpu-check] {part} targets:\n" + format_targets(result.get("targets") or {}))
     for failure in failures:
         log(f"[gpu-check] {part}: FAILED {failure}")
     log(f"[gpu-check] {part}: {'FAILED' if failures else 'done'} -> {path}")

@@ -375,9 +375,9 @@ def test_keep_going_runs_every_cell_and_lists_each_failure(tmp_path):
 
 
 def test_a_notebook_step_names_every_failed_cell_at_the_end(tmp_path, monkeypatch, capsys):
-    book = _write_notebook(tmp_path / "05_x.ipynb", ["%%writefile x_mod_for_test.py\nV = 2\n",
-                                                     "import x_mod_for_test\nx_mod_for_test.V",
-                                                     "raise KeyError('k')"])
+    _write_notebook(tmp_path / "05_x.ipynb", ["%%writefile x_mod_for_test.py\nV = 2\n",
+                                              "import x_mod_for_test\nx_mod_for_test.V",
+                                              "raise KeyError('k')"])
     monkeypatch.chdir(tmp_path.parent)                   # a relative path, as gpu-check passes it
     monkeypatch.delitem(sys.modules, "x_mod_for_test", raising=False)
     assert main(["--notebook", f"{tmp_path.name}/05_x.ipynb"]) == 1
