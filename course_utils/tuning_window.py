@@ -13,9 +13,11 @@ import math
 import numbers
 import signal
 import statistics
+import sys
 import threading
 import time
 import traceback
+import types
 import warnings
 import weakref
 from contextlib import contextmanager
@@ -51,15 +53,17 @@ class Draws(Sampler):
             yield from chunk
 
 
-def _drop_fd_sharer_resets(args: Any) -> None:
-    """``threading.excepthook`` in a tuner worker. Multiprocessing's fd-sharing thread (it hands
-    the main process each batch's shared memory) meets a closed connection when Ctrl-C has
-    ended the main process mid-handover: not news, so not printed. Anything else is."""
-    if issubclass(args.exc_type, (ConnectionError, EOFError)) and any(
+def drop_fd_sharer_resets(exc_type: type[BaseException], exc: BaseException,
+                          tb: types.TracebackType | None) -> None:
+    """``sys.excepthook`` in a tuner worker. Multiprocessing's fd-sharing thread (it hands the
+    main process each batch's shared memory) catches every error itself and passes it to
+    ``sys.excepthook``; after Ctrl-C has ended the main process mid-handover it meets a closed
+    connection: not news, so not printed. Anything else is."""
+    if issubclass(exc_type, (ConnectionError, EOFError)) and any(
             frame.f_code.co_filename.endswith("resource_sharer.py")
-            for frame, _ in traceback.walk_tb(args.exc_traceback)):
+            for frame, _ in traceback.walk_tb(tb)):
         return
-    threading.__excepthook__(args)
+    sys.__excepthook__(exc_type, exc, tb)
 
 
 class QuietInit:
@@ -71,7 +75,7 @@ class QuietInit:
 
     def __call__(self, worker_id: int) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        threading.excepthook = _drop_fd_sharer_resets
+        sys.excepthook = drop_fd_sharer_resets
         if self.fn is not None:
             self.fn(worker_id)
 

@@ -32,7 +32,7 @@ from course_utils.__main__ import main
 from course_utils.data import LatencyDataset
 from course_utils.tuning import (PROBE_THRESHOLD, LoaderSettings, TuningInterrupted, TuningResult,
                                  epoch_score)
-from course_utils.tuning_window import _drop_fd_sharer_resets
+from course_utils.tuning_window import QuietInit, drop_fd_sharer_resets
 
 from _helpers import ROOT
 
@@ -412,27 +412,43 @@ def test_cli_ctrl_c_prints_one_line_exit_130(monkeypatch, image_folder, capsys):
     assert not _children() - before
 
 
-@pytest.mark.skipif(os.name != "posix", reason="POSIX process groups and signals")
-def _thread_error(exc: BaseException, filename: str) -> threading.ExceptHookArgs:
-    """The args threading.excepthook gets for ``exc`` raised by code from ``filename``."""
+def _error_from(exc: BaseException, filename: str) -> tuple:
+    """What sys.excepthook gets for ``exc`` raised by code from ``filename``."""
     try:
         exec(compile("raise exc", filename, "exec"), {"exc": exc})
     except BaseException as raised:
-        return threading.ExceptHookArgs((type(raised), raised, raised.__traceback__, None))
+        return type(raised), raised, raised.__traceback__
 
 
 def test_tuner_workers_drop_only_the_fd_sharers_closed_connections(capsys):
     """After Ctrl-C the main process is gone mid-handover: multiprocessing's resource_sharer
-    thread in a worker meets a reset connection. That is not printed; any other error is."""
+    thread in a worker meets a reset connection and hands it to sys.excepthook. That is not
+    printed; any other error is."""
     sharer = multiprocessing.resource_sharer.__file__
-    _drop_fd_sharer_resets(_thread_error(ConnectionResetError(104, "reset"), sharer))
+    drop_fd_sharer_resets(*_error_from(ConnectionResetError(104, "reset"), sharer))
+    drop_fd_sharer_resets(*_error_from(EOFError(), sharer))
     assert capsys.readouterr().err == ""
-    _drop_fd_sharer_resets(_thread_error(ValueError("a real bug"), sharer))
-    _drop_fd_sharer_resets(_thread_error(ConnectionResetError(104, "reset"), "mine.py"))
+    drop_fd_sharer_resets(*_error_from(ValueError("a real bug"), sharer))
+    drop_fd_sharer_resets(*_error_from(ConnectionResetError(104, "reset"), "mine.py"))
     err = capsys.readouterr().err
     assert "a real bug" in err and "ConnectionResetError" in err
 
 
+def test_a_tuner_worker_starts_deaf_to_ctrl_c_with_the_quiet_hook(monkeypatch):
+    """QuietInit is what each worker runs first: SIGINT ignored, the fd-sharer hook installed,
+    then the learner's own worker_init_fn."""
+    seen = []
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
+    old = signal.getsignal(signal.SIGINT)
+    try:
+        QuietInit(seen.append)(3)
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        assert sys.excepthook is drop_fd_sharer_resets and seen == [3]
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX process groups and signals")
 def test_real_ctrl_c_in_a_terminal():
     """SIGINT to the whole process group (what a terminal does), after the first trial: one
     line, exit 130, no process of the group left (the workers get the signal too)."""
