@@ -34,7 +34,8 @@ NOTEBOOK = "05_gpu_augmentation.ipynb"
 #: Targets of issue 4 measured by :func:`run_lesson05`.
 AUGMENT_SPEEDUP_TARGET = 10.0
 DATA_WAIT_TARGET = 0.05
-#: Batches each DataLoader worker holds in /dev/shm at once (the default prefetch_factor).
+#: Batches each per-sample worker holds in /dev/shm at once, counted high: the one queued
+#: (lesson 05's loaders use prefetch_factor=1) and the one it is filling.
 PREFETCH = 2
 #: Share of the free /dev/shm the per-sample loaders may fill (the rest: the training loaders).
 SHM_SHARE = 0.5

@@ -221,13 +221,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="the recipes learners run vs the tuned pipeline, on JPEG files",
                        description="Measure, on the course JPEGs written as files and side by side "
                                    "with repeats interleaved, the seed recipe, the pytorch/examples "
-                                   "ImageNet recipe, the course's tuned pipeline and a decode-only "
+                                   "ImageNet training recipe, the course's tuned pipeline and a decode-only "
                                    "pass; then storage (RAM, warm and cold page cache, np.memmap). "
                                    "Prints samples/s, CPU-s/sample and the ratios to their targets.")
     p.add_argument("--images", type=_positive_int, default=None,
-                   help="dataset size (default: 2000, or 400 in quick mode)")
+                   help="dataset size (default: 2000, or 400 in quick mode; more where every "
+                        "loader's batches in flight and 10 timed need more)")
     p.add_argument("--batch-size", type=_positive_int, default=None,
-                   help="batch size (default: 64, or 32 in quick mode)")
+                   help="batch size (default: 64, or 16 in quick mode)")
     p.add_argument("--repeats", type=_positive_int, default=None,
                    help="repeats per pipeline (default: 5, or 2 in quick mode)")
     p.add_argument("--no-storage", action="store_true",

@@ -9,8 +9,11 @@ the data wait of a training loop (lessons 00 and 04 show why each step is there)
 * **peak memory** of the tree in bytes, sampled by a thread: summed USS (private pages: what
   copy-on-read grows) and PSS (shared pages split: the total footprint; Linux only).
 
-A loader's workers work ahead, so batches made before the clock starts look free: the default
-warm-up is every batch in flight, ``max(2, num_workers * prefetch_factor)``.
+A loader's workers work ahead, so batches made before the clock starts look free. The default
+warm-up is therefore every batch in flight, ``max(2, num_workers * prefetch_factor)``, and the
+window then times at least :data:`MIN_TIMED_BATCHES` batches, each asked for after the clock
+started. A loader too short for both is refused with the size it needs; a window set by hand
+that breaks either rule gets a warning in the result.
 """
 from __future__ import annotations
 
@@ -29,7 +32,12 @@ from .measurement import Measurement, _fmt_time, _jsonable
 from .process_tree import TreeMonitor
 from .start_methods import start_method
 
-__all__ = ["time_op", "measure", "measure_loader", "batch_size_of", "DataWait", "measure_data_wait"]
+__all__ = ["time_op", "measure", "measure_loader", "batch_size_of", "batches_in_flight",
+           "window_warnings", "MIN_TIMED_BATCHES", "DataWait", "measure_data_wait"]
+
+# Batches a window must time after the batches in flight are consumed (each of them asked for
+# after the clock started); fewer and one slow or early batch moves the figure.
+MIN_TIMED_BATCHES = 10
 
 # The clock. Tests replace this module attribute with a fake clock; nothing else should.
 _now: Callable[[], float] = time.perf_counter
@@ -168,8 +176,32 @@ def _loader_settings(loader: Any) -> dict:
     return settings
 
 
-def _plan_batches(loader: Any, batches: int | None, warmup: int, what: str) -> int | None:
-    """How many batches to time per repeat (None: until the epoch ends)."""
+def batches_in_flight(loader: Any) -> int:
+    """How many batches a loader's workers make ahead of the loop: ``num_workers *
+    prefetch_factor`` (0 without workers: each batch is made when it is asked for)."""
+    workers = int(getattr(loader, "num_workers", 0) or 0)
+    prefetch = getattr(loader, "prefetch_factor", None)
+    return workers * int(2 if prefetch is None else prefetch)
+
+
+def _too_short(loader: Any, n_total: int, warmup: int, what: str) -> ValueError:
+    """The error for a loader whose epoch cannot hold the warm-up and an honest window."""
+    need = warmup + MIN_TIMED_BATCHES
+    batch = getattr(loader, "batch_size", None)
+    samples = f" (at least {need * batch} samples at batch_size={batch})" if batch else ""
+    return ValueError(
+        f"the loader has only {n_total} batches per epoch: an honest timing pulls warmup_{what}="
+        f"{warmup} untimed (the batches its workers make ahead, num_workers x prefetch_factor) "
+        f"and then times at least {MIN_TIMED_BATCHES}, so it needs {need}{samples}. Use more "
+        f"data, a smaller batch_size or fewer workers; or pass {what}= and warmup_{what}= "
+        f"yourself and read the warning the result carries.")
+
+
+def _plan_batches(loader: Any, batches: int | None, warmup: int, what: str,
+                  strict: bool = False) -> int | None:
+    """How many batches to time per repeat (None: until the epoch ends). ``strict`` (the whole
+    window left to the defaults): the epoch must hold the warm-up and :data:`MIN_TIMED_BATCHES`
+    more, else a clear error."""
     try:
         n_total = len(loader)
     except TypeError:
@@ -181,11 +213,30 @@ def _plan_batches(loader: Any, batches: int | None, warmup: int, what: str) -> i
                          f"batch_size, or fewer warmup_{what}/{what}.")
     if batches is not None:
         return batches
-    cap = pick(full=None, quick=10)
+    if strict and n_total is not None and n_total - warmup < MIN_TIMED_BATCHES:
+        raise _too_short(loader, n_total, warmup, what)
+    cap = pick(full=None, quick=MIN_TIMED_BATCHES)
     if n_total is None:
         return cap
     remaining = n_total - warmup
     return remaining if cap is None else min(remaining, cap)
+
+
+def window_warnings(loader: Any, warmup: int, timed: int, what: str = "batches") -> list[str]:
+    """What makes a window's figure untrustworthy, judged from counts alone: a warm-up shorter
+    than the batches in flight (the rest were made before the clock started and look free), or
+    fewer than :data:`MIN_TIMED_BATCHES` timed."""
+    notes = []
+    ahead = batches_in_flight(loader)
+    if warmup < ahead:
+        notes.append(f"warm-up of {warmup} batches is shorter than the {ahead} in flight "
+                     f"(num_workers x prefetch_factor): up to {min(ahead - warmup, timed)} of the "
+                     f"{timed} timed batches were made before the clock started and look free; "
+                     f"use warmup_{what} >= {ahead} (the default)")
+    if timed < MIN_TIMED_BATCHES:
+        notes.append(f"only {timed} {what} timed per repeat, fewer than {MIN_TIMED_BATCHES}: one "
+                     f"slow or early batch moves this figure; time more")
+    return notes
 
 
 _END = object()
@@ -206,18 +257,11 @@ def _next_or_explain(it: Any, pulled: int, warmup: int, asked: int | None, what:
 
 def _warmup_for(loader: Any, warmup_batches: int | None) -> int:
     """The warm-up to use: as given, or every batch the workers hold in flight,
-    ``max(2, num_workers * prefetch_factor)``, at most half the loader (else batches made before
-    the clock count as free: a latency-bound loader read 146% of its physical limit)."""
+    ``max(2, num_workers * prefetch_factor)`` (fewer, and batches made before the clock count
+    as free: 4 workers on 2 CPUs read 3.9x num_workers=0 in a 13-batch epoch)."""
     if warmup_batches is not None:
         return warmup_batches
-    workers = int(getattr(loader, "num_workers", 0) or 0)
-    prefetch = int(getattr(loader, "prefetch_factor", None) or 2)
-    warmup = max(2, workers * prefetch)
-    try:
-        length = len(loader)
-    except TypeError:
-        return warmup
-    return max(1, min(warmup, length // 2))
+    return max(2, batches_in_flight(loader))
 
 
 def measure_loader(loader: Iterable, *, batches: int | None = None,
@@ -226,10 +270,12 @@ def measure_loader(loader: Iterable, *, batches: int | None = None,
                    progress: bool = True) -> Measurement:
     """Time how fast ``loader`` delivers batches, in samples per second.
 
-    Each repeat takes a fresh ``iter(loader)``, pulls ``warmup_batches`` untimed (default: the
-    batches in flight, see :func:`_warmup_for`), then times ``batches`` (default: the rest of the
-    epoch; at most 10 in quick mode), counting real batch sizes. ``settings`` is merged over
-    what is read from the loader.
+    Each repeat takes a fresh ``iter(loader)``, pulls ``warmup_batches`` untimed (default: every
+    batch in flight), then times ``batches`` (default: the rest of the epoch, exactly
+    :data:`MIN_TIMED_BATCHES` in quick mode), counting real batch sizes. With both left to the
+    defaults, an epoch too short for that is a clear error; a window set by hand that breaks the
+    rules carries :func:`window_warnings` in the result.
+    ``settings`` is merged over what is read from the loader.
     """
     if not hasattr(loader, "__iter__"):
         raise TypeError(f"loader must be iterable (e.g. a torch.utils.data.DataLoader), got "
@@ -239,8 +285,9 @@ def measure_loader(loader: Iterable, *, batches: int | None = None,
     check_int("repeats", repeats, 1)
     if settings is not None and not isinstance(settings, Mapping):
         raise TypeError(f"settings must be a dict of names to values, got {type(settings).__name__}.")
+    by_default = batches is None and warmup_batches is None
     warmup_batches = _warmup_for(loader, warmup_batches)
-    n_timed = _plan_batches(loader, batches, warmup_batches, "batches")
+    n_timed = _plan_batches(loader, batches, warmup_batches, "batches", strict=by_default)
     all_settings = _loader_settings(loader) | dict(settings or {})
     if label is None:
         label = (f"{type(loader).__name__}(num_workers={loader.num_workers}, batch_size="
@@ -254,6 +301,7 @@ def measure_loader(loader: Iterable, *, batches: int | None = None,
     monitor = TreeMonitor()
     times: list[float] = []
     counts: list[int] = []
+    timed_per_repeat: list[int] = []
     cpu_total = 0.0
     ctx_total: int | None = 0
     try:
@@ -286,20 +334,21 @@ def measure_loader(loader: Iterable, *, batches: int | None = None,
             if samples == 0:
                 raise ValueError("no samples were timed: the loader had no batches (or only empty "
                                  "ones) left after warm-up; use fewer warmup_batches or more data.")
+            if by_default and timed < MIN_TIMED_BATCHES:   # an iterable's epoch ended
+                raise ValueError(f"the loader's epoch ended after {warmup_batches + timed} batches: "
+                                 f"an honest timing pulls the {warmup_batches} in flight untimed "
+                                 f"and then times at least {MIN_TIMED_BATCHES}; use more data, a "
+                                 f"smaller batch_size or fewer workers.")
             times.append(t1 - t0)
             counts.append(samples)
+            timed_per_repeat.append(timed)
             cpu, ctx = monitor.window(before, after)
             cpu_total += cpu
             ctx_total = None if (ctx is None or ctx_total is None) else ctx_total + ctx
     finally:
         bar.close()
 
-    notes = []
-    workers = int(getattr(loader, "num_workers", 0) or 0)
-    if warmup_batches < workers:
-        notes.append(f"warm-up of {warmup_batches} batches is shorter than num_workers={workers}: "
-                     f"batches the workers made during warm-up look free in the timing; use "
-                     f"warmup_batches >= num_workers (the default)")
+    notes = window_warnings(loader, warmup_batches, min(timed_per_repeat))
     items = counts[0]
     if len(set(counts)) > 1:
         # normalise every repeat to the first repeat's sample count
@@ -359,9 +408,10 @@ def measure_data_wait(loader: Iterable, step_fn: Callable[[Any], Any], *,
         raise TypeError(f"step_fn must be a callable taking one batch, got {type(step_fn).__name__}.")
     check_int("steps", steps, 1, allow_none=True)
     check_int("warmup_steps", warmup_steps, 0, allow_none=True)
+    by_default = steps is None and warmup_steps is None
     warmup_steps = _warmup_for(loader, warmup_steps)
     sync = synchronizer(device)
-    n_timed = _plan_batches(loader, steps, warmup_steps, "steps")
+    n_timed = _plan_batches(loader, steps, warmup_steps, "steps", strict=by_default)
 
     def fetch(it: Any, pulled: int, strict: bool = True) -> Any:
         batch = _next_or_explain(it, pulled, warmup_steps, steps, "steps", strict=strict)
@@ -393,6 +443,10 @@ def measure_data_wait(loader: Iterable, step_fn: Callable[[Any], Any], *,
         del it
     if not step:
         raise ValueError("no steps were timed: the loader had no batches left after warm-up.")
+    if by_default and len(step) < MIN_TIMED_BATCHES:     # an iterable's epoch ended
+        raise ValueError(f"the loader's epoch ended after {warmup_steps + len(step)} batches: an "
+                         f"honest timing runs the {warmup_steps} in flight untimed and then times "
+                         f"at least {MIN_TIMED_BATCHES} steps; use more data or pass steps=.")
     total = sum(step)
     fraction = sum(wait) / total if total > 0 else 0.0
     return DataWait(steps=len(step), wait_s=wait, step_s=step, wait_fraction=fraction)

@@ -475,13 +475,81 @@ def test_cpu_time_includes_the_workers():
 
 
 def test_default_warm_up_covers_every_batch_in_flight():
-    # num_workers * prefetch_factor batches before the clock starts, at most half the epoch
+    # num_workers * prefetch_factor batches before the clock starts, however short the epoch
     assert bench._warmup_for(DataLoader(TinyDataset(4), num_workers=0), None) == 2
     assert bench._warmup_for(SimpleNamespace(num_workers=5), None) == 10  # prefetch_factor 2
     assert bench._warmup_for(SimpleNamespace(num_workers=3, prefetch_factor=4), None) == 12
     assert bench._warmup_for(DataLoader(TinyDataset(10), num_workers=2), None) == 4
-    assert bench._warmup_for(DataLoader(TinyDataset(4), num_workers=4), None) == 2  # half of 4
+    assert bench._warmup_for(DataLoader(TinyDataset(4), num_workers=4), None) == 8  # no cap
+    assert bench._warmup_for(SimpleNamespace(num_workers=1, prefetch_factor=1), None) == 2
     assert bench._warmup_for(SimpleNamespace(num_workers=5), 1) == 1
+
+
+def test_batches_in_flight_is_workers_times_prefetch():
+    assert bench.batches_in_flight(DataLoader(TinyDataset(4))) == 0
+    assert bench.batches_in_flight(DataLoader(TinyDataset(4), num_workers=3)) == 6
+    assert bench.batches_in_flight(DataLoader(TinyDataset(4), num_workers=3, prefetch_factor=5)) == 15
+    assert bench.batches_in_flight(SimpleNamespace()) == 0           # not a DataLoader: nothing ahead
+
+
+class FakeWorkersLoader:
+    """A loader that claims workers (so the default warm-up is num_workers x prefetch) but makes
+    its ``n`` batches in this process: the window rules are judged from counts, not timings."""
+
+    def __init__(self, n: int, num_workers: int, prefetch_factor: int = 2) -> None:
+        self.n, self.num_workers, self.prefetch_factor, self.batch_size = n, num_workers, prefetch_factor, 4
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        return (torch.zeros(4) for _ in range(self.n))
+
+
+@pytest.mark.parametrize("n, refused", [(8 + 9, True), (8 + 10, False)])
+def test_a_default_window_needs_the_batches_in_flight_and_ten_more(n, refused):
+    """4 workers x prefetch 2: 8 untimed, then at least 10 timed. Lesson 00's quick run had 13
+    batches: its warm-up stopped at 6 and the timed batches had mostly been made before."""
+    loader = FakeWorkersLoader(n, num_workers=4)
+    if refused:
+        with pytest.raises(ValueError, match=r"only 17 batches.*needs 18 \(at least 72 samples"):
+            measure_loader(loader, repeats=1, progress=False)
+        with pytest.raises(ValueError, match="needs 18"):
+            measure_data_wait(loader, lambda batch: None)
+    else:
+        m = measure_loader(loader, repeats=1, progress=False)
+        assert m.items_per_repeat == 10 * 4 and not any("in flight" in w for w in m.warnings)
+        assert measure_data_wait(loader, lambda batch: None).steps == 10
+
+
+def test_a_default_window_over_an_iterable_that_ends_early_is_refused():
+    class Unsized:
+        num_workers, prefetch_factor = 1, 2
+
+        def __iter__(self):
+            return (torch.zeros(2) for _ in range(2 + 9))      # 2 in flight + 9: one short
+    with pytest.raises(ValueError, match="ended after 11 batches.*at least 10"):
+        measure_loader(Unsized(), repeats=1, progress=False)
+    with pytest.raises(ValueError, match="ended after 11 batches.*at least 10 steps"):
+        measure_data_wait(Unsized(), lambda batch: None)
+
+
+@pytest.mark.parametrize("warmup, timed, flags", [
+    (8, 10, []),
+    (7, 10, ["1 of the 10 timed batches were made before the clock"]),
+    (0, 3, ["3 of the 3 timed batches were made before", "only 3 batches timed"]),
+    (8, 9, ["only 9 batches timed per repeat, fewer than 10"]),
+])
+def test_a_window_set_by_hand_is_flagged_from_its_counts(warmup, timed, flags):
+    loader = FakeWorkersLoader(40, num_workers=4)
+    assert [f for f in flags if not any(f in w for w in bench.window_warnings(loader, warmup, timed))] == []
+    assert len(bench.window_warnings(loader, warmup, timed)) == len(flags)
+    m = measure_loader(loader, warmup_batches=warmup, batches=timed, repeats=1, progress=False)
+    assert all(any(f in w for w in m.warnings) for f in flags)
+
+
+def test_no_workers_means_nothing_in_flight_to_flag():
+    assert bench.window_warnings(DataLoader(TinyDataset(40)), 0, 10) == []
 
 
 def test_measure_loader_times_exactly_the_batches_after_warm_up(monkeypatch):

@@ -15,7 +15,8 @@ import torch
 
 from course_utils import tune_loader
 from course_utils.__main__ import main
-from course_utils.benchmark import MIN_BATCHES
+from course_utils.benchmark import min_batches
+from course_utils.machine import usable_cpus
 from course_utils.image_folder import ImageFolderDataset, image_damage
 from course_utils.tuning import MIN_FOLDER_IMAGES
 
@@ -101,14 +102,16 @@ def test_bench_too_few_images_is_one_line_exit_2(capsys):
     assert main(["bench", "--images", "10", "--no-progress"]) == 2      # the default batch size
     out = capsys.readouterr()
     _one_line_error(out.err, "--images 10 is too few images for --batch-size",
-                    f"{MIN_BATCHES} batches", "pass --images")
+                    f"{min_batches()} batches", "pass --images")
     assert out.out == ""                                 # nothing was written or measured
 
 
 def test_bench_names_the_smallest_size_that_works(capsys):
-    assert main(["bench", "--images", str(MIN_BATCHES * 8 - 1), "--batch-size", "8"]) == 2
-    _one_line_error(capsys.readouterr().err, f"--images {MIN_BATCHES * 8 - 1} is too few",
-                    f"--batch-size 8", f"pass --images {MIN_BATCHES * 8} or more")
+    need = min_batches()
+    assert need == 2 * max(4, usable_cpus()) + 10          # 4 recipe workers, or one per CPU
+    assert main(["bench", "--images", str(need * 8 - 1), "--batch-size", "8"]) == 2
+    _one_line_error(capsys.readouterr().err, f"--images {need * 8 - 1} is too few",
+                    "--batch-size 8", f"pass --images {need * 8} or more")
 
 
 # ---- ImageFolderDataset ---------------------------------------------------------------------

@@ -10,6 +10,11 @@ from course_authoring.notebook_modules import notebook_module
 
 
 @pytest.fixture(scope="module")
+def l00():
+    return notebook_module("00_measure_first.ipynb", "lesson00_verdicts")
+
+
+@pytest.fixture(scope="module")
 def l03():
     return notebook_module("03_num_workers.ipynb", "lesson03_verdicts")
 
@@ -22,6 +27,29 @@ def l05():
 @pytest.fixture(scope="module")
 def l07():
     return notebook_module("07_scaling_out.ipynb", "lesson07_verdicts")
+
+
+def test_lesson00_the_ceiling_is_one_core_per_worker(l00):
+    assert l00.ceiling(4, 2) == 2 and l00.ceiling(4, 16) == 4 and l00.ceiling(4, 4) == 4
+
+
+def test_lesson00_a_speedup_above_the_ceiling_is_a_measurement_error(l00):
+    """Lesson 00's quick run once read 3.90x with 2 CPUs: an error to report, never 'held'."""
+    slack = l00.CEILING_SLACK
+    assert l00.above_ceiling(2 * slack + 0.01, 2) and not l00.above_ceiling(2 * slack, 2)
+    assert not l00.good_default(2 * slack + 0.01, 2) and not l00.good_default(3.9, 2)
+
+
+def test_lesson00_four_workers_are_a_good_default_from_the_measured_share(l00):
+    share = l00.GOOD_SHARE
+    assert l00.good_default(share * 4, 4) and not l00.good_default(share * 4 - 0.01, 4)
+    assert l00.good_default(2.0, 2) and l00.good_default(2 * l00.CEILING_SLACK, 2)
+
+
+def test_lesson00_pinning_loads_faster_only_past_its_gain(l00):
+    gain = l00.PIN_GAIN
+    assert l00.pinning_loads_faster(gain * 1000, 1000) and not l00.pinning_loads_faster(gain * 1000 - 1, 1000)
+    assert l00.held(True) == "held" and l00.held(False) == "did not hold"
 
 
 def test_lesson03_knee_at_the_cores(l03):
