@@ -19,8 +19,8 @@ import torch
 
 from course_utils.bench import time_op
 from course_utils.config import pick, quick_mode
-from course_utils.lessons.l04_copies import _fmt_bytes
-from course_utils.lessons.l04_overlap import _calibrated_compute, _MatmulChain
+from course_utils.lessons.l04_copies import H2D_MODES, BandwidthSweep, fmt_bytes
+from course_utils.lessons.l04_overlap import MatmulChain, calibrated_compute
 from course_utils.prefetch import PrefetchTiming, compare_prefetch
 from course_utils.transforms import normalize_batch
 
@@ -53,7 +53,7 @@ class _PinnedBatches:
 class _NormalizeAndCompute:
     """A training-step stand-in: normalise the uint8 batch on the device, then a matmul chain."""
 
-    def __init__(self, chain: _MatmulChain) -> None:
+    def __init__(self, chain: MatmulChain) -> None:
         self.chain = chain
 
     def __call__(self, batch: Any) -> Any:
@@ -63,15 +63,29 @@ class _NormalizeAndCompute:
         return x
 
 
+def copy_modes_missing(sweep: BandwidthSweep) -> str | None:
+    """Which of the three host-to-device copies (:data:`H2D_MODES`) ``sweep`` did not measure at
+    any size, and why, as one line; None when it measured all three. On a GPU each is a failure:
+    the reference results must hold pageable, pinned blocking and pinned non_blocking side by side."""
+    missing = [m for m in H2D_MODES if not sweep.measured(m)]
+    if not missing:
+        return None
+    return "copy modes not measured: " + "; ".join(f"{m} ({sweep.notes.get(m, 'no note')})"
+                                                   for m in missing)
+
+
 def run_lesson04(budget_s: float = 180.0, *, device: Any = "cuda", progress: bool = False) -> dict:
     """Run lesson 04's measurements on ``device`` and return them as a JSON-friendly dict.
 
     Sections (each skipped, with the reason recorded, when the budget is spent or it fails): the
-    bandwidth sweep (pageable / pinned / device-to-device), the naive vs honest timing,
-    copy/compute overlap, uint8 vs float32, the DevicePrefetcher against a plain loop,
-    pin_memory in a DataLoader, and the forked-worker error. Sizes follow the mode (full unless
+    bandwidth sweep (the three host-to-device copies of
+    :data:`~course_utils.lessons.l04_copies.H2D_MODES` -- pageable, pinned blocking, pinned
+    non_blocking -- side by side, and device-to-device), the naive vs honest timing,
+    copy/compute overlap (each copy mode, the copy or the compute queued first), uint8 vs
+    float32, the DevicePrefetcher against a plain loop, pin_memory in a DataLoader, and the forked-worker error. Sizes follow the mode (full unless
     quick mode is on; the gpu-check command runs in full mode). ``targets["pinned_h2d"]`` holds
-    the issue target: the best pinned copy >= 90% of the best host-to-device copy measured.
+    the issue target: the best pinned copy >= 90% of the best host-to-device copy measured. On
+    CUDA a copy mode the sweep did not measure is a failure (``skipped["copy_modes"]``).
     ``device="cpu"`` runs every code path on the CPU (gpu-check's rehearsal); asking for CUDA
     where there is none raises RuntimeError: these are GPU reference results.
     """
@@ -111,8 +125,10 @@ def _measure(dev: torch.device, budget_s: float, *, progress: bool = False) -> d
         return value
 
     sweep = run("sweep", 10, lambda: lesson.sweep.bandwidth_sweep(dev, progress=progress))
+    if sweep is not None and dev.type == "cuda" and (why := copy_modes_missing(sweep)):
+        results["skipped"]["copy_modes"] = f"failed: {why}"
     run("mismeasure", 3, lambda: lesson.naive.naive_vs_honest(dev))
-    run("overlap", 5, lambda: lesson.overlap.measure_overlap(dev))
+    run("overlap", 6, lambda: lesson.overlap.measure_overlap(dev))
     run("dtype", 3, lambda: lesson.dtype.uint8_vs_float32(dev))
 
     def prefetch() -> PrefetchTiming:
@@ -128,7 +144,7 @@ def _measure(dev: torch.device, budget_s: float, *, progress: bool = False) -> d
         dst = torch.empty(pinned[0][0].shape, dtype=torch.uint8, device=dev)
         copy_s = statistics.median(time_op(lambda: dst.copy_(pinned[0][0], non_blocking=True),
                                            device=dev, repeats=5))
-        step = _NormalizeAndCompute(_calibrated_compute(dev, copy_s))
+        step = _NormalizeAndCompute(calibrated_compute(dev, copy_s))
         step_s = statistics.median(time_op(lambda: step((dst, None)), device=dev, repeats=5))
         timing = compare_prefetch(loader, step, device=dev)
         timing.copy_s_per_batch, timing.step_s = copy_s, step_s
@@ -146,13 +162,13 @@ def _measure(dev: torch.device, budget_s: float, *, progress: bool = False) -> d
     if sweep is not None:
         frac = sweep.pinned_fraction_of_best()
         best = sweep.best_h2d()
-        pinned = sweep.best("pinned")
+        pinned = sweep.best_pinned()
         targets["pinned_h2d"] = {
             "description": "pinned host-to-device >= 90% of the best host-to-device figure measured",
             "value": frac, "target": ">= 0.9", "unit": "fraction of the best H2D GB/s",
             "met": None if frac is None else bool(frac >= 0.9),
-            "detail": (f"best pinned {pinned[1]:.1f} GB/s at {_fmt_bytes(pinned[0])}; best H2D "
-                       f"{best[2]:.1f} GB/s ({best[0]} at {_fmt_bytes(best[1])})"
+            "detail": (f"best pinned {pinned[2]:.1f} GB/s ({pinned[0]} at {fmt_bytes(pinned[1])}); "
+                       f"best H2D {best[2]:.1f} GB/s ({best[0]} at {fmt_bytes(best[1])})"
                        if pinned and best else "pinned copies not measured"),
         }
     results["targets"] = targets

@@ -16,8 +16,8 @@ from course_utils import bench
 from course_utils.bench import time_op
 from course_utils.device import move_to_device, resolve_device, try_pin
 from course_utils.lessons import l04_reference as G
-from course_utils.lessons.l04_copies import KIB, MIB, BandwidthSweep
-from course_utils.lessons.l04_overlap import _calibrated_compute
+from course_utils.lessons.l04_copies import KIB, MIB, MODES, BandwidthSweep
+from course_utils.lessons.l04_overlap import calibrated_compute
 from course_utils.prefetch import DevicePrefetcher, compare_prefetch
 
 pytestmark = pytest.mark.timeout(180)
@@ -70,9 +70,11 @@ def test_time_op_bad_arguments(kwargs, err):
 def test_pinned_fraction_is_best_pinned_over_best_host_to_device():
     sweep = BandwidthSweep.from_dict({
         "device": "cuda:0", "sizes_bytes": [KIB, MIB], "seconds": "an old key, ignored",
-        "gbps": {"pageable": [0.5, 12.0], "pinned": [0.8, 10.0], "device": [1.0, 500.0]}})
+        "gbps": {"pageable": [0.5, 12.0], "pinned_blocking": [0.4, 9.0],
+                 "pinned_non_blocking": [0.8, 10.0], "device": [1.0, 500.0]}})
     assert sweep.best_h2d() == ("pageable", MIB, 12.0)
-    assert sweep.best("pinned") == (MIB, 10.0)
+    assert sweep.best("pinned_non_blocking") == (MIB, 10.0)
+    assert sweep.best_pinned() == ("pinned_non_blocking", MIB, 10.0)
     assert sweep.pinned_fraction_of_best() == pytest.approx(10.0 / 12.0)
     assert BandwidthSweep.from_dict(json.loads(json.dumps(sweep.to_dict()))) == sweep
     with pytest.raises(ValueError, match="mode"):
@@ -80,8 +82,9 @@ def test_pinned_fraction_is_best_pinned_over_best_host_to_device():
 
 
 def test_a_sweep_without_pinned_copies_has_no_pinned_fraction():
-    sweep = BandwidthSweep("cpu", [KIB], {"pageable": [1.0], "pinned": [None]})
-    assert sweep.best("pinned") is None and sweep.pinned_fraction_of_best() is None
+    sweep = BandwidthSweep("cpu", [KIB], {"pageable": [1.0], "pinned_blocking": [None]})
+    assert sweep.best("pinned_blocking") is None and sweep.best("pinned_non_blocking") is None
+    assert sweep.best_pinned() is None and sweep.pinned_fraction_of_best() is None
     assert sweep.best_h2d() == ("pageable", KIB, 1.0)
 
 
@@ -93,7 +96,7 @@ def test_bandwidth_sweep_from_bad_data():
 
 
 def test_calibrated_compute_is_a_chain_of_matmuls():
-    chain = _calibrated_compute(torch.device("cpu"), 1e-3, n=32)
+    chain = calibrated_compute(torch.device("cpu"), 1e-3, n=32)
     assert chain.k >= 1 and chain().shape == (32, 32)
     assert chain.describe() == f"{chain.k} x matmul(32x32, float32)"
 
@@ -183,12 +186,18 @@ def test_every_lesson04_section_runs_from_the_notebook_on_cpu(cpu_run):
     sweep = BandwidthSweep.from_dict(cpu_run["sweep"])
     assert sweep.sizes_bytes[0] == KIB and sweep.sizes_bytes[-1] <= 16 * MIB
     assert all(v > 0 for v in sweep.gbps["pageable"]) and sweep.pinned_fraction_of_best() is None
-    assert "pinned" in sweep.notes                               # it says why it was not measured
+    assert set(sweep.gbps) == set(MODES)                          # every copy mode is recorded
+    for mode in ("pinned_blocking", "pinned_non_blocking"):      # each says why it was not measured
+        assert not sweep.measured(mode) and "not measurable" in sweep.notes[mode]
     assert cpu_run["targets"]["pinned_h2d"]["met"] is None
     demo = cpu_run["mismeasure"]
     assert demo["honest_s"] > 0 and demo["naive_s"] > 0 and not demo["pinned"]
-    (variant,) = cpu_run["overlap"]["overlap"]                   # no streams: one arrangement
-    assert not cpu_run["overlap"]["streams"] and "no streams" in variant
+    ov = cpu_run["overlap"]                                      # no pinning: the pageable copies
+    assert not ov["streams"] and set(ov["overlap"]) == {"pageable", "pageable_non_blocking"}
+    assert set(ov["notes"]) == {"pinned_blocking", "pinned_non_blocking"}
+    for shares in ov["overlap"].values():                        # no streams: one arrangement
+        (variant,) = shares
+        assert "no streams" in variant
     dtype = cpu_run["dtype"]
     assert dtype["bytes_float32"] == 4 * dtype["bytes_uint8"] and dtype["max_abs_diff"] == 0.0
     pin = cpu_run["pin_cost"]
@@ -215,7 +224,8 @@ def test_reference_summary_reads_what_run_lesson04_returns(cpu_run):
     doc = {"name": "lesson04_transfer", "measured_at": "2025-01-01", "results": results,
            "machine": {"gpu_name": "stand-in (CPU data, test only)", "summary": "test"}}
     text = G.reference_summary(doc)
-    for part in ("stand-in (CPU data, test only)", "best pageable host -> CPU", "naive", "overlap",
+    for part in ("stand-in (CPU data, test only)", "best pageable, blocking -> CPU", "naive",
+                 "overlap, pageable, blocking: one after the other",
                  "float32 copy", "DevicePrefetcher", "not measured: pin_cost"):
         assert part in text, part
     if HAS_FORK:

@@ -16,7 +16,7 @@ from ..bench import time_op
 from ..device import move_to_device, resolve_device, synchronize
 from ..grading import (CheckResult, ExerciseFailed, call_answer, describe, grader,
                        refuse_course_helper)
-from ..lessons.l04_overlap import _calibrated_compute
+from ..lessons.l04_overlap import calibrated_compute
 from ..prefetch import DevicePrefetcher
 
 EXERCISE = "04.prefetcher"
@@ -258,7 +258,7 @@ def _cuda_race_check(answer: Any, device: torch.device, mib: int,
     pinning or a busy current stream (the tests use that to check the logic)."""
     cuda, n = device.type == "cuda", _RACE_BATCHES
     loader = _big_loader(n, mib, pin=cuda)
-    busy = (_calibrated_compute(device, 4 * _copy_s(loader, device, 3)) if cuda and any(passes)
+    busy = (calibrated_compute(device, 4 * _copy_s(loader, device, 3)) if cuda and any(passes)
             else None)
     bad: list[tuple[int, int]] = []
     for p, lagging in enumerate(passes):
@@ -304,7 +304,7 @@ def _cuda_overlap_check(answer: Any, device: torch.device, mib: int, threshold: 
     a step calibrated to take as long as a copy."""
     loader = _big_loader(12, mib, pin=True)
     copy_s = _copy_s(loader, device, 5)
-    chain = _calibrated_compute(device, copy_s)
+    chain = calibrated_compute(device, copy_s)
     dst = torch.empty_like(loader.batches[0][0], device=device)
 
     def step(batch: Any) -> None:

@@ -4,8 +4,12 @@ Lesson 04 writes its own timing loop, bandwidth sweep and naive-vs-honest copy i
 (``%%writefile lesson04_copies.py``, ``lesson04_sweep.py``, ``lesson04_naive.py``). What is
 left here is imported by others and so must keep its path:
 
-* :class:`BandwidthSweep` and :func:`_fmt_bytes`: the sweep's result, which the notebook's
-  sweep returns, ``gpu-check`` saves as reference results and :mod:`.l04_reference` reads back.
+* :data:`H2D_MODES` (:class:`CopyMode`): the three host-to-device copies the lesson measures
+  side by side -- pageable (blocking), pinned blocking, pinned ``non_blocking`` -- which the
+  notebook's files, ``gpu-check`` and :mod:`.l04_reference` all name the same way.
+* :class:`BandwidthSweep`, :func:`fmt_bytes` and :func:`fmt_seconds`: the sweep's result, which
+  the notebook's sweep returns, ``gpu-check`` saves as reference results and
+  :mod:`.l04_reference` reads back.
 
 The timing loop's package version, which the graders of exercises 00 and 04 time with, is
 :func:`course_utils.bench.time_op`. Bandwidth is GB/s, decimal (1 GB = 1e9 bytes). Nothing
@@ -13,22 +17,62 @@ happens at import time.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
 
-__all__ = ["MODES", "BandwidthSweep"]
+__all__ = ["CopyMode", "H2D_MODES", "MODES", "BandwidthSweep", "fmt_bytes", "fmt_seconds"]
 
 KIB, MIB, GIB = 1024, 1024**2, 1024**3
-#: The three copy sources of the bandwidth sweep.
-MODES = ("pageable", "pinned", "device")
 
 
-def _fmt_bytes(n: float) -> str:
+class CopyMode(NamedTuple):
+    """One way to copy host memory to the device: ``dst.copy_(src, non_blocking=non_blocking)``
+    with ``src`` in pinned (page-locked) or in ordinary pageable memory."""
+
+    pinned: bool
+    non_blocking: bool
+
+    @property
+    def label(self) -> str:
+        """``"pinned, non_blocking"``, ``"pageable, blocking"``, ..."""
+        return (f"{'pinned' if self.pinned else 'pageable'}, "
+                f"{'non_blocking' if self.non_blocking else 'blocking'}")
+
+
+#: Lesson 04's three host-to-device copies, measured side by side in one run: pageable memory
+#: with a blocking copy (what ``tensor.to(device)`` does), pinned memory with a blocking copy
+#: (what pinning alone gives) and pinned memory with ``non_blocking=True`` (what non_blocking
+#: adds on top).
+H2D_MODES: Mapping[str, CopyMode] = {
+    "pageable": CopyMode(pinned=False, non_blocking=False),
+    "pinned_blocking": CopyMode(pinned=True, non_blocking=False),
+    "pinned_non_blocking": CopyMode(pinned=True, non_blocking=True),
+}
+#: The sources of the bandwidth sweep: the three host-to-device copies, and device-to-device
+#: (the device's own memory bandwidth, for scale).
+MODES = (*H2D_MODES, "device")
+
+
+def fmt_bytes(n: float) -> str:
+    """A size in bytes as text in binary units: ``"16 MiB"``, ``"1.5 KiB"``, ``"512 B"``."""
     for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
         if n >= size:
             value = n / size
             return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
     return f"{int(n)} B"
+
+
+def fmt_seconds(seconds: float | None) -> str:
+    """A duration in seconds as text, in s, ms or us (3 significant digits); "n/a" if unknown."""
+    if seconds is None or not math.isfinite(seconds):
+        return "n/a"
+    if abs(seconds) >= 1.0:
+        return f"{seconds:.3g} s"
+    if abs(seconds) >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e6:.3g} us"
 
 
 @dataclass
@@ -48,25 +92,48 @@ class BandwidthSweep:
     settings: dict = field(default_factory=dict)
     gbps_range: dict[str, list] = field(default_factory=dict)
 
-    def best(self, mode: str) -> tuple[int, float] | None:
-        """(size in bytes, GB/s) of the fastest copy of ``mode``, or None if not measured."""
+    def _check(self, mode: str) -> None:
         if mode not in MODES:
             raise ValueError(f"mode={mode!r} is not one of {', '.join(MODES)}.")
+
+    def measured(self, mode: str) -> bool:
+        """Whether ``mode`` was measured at any size."""
+        self._check(mode)
+        return any(v is not None for v in self.gbps.get(mode, []))
+
+    def best(self, mode: str) -> tuple[int, float] | None:
+        """(size in bytes, GB/s) of the fastest copy of ``mode``, or None if not measured."""
+        self._check(mode)
         pairs = [(s, v) for s, v in zip(self.sizes_bytes, self.gbps.get(mode, [])) if v is not None]
         return max(pairs, key=lambda p: p[1]) if pairs else None
 
     def best_h2d(self) -> tuple[str, int, float] | None:
-        """(mode, size, GB/s) of the fastest host-to-device copy measured (pageable or pinned)."""
-        found = [(m, *b) for m in ("pageable", "pinned") if (b := self.best(m)) is not None]
+        """(mode, size, GB/s) of the fastest host-to-device copy measured (any of
+        :data:`H2D_MODES`)."""
+        found = [(m, *b) for m in H2D_MODES if (b := self.best(m)) is not None]
+        return max(found, key=lambda t: t[2]) if found else None
+
+    def best_pinned(self) -> tuple[str, int, float] | None:
+        """(mode, size, GB/s) of the fastest copy from pinned memory, blocking or not."""
+        found = [(m, *b) for m, how in H2D_MODES.items() if how.pinned and (b := self.best(m))]
         return max(found, key=lambda t: t[2]) if found else None
 
     def pinned_fraction_of_best(self) -> float | None:
-        """Best pinned GB/s / best host-to-device GB/s (the issue's >= 0.9 target); None when
-        pinned copies could not be measured (no accelerator)."""
-        pinned, best = self.best("pinned"), self.best_h2d()
+        """Best pinned GB/s (blocking or non_blocking) / best host-to-device GB/s (the issue's
+        >= 0.9 target); None when pinned copies could not be measured (no accelerator)."""
+        pinned, best = self.best_pinned(), self.best_h2d()
         if pinned is None or best is None or best[2] <= 0:
             return None
-        return pinned[1] / best[2]
+        return pinned[2] / best[2]
+
+    def ratios(self, mode: str, baseline: str) -> list[tuple[int, float]]:
+        """[(size in bytes, GB/s of ``mode`` / GB/s of ``baseline``)] at every size where both
+        were measured, smallest first (empty when one of them was not measured)."""
+        self._check(mode)
+        self._check(baseline)
+        return [(s, v / b) for s, v, b in zip(self.sizes_bytes, self.gbps.get(mode, []),
+                                              self.gbps.get(baseline, []))
+                if v is not None and b is not None and b > 0]
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,10 +1,10 @@
 """Lesson 04: the compute stand-in that stays in the package, and why.
 
 Lesson 04 writes its overlap and uint8-vs-float32 measurements in its cells
-(``%%writefile lesson04_overlap.py``, ``lesson04_dtype.py``). The grader of exercise 04 and
-``gpu-check``'s prefetcher step need a compute kernel of a chosen length too, so
-:func:`_calibrated_compute` (a chain of float32 matmuls) keeps its path here.
-Nothing happens at import time.
+(``%%writefile lesson04_streams.py``, ``lesson04_overlap.py``, ``lesson04_dtype.py``). The
+grader of exercise 04 and ``gpu-check``'s prefetcher step need a compute kernel of a chosen
+length too, so :func:`calibrated_compute` (a chain of float32 matmuls, :class:`MatmulChain`)
+keeps its path here. Nothing happens at import time.
 """
 from __future__ import annotations
 
@@ -15,10 +15,12 @@ import torch
 
 from ..bench import time_op
 
+__all__ = ["MatmulChain", "calibrated_compute"]
 
-class _MatmulChain:
+
+class MatmulChain:
     """``k`` matrix products of two n x n float32 matrices on ``device``: a compute kernel whose
-    length we can dial."""
+    length we can dial. Calling it queues the products and returns the output tensor."""
 
     def __init__(self, device: torch.device, n: int, k: int = 1) -> None:
         gen = torch.Generator().manual_seed(0)
@@ -33,15 +35,17 @@ class _MatmulChain:
         return self.c
 
     def describe(self) -> str:
+        """What the chain computes, e.g. ``"12 x matmul(2048x2048, float32)"``."""
         return f"{self.k} x matmul({self.n}x{self.n}, float32)"
 
 
-def _calibrated_compute(dev: torch.device, target_s: float, n: int | None = None,
-                        max_k: int = 4000) -> _MatmulChain:
-    """A matmul chain taking about ``target_s`` seconds on ``dev``."""
+def calibrated_compute(dev: torch.device, target_s: float, n: int | None = None,
+                       max_k: int = 4000) -> MatmulChain:
+    """A matmul chain taking about ``target_s`` seconds on ``dev``: one product is timed (median
+    of 5, with the device synchronised), and the chain gets as many as fill ``target_s``."""
     if n is None:
         n = 2048 if dev.type == "cuda" else 256
-    chain = _MatmulChain(dev, n, 1)
+    chain = MatmulChain(dev, n, 1)
     one = statistics.median(time_op(chain, device=dev, repeats=5, warmup=2, events=False))
     chain.k = int(min(max_k, max(1, round(target_s / max(one, 1e-7)))))
     return chain
