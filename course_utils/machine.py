@@ -249,8 +249,9 @@ def advise(report: DoctorReport) -> list[str]:
                       f"CPUs are usable: call torch.set_num_threads({cpu.usable}) in the main "
                       f"process.")
 
-    # What a DataLoader worker keeps: everything except torch's pool and torch's own OpenMP
-    # runtime (the worker's torch.set_num_threads(1) sizes both).
+    # What a DataLoader worker does not limit: every pool except torch's own and torch's OpenMP
+    # runtime (the worker's torch.set_num_threads(1) sizes both). How a worker gets the others
+    # depends on the start method (lesson 02, section 2 measures both cases).
     busy = {"OpenCV": pools.opencv} if pools.opencv is not None and pools.opencv > 1 else {}
     for entry in pools.blas:
         if not is_torch_openmp(entry) and (entry.get("num_threads") or 0) > 1:
@@ -258,10 +259,18 @@ def advise(report: DoctorReport) -> list[str]:
     if busy:
         listed = ", ".join(f"{name} {n}" for name, n in busy.items())
         worst = max(busy.values())
-        advice.append(f"These pools keep their threads inside every DataLoader worker ({listed}); "
-                      f"torch's own pool is set to 1 there, these are not: {cpu.usable} workers "
-                      f"can run up to {cpu.usable * worst} threads on {cpu.usable} CPUs. Limit "
-                      f"them in worker_init_fn (course_utils.make_worker_init(1)).")
+        if report.start_method == "fork":
+            how = ("Workers here start with 'fork' and inherit these sizes; OpenCV's pool, if this "
+                   "process has used it before the workers start, lost its threads in the fork: "
+                   "it reads its size there but runs on one thread until something resizes it.")
+        else:
+            how = (f"Workers here start with '{report.start_method}': each loads these libraries "
+                   f"afresh, with pools at the libraries' default size (one thread per core) "
+                   f"unless a thread variable in the worker's environment sets another.")
+        advice.append(f"These pools are not limited inside DataLoader workers ({listed}): the "
+                      f"DataLoader sets only torch's own pool to 1 there. {how} {cpu.usable} "
+                      f"workers can run up to {cpu.usable * worst} threads on {cpu.usable} CPUs. "
+                      f"Limit them in worker_init_fn (course_utils.make_worker_init(1)).")
 
     omp = report.thread_env.get("OMP_NUM_THREADS")
     if omp is not None and omp.strip().isdigit():
@@ -285,24 +294,35 @@ def advise(report: DoctorReport) -> list[str]:
                       f"batches to the GPU in the main process.")
 
     if acc.kind == "cpu" and getattr(torch.version, "cuda", None) and report.start_method == "fork":
+        if os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") == "1":
+            check = ("PYTORCH_NVML_BASED_CUDA_CHECK=1 is set here, so torch.cuda.is_available() "
+                     "asks NVML and initialises nothing (unless NVML fails); using CUDA still "
+                     "initialises it, after which")
+        else:
+            check = ("torch.cuda.is_available() alone initialises the CUDA driver here (unless "
+                     "PYTORCH_NVML_BASED_CUDA_CHECK=1 is set: then it asks NVML), after which")
         advice.append(f"This torch is a CUDA {torch.version.cuda} build on a machine without a "
-                      f"usable GPU: torch.cuda.is_available() alone initialises CUDA here, after "
-                      f"which a forked worker that touches CUDA raises 'Cannot re-initialize CUDA "
-                      f"in forked subprocess'. Keep CUDA out of workers (a CPU-only build is also "
-                      f"~10x smaller).")
+                      f"usable GPU: {check} a forked worker that touches CUDA raises 'Cannot "
+                      f"re-initialize CUDA in forked subprocess'. Keep CUDA out of workers (a "
+                      f"CPU-only build is also a much smaller install: it ships no CUDA "
+                      f"libraries).")
 
     if report.start_method == "forkserver":
         advice.append("Workers start with 'forkserver': they are forked from one server process, "
                       "not from this one, so every Dataset, collate_fn and worker_init_fn must "
-                      "live in an importable module (like course_utils), not in the notebook, and "
-                      "settings made in this process are not inherited; unless torch is preloaded "
-                      "into the server each worker imports it itself, so consider "
-                      "persistent_workers=True.")
+                      "live in an importable module (like course_utils), not in the notebook; "
+                      "thread limits set in this process by calls (torch's, OpenCV's, "
+                      "threadpoolctl's) are not inherited, and their os.environ "
+                      "is the server's from when it started (variables set here later are not "
+                      "seen); unless torch is preloaded into the server each worker imports it "
+                      "itself, so consider persistent_workers=True.")
     elif report.start_method == "spawn":
         advice.append("Workers start with 'spawn': every Dataset, collate_fn and worker_init_fn "
                       "must live in an importable module (like course_utils), not in the "
-                      "notebook; each worker is a fresh interpreter that imports torch afresh, so "
-                      "consider persistent_workers=True.")
+                      "notebook; each worker is a fresh interpreter, started with this process's "
+                      "current os.environ (thread variables set here before the workers start "
+                      "size its BLAS/OpenMP pools; settings made by calls are not inherited), that "
+                      "imports torch afresh, so consider persistent_workers=True.")
     elif report.start_method == "fork":
         advice.append("Workers start with 'fork': they share the parent's memory copy-on-write, "
                       "so hold datasets as NumPy arrays, not lists of Python objects (reading "

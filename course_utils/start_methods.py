@@ -41,27 +41,44 @@ def platform_default_start_method(platform_name: str | None = None,
 _START_METHOD_CASES = {
     "fork": (
         "Each worker is a copy of this process, made when the loader starts its workers. It "
-        "inherits everything defined here (a Dataset class written in a notebook cell works), "
-        "the thread settings made here, and the state of every thread pool. CUDA initialised "
-        "here - by using it, or with a CUDA build of torch by torch.cuda.is_available() alone - "
-        "cannot be used in a worker: keep CUDA out of workers."),
+        "inherits everything: what is defined here (a Dataset class written in a notebook cell "
+        "works), os.environ as it is then, the thread settings made here (torch.set_num_threads, "
+        "cv2.setNumThreads, threadpoolctl limits; the DataLoader then sets torch's pool to 1 in "
+        "every worker) and the state of every loaded library. Only the calling thread is copied: "
+        "a thread pool's settings and bookkeeping come along, its threads do not (OpenCV's pool, "
+        "if this process has used it, reads its old size in a worker but runs on one thread), "
+        "and thread variables set in os.environ after the imports reach the worker's os.environ "
+        "but not the pools it copied, which were sized when this process loaded them. CUDA "
+        "initialised here - by using it, or with a CUDA build of torch by "
+        "torch.cuda.is_available(), which asks the CUDA driver (with "
+        "PYTORCH_NVML_BASED_CUDA_CHECK=1 set it asks NVML instead and initialises nothing, "
+        "unless NVML fails) - cannot be used in a worker: keep CUDA out of workers."),
     "forkserver": (
         "Each worker is forked from one server process that multiprocessing starts once, the "
-        "first time it is needed. The server imported little (only the modules named by "
-        "multiprocessing.set_forkserver_preload), so workers inherit nothing of this process: a "
-        "Dataset, collate_fn or worker_init_fn defined in a notebook cell cannot be pickled to "
-        "them (\"Can't get attribute ... on <module '__main__'>\") and must live in an importable "
-        "module; settings made here (torch.set_num_threads, cv2.setNumThreads, threadpoolctl "
-        "limits) are not inherited; unless torch is preloaded into the server, every worker "
-        "imports torch itself. CUDA in a worker works (the server never initialised it), but each "
-        "worker then builds its own CUDA context - GPU memory and seconds of start-up per "
-        "worker: wasteful; copy batches to the GPU in the main process."),
+        "first time it is needed, with this process's os.environ as it is at that moment. "
+        "Workers inherit the server, not this process: its environment from when it started "
+        "(variables set here later are not seen; thread variables set before it started size "
+        "the pools of the libraries that read them as the server or the worker loads them), "
+        "and its imports - only the "
+        "modules named by multiprocessing.set_forkserver_preload, so unless torch is preloaded "
+        "every worker imports torch itself. Settings made here by calls (torch.set_num_threads, "
+        "cv2.setNumThreads, threadpoolctl limits) are not inherited. A Dataset, collate_fn or "
+        "worker_init_fn defined in a notebook cell cannot be pickled to them (\"Can't get "
+        "attribute ... on <module '__main__'>\") and must live in an importable module. CUDA in "
+        "a worker works (the server never initialised it), but each worker then builds its own "
+        "CUDA context - GPU memory and seconds of start-up per worker: wasteful; copy batches to "
+        "the GPU in the main process."),
     "spawn": (
-        "Each worker is a fresh Python interpreter that imports everything it runs: a Dataset, "
-        "collate_fn or worker_init_fn defined in a notebook cell cannot be pickled to it and must "
-        "live in an importable module; nothing set in this process is inherited; start-up costs "
-        "a torch import per worker (use persistent_workers=True). CUDA in a worker works, but "
-        "each worker builds its own CUDA context: wasteful; copy in the main process."),
+        "Each worker is a fresh Python interpreter, started with this process's current "
+        "os.environ, that imports everything it runs: thread variables (OMP_NUM_THREADS, "
+        "OPENBLAS_NUM_THREADS, MKL_NUM_THREADS, ...) set in os.environ here before the workers "
+        "start - even after this process's own imports - size the pools of the libraries that "
+        "read them when the worker imports them. Settings made here by calls "
+        "(torch.set_num_threads, cv2.setNumThreads, threadpoolctl limits) are not inherited. A "
+        "Dataset, collate_fn or worker_init_fn defined in a notebook cell cannot be pickled to "
+        "it and must live in an importable module; start-up costs a torch import per worker "
+        "(use persistent_workers=True). CUDA in a worker works, but each worker builds its own "
+        "CUDA context: wasteful; copy in the main process."),
 }
 
 

@@ -1,7 +1,10 @@
 """Thread pools (torch's, OpenCV's, every BLAS/OpenMP runtime threadpoolctl sees): look at
 them, limit them, and limit them inside DataLoader workers (lesson 02 shows it in full).
 
-Every DataLoader worker calls ``torch.set_num_threads(1)``; the other pools keep their size.
+Every DataLoader worker calls ``torch.set_num_threads(1)``; the other pools keep the size the
+worker starts with (a fork copies the parent's settings; a spawn worker, or a forkserver worker's
+server, loads the libraries afresh, sized by their defaults or the thread variables in its
+environment).
 :func:`thread_pools` and :func:`pools_in_workers` show that; :class:`limit_threads` and
 :func:`make_worker_init` fix it. Why a limit is done the way it is (OpenCV asked for 0 threads,
 more than one refused in a fork of a busy parent): :mod:`course_utils.fork_safety`.
@@ -28,11 +31,14 @@ from .fork_safety import count_os_threads, is_fork_child, refuse_unsafe_fork, wa
 from .start_methods import resolve_context
 
 __all__ = ["ThreadPools", "thread_pools", "limit_threads", "WorkerThreadLimiter",
-           "make_worker_init", "pools_in_workers", "THREAD_ENV_VARS", "is_torch_openmp"]
+           "make_worker_init", "pools_in_workers", "THREAD_ENV_VARS", "is_torch_openmp",
+           "opencv_parallel_framework", "opencv_follows_omp_num_threads"]
 
 #: Environment variables that size thread pools of libraries loaded *after* they are set
 #: (child processes, or libraries not yet imported). Setting them in a running process does
-#: not resize pools that are already loaded.
+#: not resize pools that are already loaded. A child process sees them if they are in its
+#: environment when it starts: a spawn worker gets this process's current ``os.environ``, a
+#: forkserver worker the environment its server had when the server started.
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS", "OPENCV_FOR_THREADS_NUM")
 
@@ -70,6 +76,40 @@ def _set_opencv_threads(n: int, *, import_if_missing: bool = True) -> None:
     cv2.setNumThreads(0 if n <= 1 else int(n))
 
 
+def opencv_parallel_framework(build_information: str | None = None) -> str | None:
+    """The framework OpenCV's thread pool runs on, as OpenCV names it ("pthreads", "OpenMP",
+    "TBB (ver ...)", "GCD", ...): the "Parallel framework:" line of ``cv2.getBuildInformation()``
+    (or of ``build_information``, that text). None when OpenCV is not installed or the text has
+    no such line. Imports OpenCV when ``build_information`` is None."""
+    if build_information is None:
+        cv2 = _cv2()
+        if cv2 is None:
+            return None
+        build_information = cv2.getBuildInformation()
+    if not isinstance(build_information, str):
+        raise TypeError(f"build_information must be the text of cv2.getBuildInformation() or "
+                        f"None, got {type(build_information).__name__}.")
+    for line in build_information.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip().lower() == "parallel framework":
+            return value.strip() or None
+    return None
+
+
+def opencv_follows_omp_num_threads(framework: str | None) -> bool | None:
+    """Whether an OpenCV whose pool runs on ``framework`` (:func:`opencv_parallel_framework`)
+    is sized by ``OMP_NUM_THREADS``: True for an OpenMP build (the OpenMP runtime reads it when
+    it starts), False for pthreads (the pip wheels), TBB, GCD or Concurrency builds, which
+    ignore it (``OPENCV_FOR_THREADS_NUM`` and ``cv2.setNumThreads`` size those); None when
+    ``framework`` is None (unknown)."""
+    if framework is None:
+        return None
+    if not isinstance(framework, str):
+        raise TypeError(f"framework must be a name like 'pthreads' or 'OpenMP' (or None), got "
+                        f"{framework!r}.")
+    return framework.strip().lower().startswith("openmp")
+
+
 def is_torch_openmp(entry: dict) -> bool:
     """True for the OpenMP runtime shipped inside torch (sized by ``torch.set_num_threads``)."""
     path = os.path.realpath(str(entry.get("filepath") or ""))
@@ -84,7 +124,9 @@ class ThreadPools:
 
     opencv: None when OpenCV is not installed; blas: one dict per library
     ``threadpoolctl.threadpool_info()`` sees; worker_id: None outside a DataLoader worker;
-    os_threads: OS threads of the process (None where unknown).
+    os_threads: OS threads of the process (None where unknown); thread_env: the
+    :data:`THREAD_ENV_VARS` set in the process's ``os.environ`` when it was read (what a worker
+    inherited shows here).
     """
 
     torch_intra: int
@@ -94,6 +136,7 @@ class ThreadPools:
     pid: int = 0
     worker_id: int | None = None
     os_threads: int | None = None
+    thread_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def pools(self) -> dict[str, int]:
@@ -128,6 +171,7 @@ class ThreadPools:
     def from_dict(cls, data: dict) -> "ThreadPools":
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
         known["blas"] = [dict(e) for e in known.get("blas", [])]
+        known["thread_env"] = dict(known.get("thread_env") or {})
         return cls(**known)
 
     def __str__(self) -> str:
@@ -146,7 +190,8 @@ def thread_pools() -> ThreadPools:
                        blas=[{k: info.get(k) for k in _BLAS_KEYS}
                              for info in threadpoolctl.threadpool_info()], pid=os.getpid(),
                        worker_id=None if info is None else int(info.id),
-                       os_threads=count_os_threads())
+                       os_threads=count_os_threads(),
+                       thread_env={k: os.environ[k] for k in THREAD_ENV_VARS if k in os.environ})
 
 
 # ---- limiting in this process --------------------------------------------------------
@@ -259,8 +304,8 @@ class WorkerThreadLimiter:
           :func:`~course_utils.fork_safety.prepare_opencv_for_fork` makes it in the parent.
         * ``gc.freeze()`` first: a collection in a forked child runs finalizers of garbage
           inherited from the parent, which can block on a lock a parent thread held at fork.
-        * Nothing the parent had not imported is imported (1 of 300 forks hung on a module's
-          import lock); an OpenCV never imported is sized by ``OPENCV_FOR_THREADS_NUM``.
+        * Nothing the parent had not imported is imported (a fork that imported one hung, now and
+          then, on a module's import lock); an OpenCV never imported is sized by ``OPENCV_FOR_THREADS_NUM``.
         * OpenCV before threadpoolctl, while the worker has one thread (limiting OpenBLAS
           re-creates its threads in a forked child).
         * A watchdog (``faulthandler``) prints every stack and ends the worker after
