@@ -1,9 +1,10 @@
 """Shared-memory batches that DataLoader workers reuse once the main process has let go of them.
 
 A worker sends its batch to the main process in shared memory, as ``default_collate`` does. A
-fresh segment for every batch pays its page faults every time: on the course machine about
-0.2 ms per 224 px image, a fifth of the tuned loader's CPU (``bench``'s "shipping only" row).
-So each worker keeps :data:`SLOTS` segments and writes its next batch into one that is free.
+fresh segment for every batch pays its page faults every time: the first write to each page
+makes the kernel find and zero a new one. ``bench``'s "shipping only" row measures what sending
+the batches costs on your machine. So each worker keeps :data:`SLOTS` segments and writes its
+next batch into one that is free.
 
 Free is checked, never assumed. When a batch is unpickled in the main process,
 :func:`_received` keeps a weak reference to its storage; a segment goes back to its worker only

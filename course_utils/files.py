@@ -145,7 +145,8 @@ def evict_from_page_cache(paths: Sequence[PathLike]) -> bool:
 class PackedStore:
     """One uint8 ``.npy`` file of decoded, resized images (N x S x S x 3, RGB) plus a
     ``.labels.npy``: read back as a memory-mapped gather (no decode, pages shared by every
-    worker). The price: ~10x the JPEG bytes on disk, and no crop of the full-size original.
+    worker). The price: the decoded bytes on disk (the dataset's describe() prints how many times
+    the JPEG bytes), and no crop of the full-size original.
     """
 
     def __init__(self, path: PathLike) -> None:

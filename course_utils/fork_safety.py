@@ -1,11 +1,11 @@
 """What a process knows about the fork that made it, and what makes forking a busy process safe.
 
 :mod:`course_utils.threads` limits pools; whether that is safe depends on how the process
-started (fork copies a parent's pool bookkeeping and locks, not its threads). Measured with
-opencv-python 5.0 / torch 2.13 CPU on Linux, the reasons for the choices there:
+started (fork copies a parent's pool bookkeeping and locks, not its threads). What was observed
+on Linux with opencv-python 5 and torch 2, and the choices it led to there:
 
 * OpenCV: ``cv2.setNumThreads(1)`` joins the pool's threads, which a forked child does not
-  have: it hung in 19 of 20 forks of a parent that had used OpenCV. ``setNumThreads(0)``
+  have: in forks of a parent that had used OpenCV it hung most of the time. ``setNumThreads(0)``
   ("sequential"; ``getNumThreads()`` then reads 1) does not touch them, so the course uses 0.
 * torch's OpenMP runtime (libgomp): in a fork of a parent that used it, a parallel region of
   more than one thread hangs, so more than one thread is refused (:func:`refuse_unsafe_fork`).

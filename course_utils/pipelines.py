@@ -49,8 +49,8 @@ def uint8_batch(n: int, size: int, *, reuse: bool = True
 
     In a DataLoader worker it is in shared memory, as ``default_collate`` makes it, so sending it
     costs no copy; with ``reuse`` it is one of the worker's reused segments
-    (:mod:`course_utils.batch_buffers`), which saves the fresh pages (about 0.2 ms per 224 px
-    image on the course machine)."""
+    (:mod:`course_utils.batch_buffers`), which saves faulting in fresh pages for every batch
+    (``bench``'s "shipping only" row measures what sending batches costs)."""
     nbytes = n * size * size * 3
     flat, slot = shared_uint8(nbytes) if reuse else (torch.empty(nbytes, dtype=torch.uint8), None)
     tensor = flat.view(n, size, size, 3)

@@ -3,8 +3,10 @@
 All read JPEG files in the ``ImageFolder`` layout. The baselines: :func:`seed_recipe_loader`
 (the recipe this course started from; run it inside
 :class:`~course_utils.pipelines.seed_recipe_process_settings`) and
-:func:`imagenet_recipe_loader` (pytorch/examples ``imagenet/main.py``; only the batch size is a
-parameter: its 256 is more than a laptop's course data holds). The course's:
+:func:`imagenet_recipe_loader` (the *training* loader of pytorch/examples ``imagenet/main.py``,
+RandomResizedCrop + RandomHorizontalFlip; lesson 01 times that script's validation transform,
+Resize + CenterCrop. Only the batch size is a parameter: its 256 is more than a laptop's course
+data holds). The course's:
 :func:`tuned_files_loader` (what lessons 01-03 teach: batched fetch, reduced-scale decode, uint8
 batches; crops, flips and floats later on the device) and :class:`DecodeOnlyFiles` (the decode
 ceiling). Workers unpickle these datasets, so they live in the package.
