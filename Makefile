@@ -34,7 +34,7 @@ LAB_ARGS ?=
 PYTEST_ARGS ?=
 CELL_TIMEOUT ?= 300
 # Two pytest processes; --dist loadscope keeps each notebook's cells in one kernel, in order.
-# Kernels start over IPC, not TCP ports (course_utils/kernels.py says why).
+# Kernels start over IPC, not TCP ports (course_utils/grading/kernels.py says why).
 PYTEST_WORKERS ?= 2
 START_METHOD ?=
 FORCE_START := $(if $(START_METHOD),COURSE_FORCE_START_METHOD=$(START_METHOD) PYTHONPATH="$(CURDIR)/tools/start_method$${PYTHONPATH:+:$$PYTHONPATH}")
@@ -70,7 +70,7 @@ lab: install
 # own: its step timeouts are the GPU run's, so it must not share the CPUs with other tests.
 test: install
 	COURSE_QUICK=1 MPLBACKEND=Agg $(FORCE_START) $(PY) -m pytest tests notebooks solutions \
-	  --nbval-lax --nbval-cell-timeout=$(CELL_TIMEOUT) -p course_utils._nbval_kernels \
+	  --nbval-lax --nbval-cell-timeout=$(CELL_TIMEOUT) -p course_utils.grading._nbval_kernels \
 	  -n $(PYTEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 	COURSE_REHEARSAL=1 MPLBACKEND=Agg $(FORCE_START) $(PY) -m pytest tests/test_gpu_rehearsal.py \
 	  $(PYTEST_ARGS)

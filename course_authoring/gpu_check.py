@@ -160,7 +160,7 @@ def _remount(size_bytes: int) -> bool:
 
 _DDP = """from course_authoring.notebook_modules import notebook_module
 from course_utils import usable_cpus
-from course_utils.lessons.l07_launch import pick_backend
+from course_utils.tools.ddp.launch import pick_backend
 print('backend for 1 rank:', pick_backend(1))
 ddp = notebook_module('07_scaling_out.ipynb', 'lesson07_ddp')  # the lesson's own measure_ddp
 print(ddp.measure_ddp(1, num_workers=max(usable_cpus() - 1, 0), rank_threads=1, timeout_s=18))"""
@@ -195,7 +195,7 @@ def check_steps(out_dir: str | os.PathLike, *, python: str = sys.executable,
     steps.append(Step("lesson 07: one torchrun rank (quick)", [py, "-c", _DDP], 25, env=quick,
                       max_cpus=QUICK_CPUS))
     steps.append(Step("lesson 08: diagnose (quick)",
-                      [py, "-m", "course_utils", "diagnose", "course_utils.examples.data_bound:make_loop",
+                      [py, "-m", "course_utils", "diagnose", "course_utils.tools.examples.data_bound:make_loop",
                        "--budget", "10", "--no-progress", "--json", f"{out}/diagnose_cuda.json"],
                       25, env=quick, max_cpus=QUICK_CPUS))
     for step in steps:

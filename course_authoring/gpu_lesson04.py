@@ -17,11 +17,11 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from course_utils.bench import time_op
 from course_utils.config import pick, quick_mode
 from course_utils.lessons.l04_copies import H2D_MODES, BandwidthSweep, fmt_bytes
 from course_utils.lessons.l04_overlap import MatmulChain, calibrated_compute
 from course_utils.prefetch import PrefetchTiming, compare_prefetch
+from course_utils.timing import time_op
 from course_utils.transforms import normalize_batch
 
 from .notebook_modules import notebook_module

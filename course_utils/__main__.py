@@ -16,7 +16,7 @@ from .checks import check_folder
 from .config import QUICK_ENV
 from .image_folder import ImageFolderDataset
 from .machine import doctor
-from .tuning import MIN_BUDGET_S, TuningInterrupted, folder_for_tuning, tune_loader
+from .tools.tune.search import MIN_BUDGET_S, TuningInterrupted, folder_for_tuning, tune_loader
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
@@ -27,7 +27,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 def _cmd_grade(args: argparse.Namespace) -> int:
     """Grade notebooks; a bad path gives one line on stderr and exit status 2, before any runs."""
-    from .grade_notebook import grade_notebook, read_notebook  # only when this subcommand runs
+    from .grading.grade import grade_notebook, read_notebook  # only when this subcommand runs
     if args.cell_timeout <= 0:
         print(f"python -m course_utils grade: error: --cell-timeout {args.cell_timeout} must be more "
               f"than 0 seconds per cell; pass e.g. --cell-timeout 600.", file=sys.stderr)
@@ -68,7 +68,7 @@ def _print_and_save(result: Any, json_path: str | None) -> None:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     """Run the benchmark; sizes too small to time give one line on stderr and exit status 2."""
-    from .benchmark import benchmark_sizes, run_benchmark  # only when this subcommand runs
+    from .tools.bench.run import benchmark_sizes, run_benchmark  # only when this subcommand runs
     try:
         n, batch_size, repeats = benchmark_sizes(args.images, args.batch_size, args.repeats,
                                                  names=("--images ", "--batch-size "))
@@ -144,7 +144,7 @@ def _tune(args: argparse.Namespace, fail: Callable[[str], int]) -> int:
 
 def _cmd_diagnose(args: argparse.Namespace) -> int:
     """``diagnose``: one line and exit 2 on bad input, exit 130 on Ctrl-C."""
-    from .diagnose import DiagnoseError, build_loop, diagnose, load_target  # only when it runs
+    from .tools.diagnose import DiagnoseError, build_loop, diagnose, load_target  # only when it runs
 
     def fail(message: str, code: int = 2) -> int:
         print(f"python -m course_utils diagnose: error: {message}", file=sys.stderr)
@@ -278,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "--budget seconds, the step alone and the loader alone; says data-bound or "
                     "compute-bound and, when data-bound, times the cheap fixes on the same loop.",
         epilog="examples: python -m course_utils diagnose train.py:make_loop --budget 60\n"
-               "          python -m course_utils diagnose course_utils.examples.data_bound:make_loop",
+               "          python -m course_utils diagnose course_utils.tools.examples.data_bound:make_loop",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target", metavar="MODULE:FUNCTION",
                    help="a .py file or importable module, a colon, and the function that returns "

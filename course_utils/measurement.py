@@ -1,6 +1,6 @@
 """What a measurement is, once made: :class:`Measurement` (one setup) and :class:`Comparison`
 (several side by side, with ratios to a baseline), their text and JSON form. Apart from the timing
-engine (:mod:`course_utils.bench`), so shipped results, plots and the tuner need not import it.
+engine (:mod:`course_utils.timing`), so shipped results, plots and the tuner need not import it.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ METRICS = ("samples_per_s", "median_s", "cpu_s_per_sample", "involuntary_ctx_swi
            "peak_uss_bytes", "peak_pss_bytes")
 
 
-def _fmt_time(seconds: float) -> str:
+def fmt_time(seconds: float) -> str:
     """A duration in seconds as text, in s, ms or us (3 significant digits); "n/a" if unknown."""
     if seconds is None or not math.isfinite(seconds):
         return "n/a"
@@ -52,7 +52,7 @@ def _fmt_mb(n_bytes: int | None) -> str:
     return "n/a" if n_bytes is None else f"{n_bytes / 1e6:,.1f}"
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     """A JSON-friendly copy of ``value``: non-finite floats become None, arrays lists, objects with
     ``to_dict`` their dict, anything else exotic (e.g. torch.device) its str()."""
     if value is None or isinstance(value, (bool, str)):
@@ -63,19 +63,19 @@ def _jsonable(value: Any) -> Any:
         value = float(value)
         return value if math.isfinite(value) else None
     if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if isinstance(value, np.ndarray):
-        return _jsonable(value.tolist())
+        return jsonable(value.tolist())
     if hasattr(value, "to_dict"):
-        return _jsonable(value.to_dict())
+        return jsonable(value.to_dict())
     return str(value)
 
 
 @dataclass
 class Measurement:
-    """The result of :func:`~course_utils.bench.measure` or :func:`~.bench.measure_loader`.
+    """The result of :func:`~course_utils.timing.measure` or :func:`~.timing.measure_loader`.
 
     Times are seconds per repeat (``samples_per_s`` uses the median); ``cpu_s_per_sample`` is
     CPU seconds of the whole process tree per sample; context switches are a total over all
@@ -121,7 +121,7 @@ class Measurement:
             notes.append(f"few repeats: {len(times)} (use {MIN_REPEATS} or more for a meaningful "
                          f"median and IQR)")
         if median < SHORT_REPEAT_S:
-            notes.append(f"short repeats: the median repeat is {_fmt_time(median)}; timer and "
+            notes.append(f"short repeats: the median repeat is {fmt_time(median)}; timer and "
                          f"call overhead matter at this scale, time more work per repeat")
         return cls(label=str(label), times_s=times, items_per_repeat=int(items_per_repeat),
                    median_s=median, iqr_s=q75 - q25, samples_per_s=rate,
@@ -202,7 +202,7 @@ class Measurement:
 
     def to_dict(self) -> dict:
         """A JSON-serialisable dict (``json.dumps`` works on it); :meth:`from_dict` reads it."""
-        out = {name: _jsonable(getattr(self, name)) for name in self.__dataclass_fields__}
+        out = {name: jsonable(getattr(self, name)) for name in self.__dataclass_fields__}
         out["noisy"] = self.noisy
         return out
 
@@ -211,12 +211,12 @@ class Measurement:
         rel = f", {100 * self.iqr_s / self.median_s:.1f}%" if self.median_s > 0 else ""
         lines = [
             self.label,
-            f"  median {_fmt_time(self.median_s)} per repeat (IQR {_fmt_time(self.iqr_s)}{rel}), "
+            f"  median {fmt_time(self.median_s)} per repeat (IQR {fmt_time(self.iqr_s)}{rel}), "
             f"{n} repeat{'s' if n != 1 else ''} of {self.items_per_repeat} samples",
         ]
         parts = [f"{_fmt_rate(self.samples_per_s)} samples/s"]
         if self.cpu_s_per_sample is not None:
-            parts.append(f"{_fmt_time(self.cpu_s_per_sample)} CPU/sample")
+            parts.append(f"{fmt_time(self.cpu_s_per_sample)} CPU/sample")
         if self.involuntary_ctx_switches is not None:
             parts.append(f"{self.involuntary_ctx_switches:,} invol. ctx switches")
         if self.peak_uss_bytes is not None:

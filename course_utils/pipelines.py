@@ -1,5 +1,5 @@
 """The course's in-memory loaders: the common recipe (an emulation) and the tuned CPU pipeline,
-reading the course's JPEG bytes from RAM (the recipes on files are in :mod:`course_utils.recipes`).
+reading the course's JPEG bytes from RAM (the recipes on files are in :mod:`course_utils.tools.bench.recipes`).
 
 The **common recipe** is what many tutorials paste: one thread via ``torch.set_num_threads(1)``
 and ``OMP/MKL/OPENBLAS_NUM_THREADS=1``, ``num_workers=4``, per-sample float32, pinned memory. The

@@ -13,7 +13,7 @@ import torch
 from .checks import check_int
 from .config import pick
 from .device import move_to_device, resolve_device, synchronize, tensors_of
-from .measurement import _fmt_time
+from .measurement import fmt_time
 
 __all__ = ["DevicePrefetcher", "PrefetchTiming", "compare_prefetch"]
 
@@ -101,11 +101,11 @@ class PrefetchTiming:
         return out
 
     def __str__(self) -> str:
-        text = (f"{self.steps} steps on {self.device}: plain loop {_fmt_time(self.plain_s_per_step)}/step, "
-                f"DevicePrefetcher {_fmt_time(self.prefetch_s_per_step)}/step ({self.speedup:.2f}x)")
+        text = (f"{self.steps} steps on {self.device}: plain loop {fmt_time(self.plain_s_per_step)}/step, "
+                f"DevicePrefetcher {fmt_time(self.prefetch_s_per_step)}/step ({self.speedup:.2f}x)")
         if self.copy_s_per_batch is not None and self.step_s is not None:
-            text += (f"\n  alone: copy {_fmt_time(self.copy_s_per_batch)}/batch, compute "
-                     f"{_fmt_time(self.step_s)}/step")
+            text += (f"\n  alone: copy {fmt_time(self.copy_s_per_batch)}/batch, compute "
+                     f"{fmt_time(self.step_s)}/step")
         if self.note:
             text += "\n  " + self.note
         return text

@@ -1,5 +1,5 @@
 """CPU time, context switches and memory of this process and its children (DataLoader workers),
-read with :mod:`psutil` and /proc around the windows :mod:`course_utils.bench` times."""
+read with :mod:`psutil` and /proc around the windows :mod:`course_utils.timing` times."""
 from __future__ import annotations
 
 import glob

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from .machine import accelerator, cpu_info, machine_summary
-from .measurement import _jsonable
+from .measurement import jsonable
 
 __all__ = ["REFERENCE_DIR", "REQUIRED_KEYS", "LESSON04", "LESSON05", "SUMMARY", "REFERENCE_NAMES",
            "MalformedReference", "describe_machine", "save_reference", "load_reference",
@@ -109,8 +109,8 @@ def save_reference(name: str, data: Mapping, *, machine: Mapping,
         except ValueError:
             raise ValueError(f"measured_at must be an ISO date like '2025-01-31', "
                              f"got {measured_at!r}.") from None
-    doc = {"name": name, "measured_at": str(measured_at), "machine": _jsonable(dict(machine)),
-           "results": _jsonable(dict(data))}
+    doc = {"name": name, "measured_at": str(measured_at), "machine": jsonable(dict(machine)),
+           "results": jsonable(dict(data))}
     path = reference_path(name, directory)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")

@@ -15,12 +15,12 @@ from typing import Any, Iterator, Optional
 import numpy as np
 from torch.utils.data import DataLoader, Dataset
 
-from .bench import measure_loader
 from .checks import check_fraction, check_int, check_seconds
 from .config import pick
 from .machine import usable_cpus
 from .measurement import Measurement
 from .plots import figure_title
+from .timing import measure_loader
 
 
 __all__ = ["DEFAULT_TOLERANCE", "MAX_DEFAULT_WORKERS", "default_worker_counts", "find_knee",
@@ -270,7 +270,7 @@ def sweep_workers(dataset: Dataset, worker_counts: Optional[Sequence[int]] = Non
                   **loader_kwargs: Any) -> WorkerSweep:
     """Measure samples/s of ``DataLoader(dataset, num_workers=w, ...)`` for each ``w``.
 
-    Each point is one :func:`~course_utils.bench.measure_loader` call: an untimed warm-up (by
+    Each point is one :func:`~course_utils.timing.measure_loader` call: an untimed warm-up (by
     default ``max(2, prefetch_factor x w)`` batches: an early worker may have that many ready
     before the clock starts), then about ``batches`` timed batches (default 48, quick 16) in
     whole rounds of ``w``, within one epoch. ``loader_kwargs`` go to every DataLoader (those that

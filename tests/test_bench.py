@@ -1,4 +1,4 @@
-"""Tests for course_utils.bench: structure, arithmetic and bad input — never speed claims.
+"""Tests for course_utils.timing: structure, arithmetic and bad input — never speed claims.
 
 The arithmetic is pinned with a fake clock (and a fake CPU monitor) on hand-computed, asymmetric
 cases; real timings are only checked against bounds no busy machine can break (a 10 ms sleep
@@ -16,11 +16,11 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from course_utils import bench
-from course_utils.bench import DataWait, batch_size_of, measure, measure_data_wait, measure_loader
+from course_utils import timing
 from course_utils.measurement import (MIN_REPEATS, NOISY_IQR_FRACTION, SHORT_REPEAT_S, Comparison,
                                       Measurement, compare)
 from course_utils.plots import plot_measurements
+from course_utils.timing import DataWait, batch_size_of, measure, measure_data_wait, measure_loader
 
 from _helpers import TinyDataset
 
@@ -148,7 +148,7 @@ class ClockDataset(Dataset):
 def test_measure_with_fake_clock_computes_median_iqr_and_rate(monkeypatch):
     # warm-up call first (0.0 s), then five repeats of known length
     clock = FakeClock([0.0, 0.1, 0.2, 0.3, 0.4, 0.5])
-    monkeypatch.setattr(bench, "_now", clock)
+    monkeypatch.setattr(timing, "_now", clock)
     m = measure(clock.work, items=6, warmup=1, repeats=5, label="fake")
     assert m.times_s == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5])
     assert m.median_s == pytest.approx(0.3)
@@ -217,8 +217,8 @@ def test_short_repeats_warning_below_the_threshold(scale, warned):
 
 def test_measure_cpu_per_sample_is_the_cpu_total_over_every_sample(monkeypatch):
     clock = FakeClock([0.0, 0.2, 0.6])                  # warm-up, then two repeats
-    monkeypatch.setattr(bench, "_now", clock)
-    monkeypatch.setattr(bench, "TreeMonitor", lambda: FakeMonitor([(0.2, 1), (0.6, 4)]))
+    monkeypatch.setattr(timing, "_now", clock)
+    monkeypatch.setattr(timing, "TreeMonitor", lambda: FakeMonitor([(0.2, 1), (0.6, 4)]))
     m = measure(clock.work, items=5, warmup=1, repeats=2)
     assert m.times_s == pytest.approx([0.2, 0.6])
     assert m.cpu_s_per_sample == pytest.approx((0.2 + 0.6) / (5 * 2))
@@ -228,8 +228,8 @@ def test_measure_cpu_per_sample_is_the_cpu_total_over_every_sample(monkeypatch):
 def test_measure_loader_scales_uneven_repeats_and_divides_cpu_by_every_sample(monkeypatch):
     """Three repeats of 4, 6 and 4 samples (a partial batch in the last), fake clock and CPU."""
     clock = FakeClock([])
-    monkeypatch.setattr(bench, "_now", clock)
-    monkeypatch.setattr(bench, "TreeMonitor", lambda: FakeMonitor([(0.3, 2), (0.5, 3), (0.6, 4)]))
+    monkeypatch.setattr(timing, "_now", clock)
+    monkeypatch.setattr(timing, "TreeMonitor", lambda: FakeMonitor([(0.3, 2), (0.5, 3), (0.6, 4)]))
     loader = PlannedEpochs(clock, [[(2, 0.1), (2, 0.3)],             # 4 samples in 0.4 s
                                    [(2, 0.2), (2, 0.3), (2, 0.4)],   # 6 samples in 0.9 s
                                    [(3, 0.3), (1, 0.4)]])            # 4 samples in 0.7 s
@@ -247,7 +247,7 @@ def test_measure_data_wait_fraction_is_total_wait_over_total_loop_time(monkeypat
     """Per step (fake seconds): wait 0.1, 0.3, 0.2 and compute 0.5, 0.1, 0.8, after a warm-up
     step of 5 s + 5 s that must not count: 0.6 s of 2.0 s waited."""
     clock = FakeClock([])
-    monkeypatch.setattr(bench, "_now", clock)
+    monkeypatch.setattr(timing, "_now", clock)
     waits, computes = [5.0, 0.1, 0.3, 0.2], [5.0, 0.5, 0.1, 0.8]
 
     class Loader:
@@ -476,20 +476,20 @@ def test_cpu_time_includes_the_workers():
 
 def test_default_warm_up_covers_every_batch_in_flight():
     # num_workers * prefetch_factor batches before the clock starts, however short the epoch
-    assert bench._warmup_for(DataLoader(TinyDataset(4), num_workers=0), None) == 2
-    assert bench._warmup_for(SimpleNamespace(num_workers=5), None) == 10  # prefetch_factor 2
-    assert bench._warmup_for(SimpleNamespace(num_workers=3, prefetch_factor=4), None) == 12
-    assert bench._warmup_for(DataLoader(TinyDataset(10), num_workers=2), None) == 4
-    assert bench._warmup_for(DataLoader(TinyDataset(4), num_workers=4), None) == 8  # no cap
-    assert bench._warmup_for(SimpleNamespace(num_workers=1, prefetch_factor=1), None) == 2
-    assert bench._warmup_for(SimpleNamespace(num_workers=5), 1) == 1
+    assert timing._warmup_for(DataLoader(TinyDataset(4), num_workers=0), None) == 2
+    assert timing._warmup_for(SimpleNamespace(num_workers=5), None) == 10  # prefetch_factor 2
+    assert timing._warmup_for(SimpleNamespace(num_workers=3, prefetch_factor=4), None) == 12
+    assert timing._warmup_for(DataLoader(TinyDataset(10), num_workers=2), None) == 4
+    assert timing._warmup_for(DataLoader(TinyDataset(4), num_workers=4), None) == 8  # no cap
+    assert timing._warmup_for(SimpleNamespace(num_workers=1, prefetch_factor=1), None) == 2
+    assert timing._warmup_for(SimpleNamespace(num_workers=5), 1) == 1
 
 
 def test_batches_in_flight_is_workers_times_prefetch():
-    assert bench.batches_in_flight(DataLoader(TinyDataset(4))) == 0
-    assert bench.batches_in_flight(DataLoader(TinyDataset(4), num_workers=3)) == 6
-    assert bench.batches_in_flight(DataLoader(TinyDataset(4), num_workers=3, prefetch_factor=5)) == 15
-    assert bench.batches_in_flight(SimpleNamespace()) == 0           # not a DataLoader: nothing ahead
+    assert timing.batches_in_flight(DataLoader(TinyDataset(4))) == 0
+    assert timing.batches_in_flight(DataLoader(TinyDataset(4), num_workers=3)) == 6
+    assert timing.batches_in_flight(DataLoader(TinyDataset(4), num_workers=3, prefetch_factor=5)) == 15
+    assert timing.batches_in_flight(SimpleNamespace()) == 0           # not a DataLoader: nothing ahead
 
 
 class FakeWorkersLoader:
@@ -542,21 +542,21 @@ def test_a_default_window_over_an_iterable_that_ends_early_is_refused():
 ])
 def test_a_window_set_by_hand_is_flagged_from_its_counts(warmup, timed, flags):
     loader = FakeWorkersLoader(40, num_workers=4)
-    assert [f for f in flags if not any(f in w for w in bench.window_warnings(loader, warmup, timed))] == []
-    assert len(bench.window_warnings(loader, warmup, timed)) == len(flags)
+    assert [f for f in flags if not any(f in w for w in timing.window_warnings(loader, warmup, timed))] == []
+    assert len(timing.window_warnings(loader, warmup, timed)) == len(flags)
     m = measure_loader(loader, warmup_batches=warmup, batches=timed, repeats=1, progress=False)
     assert all(any(f in w for w in m.warnings) for f in flags)
 
 
 def test_no_workers_means_nothing_in_flight_to_flag():
-    assert bench.window_warnings(DataLoader(TinyDataset(40)), 0, 10) == []
+    assert timing.window_warnings(DataLoader(TinyDataset(40)), 0, 10) == []
 
 
 def test_measure_loader_times_exactly_the_batches_after_warm_up(monkeypatch):
     """A fake clock advanced by each item (item i: i + 1 ms): each repeat's time is the sum
     over the timed items, the warm-up batch (items 0-3) left out, nothing else in the window."""
     clock = FakeClock([])
-    monkeypatch.setattr(bench, "_now", clock)
+    monkeypatch.setattr(timing, "_now", clock)
     loader = DataLoader(ClockDataset(40, clock), batch_size=4)      # 10 batches
     m = measure_loader(loader, warmup_batches=1, repeats=3, progress=False)
     timed_s = sum(range(5, 41)) * 1e-3                  # items 4..39 cost 5..40 ms

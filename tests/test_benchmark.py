@@ -7,10 +7,10 @@ import math
 import pytest
 
 from course_utils.__main__ import main
-from course_utils.benchmark import (COLD, DECODE_ONLY, IMAGENET, MEMMAP, RAM_BYTES, RAM_GATHER,
-                                    SEED, SHIPPING, TARGETS, TUNED, BenchmarkResult, min_batches,
-                                    run_benchmark)
 from course_utils.measurement import Measurement, compare
+from course_utils.tools.bench.run import (COLD, DECODE_ONLY, IMAGENET, MEMMAP, RAM_BYTES,
+                                          RAM_GATHER, SEED, SHIPPING, TARGETS, TUNED,
+                                          BenchmarkResult, min_batches, run_benchmark)
 
 
 @pytest.mark.timeout(300)

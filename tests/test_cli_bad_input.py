@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from course_utils import tune_loader
 from course_utils.__main__ import main
-from course_utils.benchmark import min_batches
-from course_utils.machine import usable_cpus
 from course_utils.image_folder import ImageFolderDataset, image_damage
-from course_utils.tuning import MIN_FOLDER_IMAGES
+from course_utils.machine import usable_cpus
+from course_utils.tools import tune_loader
+from course_utils.tools.bench.run import min_batches
+from course_utils.tools.tune.search import MIN_FOLDER_IMAGES
 
 from _helpers import ROOT
 

@@ -11,12 +11,12 @@ import textwrap
 import psutil
 import pytest
 
-import course_utils.diagnose as d
+import course_utils.tools.diagnose as d
 from course_utils.__main__ import main
-from course_utils.diagnose import (DATA_BOUND_FRACTION, LOADER_ALONE_FACTOR, POOL_THREADS,
-                                   STEP_SLOWDOWN_FACTOR, DiagnoseError, LoopTiming, build_loop,
-                                   load_target, loader_barely_faster, runs_own_pools, step_slowed,
-                                   time_loop, verdict)
+from course_utils.tools.diagnose import (DATA_BOUND_FRACTION, LOADER_ALONE_FACTOR, POOL_THREADS,
+                                         STEP_SLOWDOWN_FACTOR, DiagnoseError, LoopTiming,
+                                         build_loop, load_target, loader_barely_faster,
+                                         runs_own_pools, step_slowed, time_loop, verdict)
 
 from _helpers import ROOT
 
@@ -38,7 +38,7 @@ def _no_children_left(before: set[int]) -> None:
 def test_data_bound_example_is_data_bound_with_measured_fixes(tmp_path, capsys):
     before = _children()
     out = tmp_path / "d.json"
-    assert main(["diagnose", "course_utils.examples.data_bound:make_loop", "--budget", "8",
+    assert main(["diagnose", "course_utils.tools.examples.data_bound:make_loop", "--budget", "8",
                  "--steps", "40", "--no-progress", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["verdict"] == "data-bound", result
@@ -58,7 +58,7 @@ def test_data_bound_example_is_data_bound_with_measured_fixes(tmp_path, capsys):
 @pytest.mark.timeout(240)
 def test_compute_bound_example_is_compute_bound(tmp_path):
     out = tmp_path / "c.json"
-    assert main(["diagnose", "course_utils.examples.compute_bound:make_loop", "--budget", "6",
+    assert main(["diagnose", "course_utils.tools.examples.compute_bound:make_loop", "--budget", "6",
                  "--steps", "12", "--no-progress", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     # no timed threshold here (the rule is pinned on faked timings below): the verdict is the
@@ -151,7 +151,7 @@ def test_build_loop_checks_the_pieces():
         build_loop(lambda: (3, print))
     with pytest.raises(DiagnoseError, match="must be a function step"):
         build_loop(lambda: ([1, 2], "step"))
-    assert callable(load_target("course_utils.examples.compute_bound:make_loop"))
+    assert callable(load_target("course_utils.tools.examples.compute_bound:make_loop"))
 
 
 class _SlowStartLoader:
@@ -175,7 +175,7 @@ class _SlowStartLoader:
 
 
 def test_warmup_is_capped_by_the_epoch_so_steps_are_timed():
-    from course_utils.diagnose import time_loop
+    from course_utils.tools.diagnose import time_loop
     timing = time_loop(_SlowStartLoader(0.25), lambda batch: None, max_steps=100, seconds=0.3,
                        label="num_workers=16")
     assert timing.warmup_steps == 6            # half of a 12-batch epoch, not 16 x 2 = 32
@@ -215,7 +215,7 @@ def _patched_diagnose(monkeypatch, fixes: dict, num_workers: int = 0):
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create")   # none is started
 def test_a_fix_that_timed_no_step_is_a_note_not_a_nan_suggestion(monkeypatch):
-    from course_utils.diagnose import LoopTiming
+    from course_utils.tools.diagnose import LoopTiming
     result, seen = _patched_diagnose(monkeypatch, {
         "num_workers=1": _fake_timing("num_workers=1", 0.004, 0.001, 20),
         "num_workers=16": LoopTiming("num_workers=16", [], [], 0, 1.2, 32)})

@@ -1,4 +1,4 @@
-"""What lesson 07's notebook, exercise 07's grader and the ranks share (course_utils.lessons.l07_sharding,
+"""What lesson 07's notebook, exercise 07's grader and the ranks share (course_utils.lessons.l07_scaling_out,
 l07_launch): sharding checks on hand-made records, simulated ranks, and the torchrun launcher.
 
 Three real torchrun launches (a few seconds each): the sampler under every worker start
@@ -15,9 +15,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from course_utils.lessons.l07_launch import DistributedError, launch, pick_backend
-from course_utils.lessons.l07_sharding import (IndexDataset, indices_of, sharding_report,
+from course_utils.lessons.l07_scaling_out import (IndexDataset, indices_of, sharding_report,
                                                simulate_ranks)
+from course_utils.tools.ddp.launch import DistributedError, launch, pick_backend
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -201,6 +201,6 @@ def test_a_stuck_rank_is_killed_at_the_timeout():
     for p in psutil.process_iter(["cmdline", "ppid"]):
         cmd = p.info["cmdline"] or []
         # orphans of this test: ranks of the 'sleep' task re-parented to init (or to us)
-        if "course_utils.ddp_rank" in cmd and "sleep" in cmd and p.info["ppid"] in (1, os.getpid()):
+        if "course_utils.tools.ddp.rank" in cmd and "sleep" in cmd and p.info["ppid"] in (1, os.getpid()):
             leftovers.append(p)
     assert not leftovers

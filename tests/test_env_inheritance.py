@@ -15,7 +15,7 @@ import os
 import pytest
 import torch
 
-from course_utils.lessons.l02_workload import (
+from course_utils.lessons.l02_threads import (
     ENV_VERDICTS,
     RECIPE_ENV_VARS,
     env_after_import_in_workers,

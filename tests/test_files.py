@@ -9,10 +9,10 @@ import cv2
 import numpy as np
 import pytest
 
-from course_utils import files
 from course_utils.data import JpegDataset, sample_photo
-from course_utils.files import (PackedStore, evict_from_page_cache, image_files, jpeg_size,
-                                reduced_decode_flag, write_image_folder)
+from course_utils.tools.bench import storage
+from course_utils.tools.bench.storage import (PackedStore, evict_from_page_cache, image_files,
+                                              jpeg_size, reduced_decode_flag, write_image_folder)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def test_folder_has_imagefolder_layout_and_the_same_bytes(base, tmp_path):
         i = int(p.stem)
         assert p.read_bytes() == base.encoded(i).tobytes()
         assert p.parent.name == f"c{base.labels[i]}"
-    assert json.loads((root / files.MARKER).read_text())["n"] == 12
+    assert json.loads((root / storage.MARKER).read_text())["n"] == 12
     assert write_image_folder(base, root) == root          # reused, not rewritten
     assert not [p for p in root.parent.iterdir() if ".writing-" in p.name]
 

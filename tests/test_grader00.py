@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-import course_utils.graders.ex00_timing as G
-from course_utils.grading import ExerciseFailed, check
+import course_utils.grading.ex00_measure_first as G
+from course_utils.grading.checker import ExerciseFailed, check
 
 pytestmark = pytest.mark.timeout(120)
 

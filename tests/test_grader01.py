@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from course_utils.grading import CheckResult, ExerciseFailed, check, exercise_ids
+from course_utils.grading.checker import CheckResult, ExerciseFailed, check, exercise_ids
 from course_utils.transforms import PipelineParams, Uint8Transform, center_crop, opencv_resize
 
 pytestmark = pytest.mark.timeout(120)

@@ -20,9 +20,9 @@ import torch
 from torch.utils.data import get_worker_info
 
 from course_utils import limit_threads, make_worker_init
+from course_utils.grading import ex02_worker_init as ex02
+from course_utils.grading.checker import CheckResult, ExerciseFailed, check, exercise_ids
 from course_utils.threads import WorkerThreadLimiter
-from course_utils.graders import ex02_worker_init as ex02
-from course_utils.grading import CheckResult, ExerciseFailed, check, exercise_ids
 
 pytestmark = [pytest.mark.timeout(180),
               pytest.mark.skipif("fork" not in mp.get_all_start_methods(),
@@ -380,11 +380,11 @@ def test_stuck_frames_pick_the_learner_line():
         '  File "/x/lib/python3.11/threading.py", line 320 in wait\n'
         "\n"
         "Current thread 0x0002 (most recent call first):\n"
-        '  File "/x/course_utils/graders/ex02_worker_init.py", line 120 in recording_set_num_threads\n'
+        '  File "/x/course_utils/grading/ex02_worker_init/workers.py", line 120 in recording_set_num_threads\n'
         '  File "/x/exercises/exercise02_budget.py", line 4 in __call__\n'
-        '  File "/x/course_utils/graders/ex02_worker_init.py", line 130 in __call__\n'
+        '  File "/x/course_utils/grading/ex02_worker_init/workers.py", line 130 in __call__\n'
         '  File "/work/notebook.py", line 9 in main\n')
-    top, user = ex02._stuck_frames(stack)
+    top, user = ex02.stuck_frames(stack)
     assert "recording_set_num_threads" in top
     assert user == ['File "/x/exercises/exercise02_budget.py", line 4 in __call__']
 

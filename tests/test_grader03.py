@@ -12,10 +12,10 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
-import course_utils.graders.ex03_scaling as G
-from course_utils.graders.ex03_scaling import acceptable, shuffled, synthetic_curves
-from course_utils.grading import CheckResult, ExerciseFailed, check, exercise_ids
-from course_utils.lessons.l03_memory import RecordArrayDataset, make_records
+import course_utils.grading.ex03_num_workers as G
+from course_utils.grading.checker import CheckResult, ExerciseFailed, check, exercise_ids
+from course_utils.grading.ex03_num_workers import acceptable, shuffled, synthetic_curves
+from course_utils.lessons.l03_num_workers import RecordArrayDataset, make_records
 from course_utils.scaling import describe_curve, find_knee
 
 pytestmark = pytest.mark.timeout(180)
@@ -434,10 +434,10 @@ def test_copy_on_read_the_course_dataset_is_refused(answer, seen):
 
 
 def test_copy_on_read_a_returned_course_dataset_is_refused_however_it_was_made():
-    import course_utils.lessons.l03_memory
+    import course_utils.lessons.l03_num_workers
 
     def by_getattr(records):
-        return getattr(course_utils.lessons.l03_memory, "Record" + "ArrayDataset")(records)
+        return getattr(course_utils.lessons.l03_num_workers, "Record" + "ArrayDataset")(records)
 
     with pytest.raises(ExerciseFailed, match="(?s)course's own `RecordArrayDataset`.*"
                                              "instance of it"):

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from course_utils.graders import ex04_prefetcher as G
-from course_utils.grading import CheckResult, ExerciseFailed, check, exercise_ids
 from course_utils.device import move_to_device
+from course_utils.grading import ex04_prefetcher as G
+from course_utils.grading.checker import CheckResult, ExerciseFailed, check, exercise_ids
 from course_utils.prefetch import DevicePrefetcher
 
 pytestmark = pytest.mark.timeout(120)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from course_utils.augment import AugmentParams, AugmentTransform, augment_batch, draw_batch
-from course_utils.grading import CheckResult, ExerciseFailed, check, exercise_ids
-from course_utils.graders.ex05_augment import EXERCISE, make_test_batch
+from course_utils.grading.checker import CheckResult, ExerciseFailed, check, exercise_ids
+from course_utils.grading.ex05_augment import EXERCISE, make_test_batch
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -16,10 +16,11 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, SequentialSampler
 
-import course_utils.graders.ex06_tune as G
-from course_utils import ExerciseFailed, ToTensorUint8, check, keep_batch, make_worker_init
-from course_utils.graders.ex06_tune import COURSE_HELPERS, FAST as EXERCISE
-from course_utils.grading import CheckResult, exercise_ids, refuse_course_helper
+import course_utils.grading.ex06_tune_pipeline as G
+from course_utils import ToTensorUint8, keep_batch, make_worker_init
+from course_utils.grading import ExerciseFailed, check
+from course_utils.grading.checker import CheckResult, exercise_ids, refuse_course_helper
+from course_utils.grading.ex06_tune_pipeline import COURSE_HELPERS, FAST as EXERCISE
 from course_utils.pipelines import BatchedJpegDataset, common_recipe_loader, tuned_loader
 
 pytestmark = pytest.mark.timeout(240)

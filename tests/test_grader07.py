@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from course_utils.grading import CheckResult, ExerciseFailed, check, exercise_ids
-from course_utils.graders.ex07_sharding import EPOCHS, function_module_source
+from course_utils.grading.checker import CheckResult, ExerciseFailed, check, exercise_ids
+from course_utils.grading.ex07_fix_sharding import EPOCHS, function_module_source
 
 pytestmark = pytest.mark.timeout(240)
 BATCH_SIZE = 8

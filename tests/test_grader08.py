@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from course_utils.grading import CheckResult, ExerciseFailed, check, exercise_ids
-from course_utils.graders import ex08_stall
-from course_utils.graders.ex08_stall import (NEXT_NAME, STALL, WAIT, _reference_bottleneck,
-                                             _reference_fraction, real_traces, synthetic_cases,
-                                             synthetic_trace)
+from course_utils.grading import ex08_find_the_stall
+from course_utils.grading.checker import CheckResult, ExerciseFailed, check, exercise_ids
+from course_utils.grading.ex08_find_the_stall import (NEXT_NAME, STALL, WAIT, _reference_bottleneck,
+                                                      _reference_fraction, real_traces,
+                                                      synthetic_cases, synthetic_trace)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -244,7 +244,7 @@ def test_not_a_function():
 # --- the grader's reference is refused ------------------------------------------------------------
 
 def built_on_the_reference(events, warmup_steps=1):
-    return ex08_stall._reference_fraction(events, warmup_steps)
+    return ex08_find_the_stall._reference_fraction(events, warmup_steps)
 
 
 @pytest.mark.parametrize("exercise, answer, seen", [

@@ -12,9 +12,9 @@ import threadpoolctl
 
 import course_utils.threads as course_threads
 from course_utils import make_worker_init, measure_loader, thread_pools
-from course_utils.grade_notebook import grade_notebook
-from course_utils.grading import (CheckResult, ExerciseFailed, check, exercise_ids,
-                                  refuse_course_helper)
+from course_utils.grading.checker import (CheckResult, ExerciseFailed, check, exercise_ids,
+                                          refuse_course_helper)
+from course_utils.grading.grade import grade_notebook
 from course_utils.measurement import Measurement
 from course_utils.threads import WorkerThreadLimiter, limit_threads
 

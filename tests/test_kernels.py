@@ -1,4 +1,4 @@
-"""course_utils.kernels: kernels over IPC sockets, so that concurrent starts cannot share a port."""
+"""course_utils.grading.kernels: kernels over IPC sockets, so that concurrent starts cannot share a port."""
 from __future__ import annotations
 
 import glob
@@ -10,7 +10,7 @@ import pytest
 from jupyter_client.manager import AsyncKernelManager, KernelManager
 from nbformat.v4 import new_code_cell, new_notebook
 
-from course_utils import kernels
+from course_utils.grading import kernels
 
 posix_only = pytest.mark.skipif(os.name != "posix", reason="zmq ipc:// needs Unix sockets")
 
@@ -56,7 +56,7 @@ def test_falls_back_to_tcp_where_ipc_cannot_work(monkeypatch, tmp_path):
 @posix_only
 def test_the_nbval_plugin_gives_nbval_ipc_kernels(monkeypatch):
     import nbval.kernel
-    from course_utils import _nbval_kernels
+    from course_utils.grading import _nbval_kernels
     monkeypatch.setattr(nbval.kernel, "KernelManager", KernelManager)  # restored after the test
     _nbval_kernels.pytest_configure(config=None)
     assert nbval.kernel.KernelManager is not KernelManager

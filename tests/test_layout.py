@@ -1,12 +1,23 @@
-"""The package's shape: no import cycles between course_utils modules (imports inside functions
-count too: a lazy import only hides a cycle), and plots imports bench, never the reverse."""
+"""The package's shape (ARCHITECTURE.md): three layers whose arrows only point down (the core
+imports neither tools nor grading, tools never import grading), no private name used across
+modules, no import cycles between course_utils modules (imports inside functions count too: a lazy
+import only hides a cycle), no module over 500 lines, and plots import the timing results, never
+the reverse.
+
+``course_utils.__main__`` is the command line of the tools and of ``grade``: it sits above every
+layer (nothing imports it) and is the one core-level module allowed to import them."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "course_utils"
+TOOLS, GRADING = "course_utils.tools", "course_utils.grading"
+#: the command line: above every layer, so it may import all of them
+ENTRY_POINTS = {"course_utils.__main__"}
 
 
 def _module_name(path: Path) -> str:
@@ -73,11 +84,11 @@ def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
     return seen
 
 
-def test_plots_import_bench_never_the_reverse():
+def test_plots_import_the_timing_results_never_the_reverse():
     """Plots read the measurement results; the timing engine and its results never need plots."""
     graph = _imports()
     assert "course_utils.measurement" in graph["course_utils.plots"]
-    for engine in ("course_utils.bench", "course_utils.measurement", "course_utils.process_tree"):
+    for engine in ("course_utils.timing", "course_utils.measurement", "course_utils.process_tree"):
         assert "course_utils.plots" not in _reachable(graph, engine), f"{engine} reaches plots"
 
 
@@ -118,18 +129,20 @@ def test_the_import_check_finds_a_silent_one():
     assert _uncommented_function_imports(source) == [(5, "import json")]
 
 
-MAX_LINES = 600
+MAX_LINES = 500
 
 
 def test_no_module_grows_past_its_limit():
+    """A unit that needs more than 500 lines becomes a subpackage (not two sibling files split
+    only to pass this limit)."""
     too_long = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         name = path.relative_to(ROOT).as_posix()
         lines = len(path.read_text(encoding="utf-8").splitlines())
         if lines > MAX_LINES:
             too_long[name] = lines
-    assert not too_long, (f"modules over their limit (lines): {too_long}; split them "
-                          f"(COURSE_DESIGN.md: no module over ~{MAX_LINES} lines)")
+    assert not too_long, (f"modules over {MAX_LINES} lines: {too_long}; make the unit a "
+                          f"subpackage (ARCHITECTURE.md, 'The rules')")
 
 
 def test_top_level_names_are_few_and_each_is_used_by_a_notebook():
@@ -150,3 +163,166 @@ def test_top_level_names_are_few_and_each_is_used_by_a_notebook():
     names = set(course_utils.__all__)
     assert len(names) <= 30, f"{len(names)} top-level names; at most 30 (import the rest from their module)"
     assert names <= used, f"exported but used by no notebook: {sorted(names - used)}"
+
+
+# ---- the three layers -----------------------------------------------------------------------
+
+def _layer_modules() -> dict[str, Path]:
+    """dotted name -> file, for every module and package of course_utils."""
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _layer_of(module: str) -> str:
+    if module == TOOLS or module.startswith(TOOLS + "."):
+        return "tools"
+    if module == GRADING or module.startswith(GRADING + "."):
+        return "grading"
+    return "core"
+
+
+def _layer_resolve(module: str, path: Path, node: ast.ImportFrom) -> str:
+    """The absolute name an ImportFrom reads from (relative imports resolved)."""
+    if not node.level:
+        return node.module or ""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    base = package.split(".")
+    base = base[: len(base) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _layer_in_function(tree: ast.AST) -> set[int]:
+    """ids of the import nodes that sit inside a function (run only when it is called)."""
+    inside = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            inside |= {id(n) for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom))}
+    return inside
+
+
+def _layer_imports(*, module_level_only: bool = False) -> dict[str, list[tuple[int, str, str]]]:
+    """module -> [(line, imported course_utils module or 'module:name', as written)].
+
+    ``from X import n`` gives X.n when that is a module, else ``X:n``; an ``import a.b.c`` gives
+    a.b.c. Imports inside functions count unless ``module_level_only`` (a lazy import is still an
+    arrow between layers; only a cycle needs both ends at import time)."""
+    modules = _layer_modules()
+    found: dict[str, list[tuple[int, str, str]]] = {m: [] for m in modules}
+    for name, path in modules.items():
+        source = path.read_text(encoding="utf-8")
+        tree = ast.parse(source)
+        skip = _layer_in_function(tree) if module_level_only else set()
+        for node in ast.walk(tree):
+            if id(node) in skip or not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            text = source.splitlines()[node.lineno - 1].strip()
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == "course_utils":
+                        found[name].append((node.lineno, alias.name, text))
+            elif isinstance(node, ast.ImportFrom):
+                target = _layer_resolve(name, path, node)
+                if target.split(".")[0] != "course_utils":
+                    continue
+                for alias in node.names:
+                    full = f"{target}.{alias.name}"
+                    found[name].append((node.lineno, full if full in modules else f"{target}:{alias.name}",
+                                        text))
+    return found
+
+
+def _layer_target_module(target: str) -> str:
+    return target.split(":")[0]
+
+
+def _layer_violations(source_layer: str, forbidden: set[str]) -> list[str]:
+    out = []
+    for module, imports in _layer_imports().items():
+        if _layer_of(module) != source_layer or module in ENTRY_POINTS:
+            continue
+        for line, target, text in imports:
+            if _layer_of(_layer_target_module(target)) in forbidden:
+                out.append(f"{module}:{line}: {text}")
+    return sorted(set(out))
+
+
+def test_the_core_imports_neither_tools_nor_grading():
+    """Lessons and their DataLoader workers import the core; it must not pull in a tool or a
+    grader (ARCHITECTURE.md: the arrows only point down)."""
+    bad = _layer_violations("core", {"tools", "grading"})
+    assert not bad, ("the core imports a tool or the graders; move the code it needs down into "
+                     "the core, or the importing code up:\n" + "\n".join(bad))
+
+
+def test_tools_never_import_grading():
+    bad = _layer_violations("tools", {"grading"})
+    assert not bad, ("a tool imports the graders; the graders build on the tools, never the "
+                     "reverse:\n" + "\n".join(bad))
+
+
+def _layer_private_imports() -> list[str]:
+    """``from x import _y`` and ``x._y`` on an imported course_utils module, x another module;
+    in course_utils and in course_authoring (the authors' tools use the package too)."""
+    modules = _layer_modules()
+    importers = dict(modules)
+    for path in sorted((ROOT / "course_authoring").glob("*.py")):
+        importers[f"course_authoring.{path.stem}" if path.stem != "__init__"
+                  else "course_authoring"] = path
+    out = []
+    for name, path in importers.items():
+        source = path.read_text(encoding="utf-8")
+        tree = ast.parse(source)
+        bound: dict[str, str] = {}     # local name -> course_utils module it is bound to
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                target = _layer_resolve(name, path, node)
+                if target.split(".")[0] != "course_utils":
+                    continue
+                for alias in node.names:
+                    full = f"{target}.{alias.name}"
+                    if full in modules:
+                        bound[alias.asname or alias.name] = full
+                    if alias.name.startswith("_") and not alias.name.startswith("__") \
+                            and target != name:
+                        out.append(f"{name}:{node.lineno}: from {target} import {alias.name}")
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == "course_utils" and alias.asname:
+                        bound[alias.asname] = alias.name
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+                    node.value.id in bound and node.attr.startswith("_") and \
+                    not node.attr.startswith("__") and bound[node.value.id] != name:
+                out.append(f"{name}:{node.lineno}: {node.value.id}.{node.attr} "
+                           f"({bound[node.value.id]})")
+    return sorted(set(out))
+
+
+def test_no_module_imports_a_private_name_of_another():
+    """A name with a leading underscore is its module's own; another module that needs it gets
+    a public name with a docstring, or the code moves to where it is used."""
+    found = _layer_private_imports()
+    assert not found, "private names used across modules:\n" + "\n".join(found)
+
+
+def test_the_layer_checks_see_relative_imports(tmp_path):
+    """``from ...grading import x`` in a tool resolves to course_utils.grading."""
+    node = ast.parse("from ...grading import checker").body[0]
+    assert _layer_resolve("course_utils.tools.tune.search", Path("search.py"), node) == \
+        "course_utils.grading"
+    node = ast.parse("from . import window").body[0]
+    assert _layer_resolve("course_utils.tools.tune", Path("__init__.py"), node) == \
+        "course_utils.tools.tune"
+    assert _layer_of("course_utils.tools.tune.search") == "tools"
+    assert _layer_of("course_utils.grading.ex03_num_workers") == "grading"
+    assert _layer_of("course_utils.timing") == "core"
+
+
+@pytest.mark.parametrize("layer", ["core", "tools", "grading"])
+def test_every_layer_exists(layer):
+    assert any(_layer_of(m) == layer for m in _layer_modules())

@@ -14,7 +14,8 @@ import torch
 from course_authoring import gpu_lesson04
 from course_utils.lessons import l04_reference as R
 from course_utils.lessons.l04_copies import (H2D_MODES, KIB, MIB, MODES, BandwidthSweep, CopyMode,
-                                             fmt_bytes, fmt_seconds)
+                                             fmt_bytes)
+from course_utils.measurement import fmt_time
 
 pytestmark = pytest.mark.timeout(120)
 CPU = torch.device("cpu")
@@ -166,5 +167,5 @@ def test_measure_overlap_without_pinned_memory_says_why(overlap_module):
 def test_formatting_helpers():
     assert [fmt_bytes(n) for n in (512, KIB, 1536, 16 * MIB, 2**30)] == [
         "512 B", "1 KiB", "1.5 KiB", "16 MiB", "1 GiB"]
-    assert [fmt_seconds(s) for s in (2.5, 0.0125, 3e-6, None, float("nan"))] == [
+    assert [fmt_time(s) for s in (2.5, 0.0125, 3e-6, None, float("nan"))] == [
         "2.5 s", "12.5 ms", "3 us", "n/a", "n/a"]

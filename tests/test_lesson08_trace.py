@@ -14,7 +14,7 @@ import json
 import pytest
 
 from course_authoring.notebook_modules import notebook_module
-from course_utils.graders.ex08_stall import synthetic_trace
+from course_utils.grading.ex08_find_the_stall import synthetic_trace
 
 #: (fetch, copy, step, other) ms per recorded step
 STEPS = [(4.0, 1.0, 10.0, 1.0), (0.5, 1.0, 10.0, 0.5), (8.0, 2.0, 9.0, 1.0), (2.0, 0.5, 11.0, 0.5)]
@@ -140,7 +140,7 @@ def verdicts():
 
 
 def test_the_bound_rule_is_diagnose_s_own(verdicts):
-    from course_utils.diagnose import DATA_BOUND_FRACTION
+    from course_utils.tools.diagnose import DATA_BOUND_FRACTION
     assert verdicts.DATA_BOUND_FRACTION is DATA_BOUND_FRACTION
     assert verdicts.bound(DATA_BOUND_FRACTION + 1e-6) == "data-bound"
     assert verdicts.bound(DATA_BOUND_FRACTION) == "compute-bound"

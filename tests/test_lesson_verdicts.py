@@ -198,9 +198,9 @@ def test_lesson05_a_loop_is_needed_unless_every_check_says_otherwise(l05):
 
 
 def test_lesson06_thresholds_are_the_tuner_s(l06):
-    from course_utils import tuning
+    from course_utils.tools.tune import search
     assert (l06.PROBE_THRESHOLD, l06.LADDER_FALL_FRACTION, l06.LADDER_FALLS) == (
-        tuning.PROBE_THRESHOLD, tuning.LADDER_FALL_FRACTION, tuning.LADDER_FALLS)
+        search.PROBE_THRESHOLD, search.LADDER_FALL_FRACTION, search.LADDER_FALLS)
 
 
 def test_lesson06_the_loop_s_decisions(l06):

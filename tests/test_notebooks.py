@@ -14,7 +14,7 @@ from IPython.core.inputtransformer2 import TransformerManager
 
 import course_utils
 from course_authoring.hosted import is_install_cell
-from course_utils.grade_notebook import grade_notebook
+from course_utils.grading.grade import grade_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -76,7 +76,7 @@ def test_lesson_anatomy(path):
     text = "\n".join(_cells(path, "markdown")).lower()
     for part in ("learning objectives", "predict first", "the common advice, checked",
                  "key points", "exercise"):
-        assert part in text, f"{_id(path)}: no '{part}' section (see COURSE_DESIGN.md, anatomy)"
+        assert part in text, f"{_id(path)}: no '{part}' section (see ARCHITECTURE.md: a lesson's anatomy)"
     nb = json.loads(path.read_text(encoding="utf-8"))
     code = [c for c in nb["cells"] if c["cell_type"] == "code" and not is_install_cell(c)]
     src = code[0]["source"]

@@ -1,4 +1,4 @@
-"""Tests for what lesson 02 keeps in the package (course_utils.lessons.l02_workload): the
+"""Tests for what lesson 02 keeps in the package (course_utils.lessons.l02_threads): the
 OpenCV-heavy transform and the forkserver context that exercise 02's grader also uses. The grid
 loop and its plot live in notebooks/02_threads.ipynb (nbval runs them). Behaviour and structure
 only: no timing is asserted. Everything that starts processes has a timeout."""
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from course_utils.lessons import l02_workload
-from course_utils.lessons.l02_workload import OpenCVHeavyTransform, forkserver_context
+from course_utils.lessons import l02_threads
+from course_utils.lessons.l02_threads import OpenCVHeavyTransform, forkserver_context
 
 HAS_FORKSERVER = "forkserver" in mp.get_all_start_methods()
 
@@ -68,7 +68,7 @@ def test_import_has_no_side_effects():
 
     import cv2
 
-    from course_utils.graders import ex02_worker_init
+    from course_utils.grading import ex02_worker_init
 
     def preload():
         try:
@@ -78,7 +78,7 @@ def test_import_has_no_side_effects():
         return list(fs._forkserver._preload_modules)
 
     before = (torch.get_num_threads(), cv2.getNumThreads(), dict(os.environ), preload())
-    importlib.reload(l02_workload)
+    importlib.reload(l02_threads)
     importlib.reload(ex02_worker_init)
     after = (torch.get_num_threads(), cv2.getNumThreads(), dict(os.environ), preload())
     assert before == after

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from course_utils.data import JpegDataset, ToTensorUint8, sample_photo
-from course_utils.files import write_image_folder
-from course_utils.recipes import (IMAGENET_MEAN, BatchedJpegFiles, DecodeOnlyFiles,
-                                  files_loader, imagenet_recipe_loader, seed_recipe_loader,
-                                  tuned_files_loader)
+from course_utils.tools.bench.recipes import (IMAGENET_MEAN, BatchedJpegFiles, DecodeOnlyFiles,
+                                              files_loader, imagenet_recipe_loader,
+                                              seed_recipe_loader, tuned_files_loader)
+from course_utils.tools.bench.storage import write_image_folder
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def test_rgb_decode_and_reduced_decode_agree_with_bgr_then_swap(tmp_path, monkey
     (tmp_path / "c0").mkdir()
     cv2.imwrite(str(tmp_path / "c0" / "000000.jpg"), big)
     fast = BatchedJpegFiles(tmp_path, size=224)[0][0]
-    monkeypatch.setattr("course_utils.recipes._DECODE_RGB", None)     # OpenCV < 4.10 path
+    monkeypatch.setattr("course_utils.tools.bench.recipes._DECODE_RGB", None)     # OpenCV < 4.10 path
     assert torch.equal(BatchedJpegFiles(tmp_path, size=224)[0][0], fast)
     full = BatchedJpegFiles(tmp_path, size=224, reduced=False)[0][0]
     # decoding at half scale then resizing is close to (not equal to) full decode + resize

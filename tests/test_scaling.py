@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from course_utils import compare
-from course_utils.lessons.l03_memory import (RecordArrayDataset, RecordListDataset, WorkerMemory,
+from course_utils.lessons.l03_num_workers import (RecordArrayDataset, RecordListDataset, WorkerMemory,
                                              make_records, uss_bytes, worker_memory)
 from course_utils.measurement import Measurement
 from course_utils.scaling import (CurveShape, WorkerSweep, default_worker_counts, describe_curve,
@@ -212,9 +212,9 @@ def test_make_records_structure_and_seed():
 
 
 def test_make_records_refuses_more_than_the_ram_budget(monkeypatch):
-    import course_utils.lessons.l03_memory as l03_memory
+    import course_utils.lessons.l03_num_workers as l03_num_workers
 
-    monkeypatch.setattr(l03_memory, "ram_budget_bytes", lambda fraction=0.25: 1000)
+    monkeypatch.setattr(l03_num_workers, "ram_budget_bytes", lambda fraction=0.25: 1000)
     with pytest.raises(ValueError, match="smaller n"):
         make_records(100)
     with pytest.raises(ValueError, match="n="):

@@ -12,13 +12,13 @@ import torch
 
 from course_authoring import gpu_lesson04
 from course_authoring.gpu_lesson04 import run_lesson04
-from course_utils import bench
-from course_utils.bench import time_op
+from course_utils import timing
 from course_utils.device import move_to_device, resolve_device, try_pin
 from course_utils.lessons import l04_reference as G
 from course_utils.lessons.l04_copies import KIB, MIB, MODES, BandwidthSweep
 from course_utils.lessons.l04_overlap import calibrated_compute
 from course_utils.prefetch import DevicePrefetcher, compare_prefetch
+from course_utils.timing import time_op
 
 pytestmark = pytest.mark.timeout(180)
 CUDA = torch.cuda.is_available()
@@ -257,9 +257,9 @@ def test_time_op_records_cuda_events_on_the_devices_own_stream(monkeypatch):
         return streams.setdefault(str(device), object())
 
     synced = []
-    monkeypatch.setattr(bench.torch.cuda, "current_stream", current_stream)
-    monkeypatch.setattr(bench.torch.cuda, "Event", FakeEvent)
-    monkeypatch.setattr(bench, "synchronize", lambda device: synced.append(torch.device(device)))
+    monkeypatch.setattr(timing.torch.cuda, "current_stream", current_stream)
+    monkeypatch.setattr(timing.torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(timing, "synchronize", lambda device: synced.append(torch.device(device)))
     times = time_op(lambda: None, device="cuda:1", repeats=3, warmup=1, inner=2)
     assert times == [pytest.approx(1e-3)] * 3                 # 2 ms per repeat, 2 calls each
     assert len(recorded) == 6 and all(s is streams["cuda:1"] for s in recorded)
@@ -269,7 +269,7 @@ def test_time_op_records_cuda_events_on_the_devices_own_stream(monkeypatch):
     # events=False: the wall clock, with the whole device synchronised around every repeat
     recorded.clear(), synced.clear()
     clock = iter(range(100))
-    monkeypatch.setattr(bench, "_now", lambda: float(next(clock)))
+    monkeypatch.setattr(timing, "_now", lambda: float(next(clock)))
     times = time_op(lambda: None, device="cuda:1", repeats=3, warmup=1, inner=2, events=False)
     assert times == [0.5] * 3 and recorded == []
     assert synced == [torch.device("cuda:1")] * 7

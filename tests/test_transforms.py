@@ -318,7 +318,7 @@ def test_random_flips_in_real_workers_differ_per_worker_and_epoch(context):
 
 def test_import_has_no_side_effects():
     code = ("import torch, cv2; a = (torch.get_num_threads(), cv2.getNumThreads()); "
-            "import course_utils.transforms, course_utils.graders.ex01_uint8; "
+            "import course_utils.transforms, course_utils.grading.ex01_uint8_pipeline; "
             "b = (torch.get_num_threads(), cv2.getNumThreads()); assert a == b, (a, b); print('ok')")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 import cv2
@@ -26,13 +25,14 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-import course_utils.tuning as tuning
-from course_utils import JpegDataset, tune_loader
+import course_utils.tools.tune.search as tuning
+from course_utils import JpegDataset
 from course_utils.__main__ import main
 from course_utils.data import LatencyDataset
-from course_utils.tuning import (PROBE_THRESHOLD, LoaderSettings, TuningInterrupted, TuningResult,
-                                 epoch_score)
-from course_utils.tuning_window import QuietInit, drop_fd_sharer_resets
+from course_utils.tools import tune_loader
+from course_utils.tools.tune.search import (PROBE_THRESHOLD, LoaderSettings, TuningInterrupted,
+                                            TuningResult, epoch_score)
+from course_utils.tools.tune.window import QuietInit, drop_fd_sharer_resets
 
 from _helpers import ROOT
 

@@ -88,7 +88,7 @@ def run_notebook(path: Path, quick: bool, timeout: float, kernel_log: Path | Non
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
     from course_utils.config import QUICK_ENV
-    from course_utils.kernels import kernel_manager_class
+    from course_utils.grading.kernels import kernel_manager_class
 
     nb = nbformat.read(path, as_version=4)
     env = dict(os.environ)

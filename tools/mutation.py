@@ -34,13 +34,13 @@ WORK = ROOT / "build" / "mutation"
 #: and verdicts: the timing engine and its results, the thread limiter, the datasets workers
 #: use, the graders' decision code, diagnose's verdict.
 GROUPS: dict[str, tuple[list[str], list[str]]] = {
-    "timing": (["course_utils/measurement.py", "course_utils/bench.py"],
+    "timing": (["course_utils/measurement.py", "course_utils/timing.py"],
                ["tests/test_bench.py"]),
     "threads": (["course_utils/threads.py"], ["tests/test_threads.py"]),
-    "datasets": (["course_utils/lessons/l03_memory.py"], ["tests/test_grader03.py"]),
-    "graders": (["course_utils/graders/ex00_timing.py", "course_utils/graders/ex03_scaling.py"],
+    "datasets": (["course_utils/lessons/l03_num_workers.py"], ["tests/test_grader03.py"]),
+    "graders": (["course_utils/grading/ex00_measure_first.py", "course_utils/grading/ex03_num_workers.py"],
                 ["tests/test_grader00.py", "tests/test_grading.py", "tests/test_grader03.py"]),
-    "diagnose": (["course_utils/diagnose.py"], ["tests/test_diagnose.py"]),
+    "diagnose": (["course_utils/tools/diagnose.py"], ["tests/test_diagnose.py"]),
 }
 MUTANT_RE = re.compile(r"^\s*(?P<name>\S+): (?P<status>.+)$")
 

@@ -7,22 +7,21 @@ left here is imported by others and so must keep its path:
 * :data:`H2D_MODES` (:class:`CopyMode`): the three host-to-device copies the lesson measures
   side by side -- pageable (blocking), pinned blocking, pinned ``non_blocking`` -- which the
   notebook's files, ``gpu-check`` and :mod:`.l04_reference` all name the same way.
-* :class:`BandwidthSweep`, :func:`fmt_bytes` and :func:`fmt_seconds`: the sweep's result, which
+* :class:`BandwidthSweep` and :func:`fmt_bytes`: the sweep's result, which
   the notebook's sweep returns, ``gpu-check`` saves as reference results and
   :mod:`.l04_reference` reads back.
 
 The timing loop's package version, which the graders of exercises 00 and 04 time with, is
-:func:`course_utils.bench.time_op`. Bandwidth is GB/s, decimal (1 GB = 1e9 bytes). Nothing
+:func:`course_utils.timing.time_op`. Bandwidth is GB/s, decimal (1 GB = 1e9 bytes). Nothing
 happens at import time.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import NamedTuple
 
-__all__ = ["CopyMode", "H2D_MODES", "MODES", "BandwidthSweep", "fmt_bytes", "fmt_seconds"]
+__all__ = ["CopyMode", "H2D_MODES", "MODES", "BandwidthSweep", "fmt_bytes"]
 
 KIB, MIB, GIB = 1024, 1024**2, 1024**3
 
@@ -62,17 +61,6 @@ def fmt_bytes(n: float) -> str:
             value = n / size
             return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
     return f"{int(n)} B"
-
-
-def fmt_seconds(seconds: float | None) -> str:
-    """A duration in seconds as text, in s, ms or us (3 significant digits); "n/a" if unknown."""
-    if seconds is None or not math.isfinite(seconds):
-        return "n/a"
-    if abs(seconds) >= 1.0:
-        return f"{seconds:.3g} s"
-    if abs(seconds) >= 1e-3:
-        return f"{seconds * 1e3:.3g} ms"
-    return f"{seconds * 1e6:.3g} us"
 
 
 @dataclass

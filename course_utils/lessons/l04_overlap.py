@@ -13,7 +13,7 @@ import statistics
 
 import torch
 
-from ..bench import time_op
+from ..timing import time_op
 
 __all__ = ["MatmulChain", "calibrated_compute"]
 

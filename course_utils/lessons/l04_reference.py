@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..reference import LESSON04, load_reference, missing_reference_text
-from .l04_copies import H2D_MODES, MODES, BandwidthSweep, fmt_bytes, fmt_seconds
+from ..measurement import fmt_time
+from .l04_copies import H2D_MODES, MODES, BandwidthSweep, fmt_bytes
 
 __all__ = ["load_lesson04_reference", "reference_summary", "copy_mode_lines", "overlap_lines"]
 
@@ -44,7 +45,7 @@ def reference_summary(reference: Mapping | None) -> str:
     demo = res.get("mismeasure")
     if isinstance(demo, Mapping):
         lines.append(f"  unsynchronised non_blocking copy of {fmt_bytes(demo['nbytes'])}: naive "
-                     f"{fmt_seconds(demo['naive_s'])} vs honest {fmt_seconds(demo['honest_s'])} "
+                     f"{fmt_time(demo['naive_s'])} vs honest {fmt_time(demo['honest_s'])} "
                      f"({demo['honest_s'] / demo['naive_s']:.0f}x too short)")
     ov = res.get("overlap")
     if isinstance(ov, Mapping):
@@ -52,12 +53,12 @@ def reference_summary(reference: Mapping | None) -> str:
     dt = res.get("dtype")
     if isinstance(dt, Mapping):
         t = dt["times_s"]
-        lines.append(f"  batch {tuple(dt['batch_shape'])}: float32 copy {fmt_seconds(t['float32 copy'])}, "
-                     f"uint8 copy + normalise {fmt_seconds(t['uint8 copy + normalise on device'])}")
+        lines.append(f"  batch {tuple(dt['batch_shape'])}: float32 copy {fmt_time(t['float32 copy'])}, "
+                     f"uint8 copy + normalise {fmt_time(t['uint8 copy + normalise on device'])}")
     pf = res.get("prefetch")
     if isinstance(pf, Mapping):
-        lines.append(f"  DevicePrefetcher: {fmt_seconds(pf['prefetch_s_per_step'])}/step vs plain loop "
-                     f"{fmt_seconds(pf['plain_s_per_step'])}/step")
+        lines.append(f"  DevicePrefetcher: {fmt_time(pf['prefetch_s_per_step'])}/step vs plain loop "
+                     f"{fmt_time(pf['plain_s_per_step'])}/step")
     fork = res.get("forked_worker")
     if isinstance(fork, Mapping) and fork.get("worker_error"):
         lines.append(f"  a forked DataLoader worker touching CUDA raised: {fork['worker_error']}")

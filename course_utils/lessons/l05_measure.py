@@ -1,7 +1,7 @@
 """Lesson 05's datasets and call counter, kept in the package because others import them.
 
 :class:`DecodedImages` and :func:`count_torch_calls` are used by exercise 05 (its solution and
-``graders/ex05_augment.py``); :class:`RepeatDataset` by lesson 08 too, and DataLoader workers
+``grading/ex05_augment.py``); :class:`RepeatDataset` by lesson 08 too, and DataLoader workers
 unpickle both datasets under every start method. Lesson 05 writes the rest of its harness
 itself: the throughput-vs-batch-size loop and the training loop (``%%writefile
 lesson05_throughput.py`` / ``lesson05_training.py`` in notebooks/05_gpu_augmentation.ipynb,

@@ -1,1 +1,0 @@
-"""One grader module per lesson; each registers with course_utils.grading.grader."""

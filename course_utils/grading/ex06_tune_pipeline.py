@@ -1,0 +1,369 @@
+"""Grader for exercise 06: ``build_loader(dataset, *, batch_size, size, cpu_budget)`` returns a
+DataLoader whose first batch, read as the DataLoader's fetcher reads it, equals the reference
+and is made by one dataset call per batch; it uses at most ``cpu_budget`` workers and cores,
+and reaches :data:`PASS_RATIO` of :func:`~course_utils.pipelines.tuned_loader`'s samples/s in
+interleaved rounds (:func:`speed_verdict`; between :data:`SLOW_RATIO` and :data:`PASS_RATIO` the
+result is noise-level and the check asks for a re-run on a quiet machine). The course's pipeline
+is refused, in the answer and in its loader.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler
+from torch.utils.data._utils.collate import default_collate
+
+from course_utils.config import pick
+from course_utils.data import JpegDataset, ToTensorUint8
+from course_utils.machine import usable_cpus
+from course_utils.measurement import Measurement, compare
+from course_utils.pipelines import BatchedJpegDataset, keep_batch, tuned_loader
+from course_utils.timing import measure_loader
+from course_utils.tools.tune.search import WORKER_TIMEOUT_S
+
+from .checker import (CheckResult, ExerciseFailed, describe, grader, refuse_course_helper,
+                      require_callable)
+
+FAST = "06.fast_pipeline"
+
+#: the answer passes at this fraction of the reference's samples/s or more (median of the
+#: per-round ratios). On a busy 2-core machine the reference against itself read 0.59-1.16: the
+#: pass mark sits a margin below the lowest, so noise does not fail a right answer.
+PASS_RATIO = 0.5
+#: below this fraction the answer fails as too slow: an answer at PASS_RATIO, slowed by the
+#: worst noise seen (x 0.59), reads 0.3. In between, the check asks for a re-run.
+SLOW_RATIO = 0.3
+#: cores of CPU-seconds per wall-second allowed above the budget (the main process's share)
+CPU_ALLOWANCE = 0.4
+#: interleaved rounds (answer, reference, answer, reference, ...)
+ROUNDS = 5
+#: the course's version of this exercise's answer, refused (see refuse_course_helper)
+COURSE_HELPERS = (tuned_loader, BatchedJpegDataset, keep_batch)
+
+_WRITE = ("write your own Dataset whose fetch decodes and resizes a whole batch into one uint8 "
+          "tensor, and choose the DataLoader's batching, collate_fn and workers yourself")
+
+
+def default_cpu_budget() -> int:
+    """The budget the exercise uses, in cores: half the usable CPUs, at least 1."""
+    return max(1, usable_cpus() // 2)
+
+
+def _fail(problem: str, **kw: str) -> ExerciseFailed:
+    return ExerciseFailed(FAST, problem, **kw)
+
+
+# --------------------------------------------------------------------------------------
+# how the loader batches, and its first batch read as the fetcher reads it
+# --------------------------------------------------------------------------------------
+def _per_batch(loader: DataLoader) -> int | None:
+    """Samples per batch, or None when it cannot be told."""
+    if loader.batch_sampler is not None:
+        return loader.batch_size or getattr(loader.batch_sampler, "batch_size", None)
+    return getattr(loader.sampler, "batch_size", None)
+
+
+def _first_indices(loader: DataLoader, batch_size: int) -> Any:
+    """What the fetcher gets for the first batch when read in order: ``[0, .., B-1]``, or, for
+    a loader without automatic batching, the first thing its sampler yields (checked)."""
+    indices = list(range(batch_size))
+    if loader.batch_sampler is not None:
+        return indices
+    first = next(iter(loader.sampler), None)
+    if not isinstance(first, (list, tuple)):
+        raise _fail("with batch_size=None the loader fetches one index at a time.",
+                    expected=f"batches of {batch_size} samples, one dataset call per batch",
+                    seen=f"the sampler yields {describe(first)}; each becomes a 'batch' as is",
+                    hint="without automatic batching, dataset[...] receives exactly what the "
+                         "sampler yields. Which sampler yields lists of indices?")
+    return indices
+
+
+def _fetch(loader: DataLoader, indices: list[int]) -> tuple[Any, Any]:
+    """(what the dataset call returned, what collate_fn made of it) for ``indices``, in this
+    process, as ``torch.utils.data._utils.fetch._MapDatasetFetcher`` does it."""
+    ds = loader.dataset
+    auto = loader.batch_sampler is not None
+    getitems = getattr(ds, "__getitems__", None) if auto else None
+    if not getitems and type(ds).__getitem__ is Dataset.__getitem__:
+        call = "dataset[i] for every index" if auto else "dataset[indices] (__getitem__)"
+        raise _fail(f"your dataset has no __getitem__, and this loader calls {call}.",
+                    expected="a dataset method for the call this loader makes",
+                    seen=f"{type(ds).__name__} defines "
+                         f"{'__getitems__ only' if hasattr(ds, '__getitems__') else 'neither'}",
+                    hint="read _MapDatasetFetcher.fetch in torch/utils/data/_utils/fetch.py: "
+                         "which method does it call with batch_size=B, and which with "
+                         "batch_size=None?")
+    try:
+        fetched = getitems(indices) if getitems else (
+            [ds[i] for i in indices] if auto else ds[indices])
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        raise _fail("fetching the first batch from your dataset failed.",
+                    seen=f"{type(exc).__name__}: {exc}"[:300],
+                    hint="call your dataset's fetch yourself on a few indices, e.g. "
+                         "ds.__getitems__([0, 1, 2]), and fix what it says.") from exc
+    try:
+        batch = loader.collate_fn(fetched)
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        given = ("what your __getitems__ returned" if getitems else "the fetched samples")
+        hint = ("collate_fn is default_collate, which takes its input for a list of samples "
+                "and stacks element 0 with element 1, ... What does it do with a batch that "
+                "is already made, and what should a collate_fn do with one?"
+                if loader.collate_fn is default_collate and getitems else
+                "call collate_fn on what your dataset returns, yourself, and fix what it says.")
+        raise _fail(f"collate_fn failed on {given}.", seen=f"{type(exc).__name__}: {exc}"[:300],
+                    hint=hint) from exc
+    return fetched, batch
+
+
+def _check_batch(batch: Any, dataset: JpegDataset, batch_size: int, size: int) -> None:
+    """The first batch is (uint8 images equal to the reference's, int64 labels)."""
+    shape = (batch_size, 3, size, size)
+    want = (f"a tuple (images, labels): images a torch.uint8 tensor of shape {shape}, labels a "
+            f"torch.int64 tensor of shape ({batch_size},)")
+    if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+        raise _fail("a batch is not (images, labels).", expected=want, seen=describe(batch, 200))
+    images, labels = batch
+    if not isinstance(images, torch.Tensor):
+        raise _fail("the images of a batch are not a torch tensor.", expected=want,
+                    seen=type(images).__name__,
+                    hint="torch.from_numpy(array) makes a tensor that shares the array's memory.")
+    if images.dtype != torch.uint8:
+        hint = ("keep uint8 until the end (lesson 01): convert to float on the device, for the "
+                "whole batch, in the training step - a float32 batch is 4x the bytes to make, "
+                "send between processes and copy.")
+        raise _fail(f"the images are {images.dtype}, not torch.uint8.", expected=want,
+                    seen=f"{images.dtype}, shape {tuple(images.shape)}", hint=hint)
+    if tuple(images.shape) != shape:
+        raise _fail("the images have the wrong shape.", expected=f"{shape} (N, C, H, W)",
+                    seen=str(tuple(images.shape)),
+                    hint=f"every image resized to {size}x{size}, channels first. A decoded "
+                         f"image is (H, W, C): which tensor method reorders dimensions "
+                         f"without copying?")
+    ref = torch.stack([ToTensorUint8(size)(dataset[i][0]) for i in range(batch_size)])
+    if not torch.equal(images, ref):
+        diff = (images.int() - ref.int()).abs()
+        hint = ("the colour channels are in BGR order: OpenCV decodes to BGR; the check "
+                "wants RGB." if torch.equal(images, ref.flip(1)) else
+                "the reference decodes, resizes with cv2.resize(image, (size, size), "
+                "interpolation=cv2.INTER_LINEAR), RGB order, no normalisation: "
+                "ToTensorUint8(size)(dataset[i][0]). Compare one of your images with it.")
+        raise _fail("the image values differ from the reference pipeline's.",
+                    expected="images equal to ToTensorUint8(size)(dataset[i][0]) for sample i",
+                    seen=f"{int((diff > 0).sum()):,} of {diff.numel():,} values differ (largest "
+                         f"difference {int(diff.max())})", hint=hint)
+    want_labels = torch.as_tensor(np.asarray(dataset.labels[:batch_size]), dtype=torch.int64)
+    if not isinstance(labels, torch.Tensor) or labels.dtype != torch.int64 \
+            or not torch.equal(labels, want_labels):
+        raise _fail("the labels differ from the dataset's.", expected=f"{want_labels.tolist()}",
+                    seen=(f"{labels.dtype} {labels.tolist()}" if isinstance(labels, torch.Tensor)
+                          else describe(labels, 200))[:200],
+                    hint="sample i's label is dataset.labels[i]; the batch holds them as one "
+                         "int64 tensor, in the order of the indices asked for.")
+
+
+def _pointers(obj: Any) -> set[int]:
+    """Start addresses of the tensors and arrays in ``obj`` and its first level of items."""
+    out: set[int] = set()
+    items = list(obj) if isinstance(obj, (tuple, list)) and len(obj) <= 4 else []
+    for item in [obj] + items:
+        if isinstance(item, torch.Tensor):
+            out |= {item.data_ptr(), item.untyped_storage().data_ptr()}
+        elif isinstance(item, np.ndarray):
+            out.add(item.ctypes.data)
+    return out
+
+
+def _check_one_fetch(loader: DataLoader, fetched: Any, images: torch.Tensor,
+                     batch_size: int) -> None:
+    """One dataset call made the whole batch, and collate_fn kept its memory."""
+    if loader.batch_sampler is not None and not getattr(loader.dataset, "__getitems__", None):
+        raise _fail("your loader fetches one sample at a time.",
+                    expected="one dataset call per batch that makes the whole batch",
+                    seen=f"the fetcher calls dataset[i] {batch_size} times per batch, then "
+                         f"collate_fn makes the batch out of {batch_size} samples",
+                    hint="lesson 03, section 7: what does the fetcher call instead, when the "
+                         "dataset offers it? One call per batch can write every image straight "
+                         "into one batch tensor: no tensor per sample, no stacking copy.")
+    if isinstance(fetched, (tuple, list)) and len(fetched) == batch_size != 2:
+        raise _fail("your dataset's fetch returns the batch as separate samples.",
+                    expected="one call that returns (images, labels) for the whole batch",
+                    seen=f"a {type(fetched).__name__} of {batch_size} items, which collate_fn "
+                         f"then stacks into a new tensor",
+                    hint="one tensor per sample and one stacking copy per batch are what a "
+                         "batched fetch saves. Allocate the batch once, fill it image by image, "
+                         "and ask what collate_fn must then do with it.")
+    if images.data_ptr() not in _pointers(fetched):
+        raise _fail("the batch's images are not the memory your fetch filled: collate_fn "
+                    "made a copy.",
+                    expected="collate_fn returns the images your dataset made (same memory)",
+                    seen=f"collate_fn={getattr(loader.collate_fn, '__name__', loader.collate_fn)}"
+                         f" returned images at another address",
+                    hint="a copy of every batch (stack, contiguous, clone, a new tensor) costs "
+                         "time and memory bandwidth in the worker. Which collate_fn keeps "
+                         "what it is given? Do the images need to be contiguous in NCHW order?")
+
+
+# --------------------------------------------------------------------------------------
+# timing
+# --------------------------------------------------------------------------------------
+def _resampled(loader: DataLoader, batch_size: int, samples: int,
+               keep_workers: bool = False) -> DataLoader:
+    """The same loader (dataset, way of batching, collate, workers, worker init, prefetch,
+    persistence, pinning, start method), drawing ``samples`` random samples per epoch;
+    ``keep_workers``: its workers persist from one round to the next."""
+    kwargs: dict[str, Any] = dict(num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+                                  pin_memory=loader.pin_memory)
+    if loader.num_workers:
+        kwargs.update(worker_init_fn=loader.worker_init_fn,
+                      prefetch_factor=loader.prefetch_factor,
+                      persistent_workers=loader.persistent_workers or keep_workers,
+                      multiprocessing_context=loader.multiprocessing_context,
+                      timeout=loader.timeout or WORKER_TIMEOUT_S)
+    draw = RandomSampler(loader.dataset, num_samples=max(len(loader.dataset), int(samples)))
+    if loader.batch_sampler is not None:
+        return DataLoader(loader.dataset, batch_size=batch_size, sampler=draw,
+                          drop_last=loader.drop_last, **kwargs)
+    return DataLoader(loader.dataset, batch_size=None,
+                      sampler=BatchSampler(draw, batch_size, drop_last=False), **kwargs)
+
+
+def _side_by_side(loader: DataLoader, reference: DataLoader, batch_size: int, window: int,
+                  rounds: int) -> dict[str, list[Measurement]]:
+    """Interleaved measurements of both loaders: one of each per round, back to back."""
+    plans = []
+    # the reference keeps its workers between rounds: start-up is outside the timed window
+    # anyway (warm-up), and each round would otherwise start a worker (seconds under spawn)
+    for label, ld, keep in (("your loader", loader, False), ("reference", reference, True)):
+        warm = max(2, ld.num_workers * (ld.prefetch_factor or 2))
+        plans.append((label, warm, _resampled(ld, batch_size, (warm + window + 1) * batch_size,
+                                              keep_workers=keep)))
+    runs: dict[str, list[Measurement]] = {"your loader": [], "reference": []}
+    for _ in range(rounds):
+        for label, warm, ld in plans:
+            runs[label].append(measure_loader(ld, batches=window, warmup_batches=warm,
+                                              repeats=1, label=label, progress=False))
+    return runs
+
+
+def speed_verdict(answer_rates: Sequence[float], reference_rates: Sequence[float], *,
+                  pass_ratio: float = PASS_RATIO,
+                  slow_ratio: float = SLOW_RATIO) -> tuple[str, float]:
+    """("pass" | "re-run" | "slow", ratio) for the samples/s of interleaved rounds, the
+    answer's and the reference's in the same order. The ratio is the median of the per-round
+    ratios answer / reference: each round's pair ran back to back, so a drift of a busy machine
+    cancels out better than in the ratio of two medians, and one disturbed round does not count."""
+    ratio = float(np.median([a / r if r > 0 else math.nan
+                             for a, r in zip(answer_rates, reference_rates)] or [math.nan]))
+    if not math.isfinite(ratio) or ratio < slow_ratio:
+        return "slow", ratio
+    return ("pass" if ratio >= pass_ratio else "re-run"), ratio
+
+
+def over_cpu_budget(cores: float, budget: int) -> bool:
+    """Whether ``cores`` (CPU-seconds per wall-second, all processes) is over ``budget``."""
+    return cores > budget + CPU_ALLOWANCE
+
+
+# --------------------------------------------------------------------------------------
+# the grader
+# --------------------------------------------------------------------------------------
+def _check_loader(loader: Any, batch_size: int) -> None:
+    """A map-style DataLoader, not built on the course's pipeline, batching ``batch_size``."""
+    if not isinstance(loader, DataLoader):
+        raise _fail("build_loader did not return a DataLoader.",
+                    expected="a torch.utils.data.DataLoader", seen=describe(loader, 200),
+                    hint="return DataLoader(...) itself, not a list of batches, an iterator or "
+                         "a generator: the training loop iterates it once per epoch.")
+    if isinstance(loader.dataset, IterableDataset):
+        raise _fail("the loader's dataset is an IterableDataset.",
+                    expected="a map-style Dataset (len and indexing), so the sampler can "
+                             "shuffle and the check can read the samples it chooses",
+                    seen=type(loader.dataset).__name__)
+    parts = (loader.dataset, loader.collate_fn, loader.sampler, loader.batch_sampler,
+             loader.worker_init_fn)
+    refuse_course_helper(FAST, parts, COURSE_HELPERS, write=_WRITE)
+    per_batch = _per_batch(loader)
+    if per_batch is not None and per_batch != batch_size:
+        raise _fail("the loader's batch size is not the one you were given.",
+                    expected=f"{batch_size} samples per batch (the model decides it)",
+                    seen=f"{per_batch} samples per batch",
+                    hint="use the batch_size argument of build_loader, wherever your loader "
+                         "decides how many indices make a batch.")
+
+
+@grader(FAST)
+def grade_fast_pipeline(build_loader: Callable[..., Any], *, cpu_budget: int | None = None,
+                        batch_size: int = 32, size: int = 160, n_images: int | None = None,
+                        batches: int | None = None, rounds: int = ROUNDS,
+                        pass_ratio: float = PASS_RATIO,
+                        slow_ratio: float = SLOW_RATIO) -> CheckResult:
+    """Check ``build_loader(dataset, batch_size=, size=, cpu_budget=)``: right samples made by
+    one fetch per batch, within the CPU budget (cores), at least ``pass_ratio`` of the
+    reference's samples/s measured side by side (:func:`speed_verdict`)."""
+    require_callable(FAST, build_loader, "a function build_loader(dataset, *, batch_size, size, "
+                                         "cpu_budget) returning a DataLoader",
+                     hint="pass the function itself, not what it returns: "
+                          "check(\"06.fast_pipeline\", build_loader).")
+    refuse_course_helper(FAST, build_loader, COURSE_HELPERS, write=_WRITE)
+    k = default_cpu_budget() if cpu_budget is None else int(cpu_budget)
+    dataset = JpegDataset(n=pick(full=600, quick=240) if n_images is None else n_images,
+                          min_side=200, max_side=480, seed=6)
+    loader = build_loader(dataset, batch_size=batch_size, size=size, cpu_budget=k)
+    _check_loader(loader, batch_size)
+    fetched, batch = _fetch(loader, _first_indices(loader, batch_size))
+    _check_batch(batch, dataset, batch_size, size)
+    _check_one_fetch(loader, fetched, batch[0], batch_size)
+    if loader.num_workers > k:
+        raise _fail(f"{loader.num_workers} workers is over the CPU budget of {k} core(s).",
+                    expected=f"num_workers <= {k}", seen=f"num_workers={loader.num_workers}",
+                    hint="each busy worker needs a core; more workers than the budget only "
+                         "share the same cores (and the trainer's).")
+
+    reference = tuned_loader(dataset, batch_size=batch_size, size=size, num_workers=k)
+    window = pick(full=40, quick=16) if batches is None else batches
+    runs = _side_by_side(loader, reference, batch_size, window, rounds)
+    verdict, ratio = speed_verdict([m.samples_per_s for m in runs["your loader"]],
+                                   [m.samples_per_s for m in runs["reference"]],
+                                   pass_ratio=pass_ratio, slow_ratio=slow_ratio)
+    mine, ref = (Measurement.merge(runs[label]) for label in ("your loader", "reference"))
+    table = compare([ref, mine], baseline=0)
+    cores = (mine.cpu_s_per_sample or 0.0) * mine.samples_per_s
+    ref_cores = (ref.cpu_s_per_sample or 0.0) * ref.samples_per_s
+    seen = (f"your loader {mine.samples_per_s:,.0f} samples/s using {cores:.2f} cores; reference "
+            f"{ref.samples_per_s:,.0f} samples/s using {ref_cores:.2f} cores ({ratio:.2f}x)")
+    details = {"ratio": ratio, "cores": cores, "reference_cores": ref_cores, "cpu_budget": k,
+               "comparison": table.to_dict()}
+    if over_cpu_budget(cores, k):
+        raise _fail(f"your loader kept {cores:.2f} cores busy; the budget is {k}.",
+                    expected=f"at most {k} + {CPU_ALLOWANCE} cores (CPU-seconds per wall-second "
+                             f"of the main process and all workers)", seen=seen,
+                    hint="lesson 02: how many threads does OpenCV run in each worker, and in "
+                         "the main process when num_workers=0? Every busy thread counts "
+                         "against the budget.")
+    expected = (f"at least {pass_ratio:.2f}x, measured side by side (the median of {rounds} "
+                f"interleaved rounds)")
+    faster = ("does every core of the budget work, with one thread each? Is any pixel work done "
+              "on the full-size image that could be done on the small one, or any copy made "
+              "twice?")
+    if verdict == "slow":
+        raise _fail(f"your loader reached {ratio:.2f}x the reference's samples/s: too slow.",
+                    expected=expected, seen=seen, hint=faster)
+    if verdict == "re-run":
+        raise _fail(f"not decided: your loader reached {ratio:.2f}x the reference's samples/s, "
+                    f"between {slow_ratio:.2f}x (too slow) and {pass_ratio:.2f}x (passes), "
+                    f"where a busy machine's noise can put a right answer. Re-run the check on "
+                    f"a quiet machine.", expected=expected, seen=seen,
+                    hint="close other notebooks and programs that use the CPU and run the "
+                         "check again. If it lands here again on a quiet machine, your loader "
+                         "is slower than it should be: " + faster)
+    return CheckResult(FAST, f"right samples, one fetch per batch; {ratio:.2f}x the reference's "
+                             f"samples/s ({mine.samples_per_s:,.0f} vs {ref.samples_per_s:,.0f}) "
+                             f"using {cores:.2f} cores of a budget of {k}.", details)

@@ -1,0 +1,382 @@
+"""Grader for exercise 08: ``data_wait_fraction(events, warmup_steps=1)`` (the time in "fetch"
+and "h2d copy" spans inside the counted ``ProfilerStep#N`` steps, over those steps' time, after
+the first ``warmup_steps`` in time order) and ``bottleneck(...)`` ("data" above ``threshold``).
+Checked on synthetic Chrome traces where each plausible mistake gives its own value and
+message, and on two loops profiled here; the grader's reference is refused.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import math
+import numbers
+import os
+import random
+import tempfile
+import time
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function, schedule
+from torch.utils.data import DataLoader, Dataset
+
+from .checker import (CheckResult, ExerciseFailed, call_answer, describe, grader,
+                      refuse_course_helper, require_callable)
+
+WAIT = "08.wait_fraction"
+STALL = "08.stall"
+WAIT_NAMES = ("fetch", "h2d copy")
+#: the DataLoader's own span inside "fetch" (multi-process iterator; single-process is alike)
+NEXT_NAME = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
+TOLERANCE = 1e-3          # synthetic traces: the answer is exact up to float rounding
+REAL_TOLERANCE = 0.01     # real traces: the same events, so only rounding differs
+
+
+# --------------------------------------------------------------------------------------------
+# the grader's reference (refused as an answer)
+# --------------------------------------------------------------------------------------------
+
+#: On CUDA every annotation is recorded twice; this category is the GPU-side copy.
+GPU_COPY = "gpu_user_annotation"
+
+
+def _steps(events: Sequence[dict]) -> list[dict]:
+    return sorted((e for e in events if e.get("ph") == "X"
+                   and str(e.get("name", "")).startswith("ProfilerStep#")), key=lambda e: e["ts"])
+
+
+def _reference_fraction(events: Sequence[dict], warmup_steps: int = 1) -> float:
+    """Wait in "fetch" + "h2d copy" over the counted ProfilerStep spans' time (0..1), CPU side."""
+    events = [e for e in events if e.get("cat") != GPU_COPY]
+    counted = _steps(events)[warmup_steps:]
+    if not counted:
+        raise ValueError(f"warmup_steps={warmup_steps} leaves no step to count.")
+    wait = sum(e["dur"] for e in events if e.get("ph") == "X" and e.get("name") in WAIT_NAMES
+               and any(s["ts"] <= e["ts"] < s["ts"] + s["dur"] for s in counted))
+    return wait / sum(s["dur"] for s in counted)
+
+
+def _reference_bottleneck(events: Sequence[dict], warmup_steps: int = 1,
+                          threshold: float = 0.10) -> str:
+    return "data" if _reference_fraction(events, warmup_steps) > threshold else "compute"
+
+
+REFERENCE = (_reference_fraction, _reference_bottleneck)
+
+
+# --------------------------------------------------------------------------------------------
+# synthetic traces with known answers
+# --------------------------------------------------------------------------------------------
+
+def synthetic_trace(steps: Sequence[tuple[float, float, float, float]], *, first: int = 2,
+                    shuffle_seed: int | None = None) -> list[dict]:
+    """Chrome-trace events of a loop whose steps take ``(fetch, copy, step, other)`` ms each:
+    each ``ProfilerStep#N`` (N from ``first``) holds "fetch" (the loader's ``__next__`` inside),
+    "h2d copy", "step" (operators inside) and unmarked time, with metadata, instant and flow
+    events (no ``dur``) as real traces have them; ``shuffle_seed`` shuffles the list."""
+    pid = tid = 4242
+    t = 1_700_000_000_000.0                                   # µs, like a real trace
+    events: list[dict] = [
+        {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": "python"}},
+        {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": "MainThread"}},
+        {"ph": "i", "cat": "", "name": "Iteration Start: PyTorch Profiler", "pid": pid, "tid": tid,
+         "ts": t, "s": "g"}]
+    start = t
+
+    def span(name: str, cat: str, ts: float, dur_us: float) -> None:
+        events.append({"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts,
+                       "dur": dur_us, "args": {"External id": len(events)}})
+
+    for k, (fetch, copy_ms, step, other) in enumerate(steps):
+        f, c, s, o = (1e3 * v for v in (fetch, copy_ms, step, other))
+        span(f"ProfilerStep#{first + k}", "user_annotation", t, f + c + s + o)
+        span("fetch", "user_annotation", t, f)
+        span(NEXT_NAME, "user_annotation", t + 1.0, max(f - 2.0, 0.0))
+        span("h2d copy", "user_annotation", t + f, c)
+        span("aten::copy_", "cpu_op", t + f + 0.5, max(c - 1.0, 0.0))
+        span("step", "user_annotation", t + f + c, s)
+        span("aten::convolution", "cpu_op", t + f + c + 1.0, max(s - 2.0, 0.0))
+        events.append({"ph": "s", "cat": "fwdbwd", "name": "fwdbwd", "id": k, "pid": pid,
+                       "tid": tid, "ts": t + f + c + 2.0})
+        events.append({"ph": "f", "cat": "fwdbwd", "name": "fwdbwd", "id": k, "pid": pid,
+                       "tid": tid, "ts": t + f + c + 3.0, "bp": "e"})
+        t += f + c + s + o
+    span("PyTorch Profiler (0)", "Trace", start, t - start)
+    events.append({"ph": "i", "cat": "", "name": "Record Window End", "pid": pid, "tid": tid,
+                   "ts": t, "s": "g"})
+    if shuffle_seed is not None:
+        random.Random(shuffle_seed).shuffle(events)
+    return events
+
+
+def _fraction(steps: Sequence[tuple], parts: str = "fc", over: str = "all") -> float:
+    """From the spec: the share of ``parts`` (f fetch, c copy, s step, n fetch + __next__)
+    over the steps' time (``over`` "all") or over the marked spans only ("marked")."""
+    take = {"f": lambda r: r[0], "c": lambda r: r[1], "s": lambda r: r[2],
+            "n": lambda r: 2 * r[0] - 2e-3}
+    wait = sum(take[p](r) for r in steps for p in parts)
+    total = sum((r[0] + r[1] + r[2]) if over == "marked" else sum(r) for r in steps)
+    return wait / total
+
+
+MISTAKES = {
+    "warm-up": ("your fraction counts the warm-up steps as well.",
+                "the first steps of a recorded loop hold the workers' start-up (the first fetch "
+                "waits for every worker to start) and batches they made ahead: no training run "
+                "pays that every step. Sort the ProfilerStep spans by their start time and leave "
+                "out the first `warmup_steps` of them."),
+    "step": ("you counted the training step as waiting for data.",
+             "only the spans where the loop is blocked on data are wait: 'fetch' (in next() of "
+             "the loader) and 'h2d copy'. The 'step' span is the work the data is for."),
+    "no copy": ("you left out the copy to the device.",
+                "a copy from pageable memory blocks the loop until it is done (lesson 04), and "
+                "lesson 00's data wait counts it: add the 'h2d copy' spans to the wait."),
+    "marked": ("you divided by the marked spans only, not by the steps' whole time.",
+               "the loop's time is the ProfilerStep spans' durations: they also hold what no span "
+               "marks (the optimizer, logging, Python between the calls), and that time is not "
+               "wait either."),
+    "next twice": ("you counted the DataLoader's own __next__ span as well as 'fetch'.",
+                   "spans nest: the loader's 'enumerate(DataLoader)#...__next__' span lies inside "
+                   "your 'fetch' span, so adding both counts the same wait twice. Count only "
+                   "the spans named 'fetch' and 'h2d copy'."),
+    "by name": ("you skipped the wrong steps: ProfilerStep names sort as text.",
+                "as strings 'ProfilerStep#10' < 'ProfilerStep#8'; sort the steps by 'ts' (the "
+                "start time, in µs) or by the number after '#'."),
+    "list order": ("you skipped the first steps in the order the trace lists them.",
+                   "a trace's events are not in time order; sort the ProfilerStep spans by 'ts' "
+                   "(the start time, in µs) before you skip the warm-up."),
+    "percent": ("that is a percentage; return a fraction between 0 and 1.",
+                "return wait / time, e.g. 0.25 for a quarter of the time (format it as "
+                "f'{x:.0%}' when you print it)."),
+}
+
+
+def synthetic_cases() -> list[dict]:
+    """The held-back traces: name, steps, warmup_steps, events, answer and each mistake's value."""
+    plain = [(4, 1, 5, 2), (6, 1, 3, 2), (2, 1, 7, 2), (5, 1, 4, 2)]
+    startup = [(250, 0.5, 8, 1)] + [(0.3 + 0.1 * k, 0.2, 9, 0.5) for k in range(6)]
+    numbered = [(150, 1, 3, 1), (0.2, 1, 3, 1)] + [(8 + k, 1, 3, 1) for k in range(4)] + [(0.5, 1, 3, 1)] * 2
+    cases = [("a plain loop (warmup_steps=0)", plain, 0, 2, None),
+             ("a loop whose first step holds the workers' start-up", startup, 1, 1, None),
+             ("steps ProfilerStep#8..#15, events out of time order", numbered, 2, 8, 7)]
+    out = []
+    for name, steps, warmup, first, seed in cases:
+        events = synthetic_trace(steps, first=first, shuffle_seed=seed)
+        counted = steps[warmup:]
+        right = _fraction(counted)
+        by_name = sorted(range(len(steps)), key=lambda k: f"ProfilerStep#{first + k}")
+        listed = [int(e["name"].partition("#")[2]) - first for e in events if e.get("ph") == "X"
+                  and str(e.get("name", "")).startswith("ProfilerStep#")]
+        mistakes = {"warm-up": _fraction(steps), "step": _fraction(counted, "fcs"),
+                    "no copy": _fraction(counted, "f"), "marked": _fraction(counted, over="marked"),
+                    "next twice": _fraction(counted, "nc"),
+                    "by name": _fraction([steps[k] for k in by_name[warmup:]]),
+                    "list order": _fraction([steps[k] for k in listed[warmup:]]),
+                    "percent": 100 * right}
+        mistakes = {k: v for k, v in mistakes.items() if abs(v - right) > 10 * TOLERANCE}
+        out.append({"name": name, "steps": steps, "warmup_steps": warmup, "events": events,
+                    "answer": right, "mistakes": mistakes})
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# loops profiled for real
+# --------------------------------------------------------------------------------------------
+
+class SleepyBatches(Dataset):
+    """Ready-made batches of NumPy arrays (4 small images, 4 labels), each after ``delay_s``
+    seconds of sleep; with ``collate_fn=as_is`` arrays travel pickled in the queue's pipe
+    (a tensor would cost a shared-memory round trip, slow on a busy machine)."""
+
+    def __init__(self, n: int, delay_s: float) -> None:
+        self.n, self.delay_s = int(n), float(delay_s)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return np.full((4, 3, 8, 8), float(i), dtype=np.float32), np.arange(4) % 10
+
+
+def as_is(batch: Any) -> Any:
+    """A DataLoader ``collate_fn`` that leaves the batch as the dataset made it."""
+    return batch
+
+
+def profile_loop(loader: DataLoader, step: Callable[[Any], Any], steps: int) -> list[dict]:
+    """The trace events of ``steps + 1`` recorded steps; the first holds the workers' start-up
+    (``iter`` and the first ``next`` inside its "fetch" span), as when a whole loop is profiled."""
+    sched = schedule(wait=0, warmup=1, active=steps + 1, repeat=1)
+    it = None
+    with tempfile.TemporaryDirectory(prefix="course08_") as tmp:
+        try:
+            with profile(activities=[ProfilerActivity.CPU], schedule=sched) as prof:
+                prof.step()                         # the profiler's own warm-up: nothing in it
+                for _ in range(steps + 1):
+                    with record_function("fetch"):
+                        if it is None:
+                            it = iter(loader)       # start-up inside the first recorded step
+                        images, labels = next(it)
+                    with record_function("h2d copy"):
+                        batch = torch.as_tensor(images), torch.as_tensor(labels)
+                    with record_function("step"):
+                        step(batch)
+                    prof.step()
+        finally:
+            del it
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)["traceEvents"]
+
+
+def _step(batch: Any, sleep_s: float = 0.0) -> None:
+    batch[0].sum()
+    time.sleep(sleep_s)                              # "training"
+
+
+@functools.lru_cache(maxsize=1)
+def real_traces(steps: int = 8) -> tuple[dict, ...]:
+    """Two loops profiled here (cached per process): a data-bound and a compute-bound one."""
+    out = []
+    for name, delay, sleep_s in (("a loader that sleeps 30 ms per batch, a fast step", 0.03, 0.0),
+                                 ("a ready loader, a step that takes 50 ms", 0.0, 0.05)):
+        loader = DataLoader(SleepyBatches(steps + 4, delay), batch_size=None, collate_fn=as_is,
+                            num_workers=1, timeout=120)
+        events = profile_loop(loader, functools.partial(_step, sleep_s=sleep_s), steps)
+        out.append({"name": name, "warmup_steps": 1, "events": events,
+                    "answer": _reference_fraction(events, 1)})
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------------------------
+# calling the learner's functions
+# --------------------------------------------------------------------------------------------
+
+def _raised_hint(exc: Exception) -> str:
+    if isinstance(exc, KeyError) and exc.args and exc.args[0] in ("dur", "ts"):
+        return (f"not every event has {exc.args[0]!r}: metadata ('ph': 'M'), instant ('i') and "
+                f"flow ('s', 'f') events have no duration; keep the complete events, ph == 'X'.")
+    if isinstance(exc, (ValueError, IndexError, ZeroDivisionError)):
+        return ("the trace has steps to count; print the ProfilerStep spans you found and the "
+                "ones left after the warm-up.")
+    return "run it on the trace above in a cell of its own and read the traceback."
+
+
+def _call(exercise: str, fn: Callable, events: list[dict], signature: str, **kwargs: Any) -> Any:
+    return call_answer(exercise, fn, copy.deepcopy(events), signature=signature,
+                       hint=_raised_hint, **kwargs)
+
+
+def _as_fraction(value: Any, where: str) -> float:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ExerciseFailed(WAIT, f"{where}: data_wait_fraction must return one number.",
+                             expected="a float between 0 and 1, such as 0.42",
+                             seen=describe(value), hint="return wait / time as a plain float (did it forget a `return`?).")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ExerciseFailed(WAIT, f"{where}: the fraction is not finite.", seen=repr(value),
+                             hint="divide by the counted steps' total duration, which is > 0.")
+    return value
+
+
+def _judge(value: float, answer: float, mistakes: dict[str, float], where: str, tol: float) -> None:
+    if abs(value - answer) <= tol:
+        return
+    seen = f"{value:.4f}"
+    for key, wrong in mistakes.items():
+        if abs(value - wrong) <= tol:
+            problem, hint = MISTAKES[key]
+            raise ExerciseFailed(WAIT, f"{where}: {problem}", expected=f"{answer:.4f}",
+                                 seen=f"{seen} (what that mistake gives)", hint=hint)
+    if value > 1 or value < 0:
+        problem, hint = MISTAKES["percent"] if value > 1 else ("the fraction is negative.", "")
+        raise ExerciseFailed(WAIT, f"{where}: {problem}", expected=f"{answer:.4f}", seen=seen,
+                             hint=hint or "durations are positive: add them up, don't subtract.")
+    raise ExerciseFailed(
+        WAIT, f"{where}: the fraction is off.", expected=f"{answer:.4f}", seen=seen,
+        hint="wait = the durations of the 'fetch' and 'h2d copy' spans inside the counted steps; "
+             "time = the counted ProfilerStep spans' durations; the counted steps are all but the "
+             "first `warmup_steps` in time order. Print what you add up for each step.")
+
+
+def _check_function(answer: Any, exercise: str, what: str) -> None:
+    require_callable(exercise, answer, what)
+    refuse_course_helper(exercise, answer, REFERENCE,
+                         write="pick the ProfilerStep, 'fetch' and 'h2d copy' spans out of the "
+                               "events and add up their 'dur' yourself")
+
+
+# --------------------------------------------------------------------------------------------
+# the graders
+# --------------------------------------------------------------------------------------------
+
+@grader(WAIT)
+def grade_wait_fraction(data_wait_fraction: Callable[..., Any], *, real: bool = True) -> CheckResult:
+    """Check ``data_wait_fraction(events, warmup_steps=1)`` on synthetic and real traces."""
+    signature = "data_wait_fraction(events, warmup_steps=1)"
+    _check_function(data_wait_fraction, WAIT, signature)
+
+    def cases() -> Iterator[tuple[str, dict, dict[str, float], float]]:
+        for case in synthetic_cases():
+            yield f"on {case['name']}", case, case["mistakes"], TOLERANCE
+        for case in real_traces() if real else ():
+            with_startup = _reference_fraction(case["events"], 0)
+            yield (f"on a loop profiled here ({case['name']})", case,
+                   {"warm-up": with_startup} if abs(with_startup - case["answer"]) > 0.03 else {},
+                   REAL_TOLERANCE)
+
+    found = {}
+    for where, case, mistakes, tol in cases():
+        value = _as_fraction(_call(WAIT, data_wait_fraction, case["events"], signature,
+                                   warmup_steps=case["warmup_steps"]), where)
+        _judge(value, case["answer"], mistakes, where, tol)
+        found[case["name"]] = value
+    shown = "; ".join(f"{k}: {v:.3f}" for k, v in found.items())
+    return CheckResult(WAIT, f"every trace's fraction is right ({shown}).", found)
+
+
+@grader(STALL)
+def grade_bottleneck(bottleneck: Callable[..., Any], *, real: bool = True) -> CheckResult:
+    """Check ``bottleneck(events, warmup_steps=1, threshold=0.10)`` names the held-back loops."""
+    signature = "bottleneck(events, warmup_steps=1, threshold=0.10)"
+    _check_function(bottleneck, STALL, signature)
+    # (what, events, warmup_steps, threshold, fraction)
+    trials = [(c["name"], c["events"], c["warmup_steps"], 0.10, c["answer"])
+              for c in synthetic_cases()]
+    near = synthetic_trace([(1.5, 0, 8.5, 0)] * 5)                 # waits 15 % of the time
+    trials += [("a loop that waits 15 % of its time", near, 0, 0.10, 0.15),
+               ("the same loop with threshold=0.25", near, 0, 0.25, 0.15)]
+    if real:
+        trials += [(f"a loop profiled here ({c['name']})", c["events"], c["warmup_steps"], 0.10,
+                    c["answer"]) for c in real_traces()]
+    labels = []
+    for what, events, warmup, threshold, fraction in trials:
+        label = _call(STALL, bottleneck, events, signature, warmup_steps=warmup, threshold=threshold)
+        expected = "data" if fraction > threshold else "compute"
+        if label not in ("data", "compute"):
+            hint = "return the string 'data' or 'compute'."
+            if isinstance(label, str) and label.lower().startswith(("data", "compute")):
+                hint = ("diagnose prints 'data-bound'; this function returns the short words, "
+                        "exactly 'data' or 'compute' (lower case).")
+            raise ExerciseFailed(STALL, f"on {what}: the answer must be 'data' or 'compute'.",
+                                 expected=repr(expected), seen=describe(label), hint=hint)
+        if label != expected:
+            seen = f"{label!r}; the loop waited {fraction:.0%} of its counted steps' time"
+            hint = (f"'data' when the wait fraction is more than threshold (here {threshold:.2f}), "
+                    f"else 'compute'; use the `threshold` argument, not a number of your own.")
+            if "start-up" in what:
+                hint = (f"with the warm-up counted this loop looks data-bound, but after "
+                        f"warmup_steps={warmup} it waited only {fraction:.0%}: skip the warm-up "
+                        f"steps before you judge.")
+            raise ExerciseFailed(STALL, f"on {what}: the wrong bottleneck.", expected=repr(expected),
+                                 seen=seen, hint=hint)
+        labels.append(f"{what}: {label}")
+    return CheckResult(STALL, f"every loop named right ({'; '.join(labels)}).",
+                       {"labels": labels})

@@ -1,0 +1,154 @@
+"""Grade a whole exercise notebook through nbval and report pass/fail per exercise.
+
+``python -m course_utils grade exercises/00_measure_first.ipynb`` runs the notebook top to
+bottom in a fresh kernel with ``pytest --nbval-lax`` and maps each failing or passing cell back
+to the exercise whose ``check("ID", ...)`` call it holds.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+_CHECK_RE = re.compile(r"""check\(\s*["']([\w.\-]+)["']""")
+_ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
+_CELL_RE = re.compile(r"::Cell (\d+)$")
+_EXAMPLE = "exercises/00_measure_first.ipynb"
+
+
+@dataclass
+class ExerciseGrade:
+    """The outcome of one exercise in a graded notebook."""
+
+    exercise: str
+    cell: int
+    passed: bool
+    message: str = ""
+
+    def __str__(self) -> str:
+        status = "PASS" if self.passed else "FAIL"
+        text = f"  {status}  {self.exercise}  (cell {self.cell})"
+        if self.message:
+            text += "\n" + "\n".join("        " + line for line in self.message.splitlines())
+        return text
+
+
+@dataclass
+class NotebookGrade:
+    """All exercises of a notebook, plus cells that failed outside any check."""
+
+    notebook: str
+    exercises: list[ExerciseGrade]
+    other_failures: list[ExerciseGrade]
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.exercises) and all(e.passed for e in self.exercises) and not self.other_failures
+
+    def __str__(self) -> str:
+        lines = [f"Grading {self.notebook}"]
+        lines += [str(e) for e in self.exercises]
+        if self.other_failures:
+            lines.append("  Cells that failed outside a check (fix these first; later checks may "
+                         "depend on them):")
+            lines += [str(e) for e in self.other_failures]
+        done = sum(e.passed for e in self.exercises)
+        lines.append(f"{done} of {len(self.exercises)} exercises pass"
+                     + ("" if self.passed else " — not done yet"))
+        return "\n".join(lines)
+
+
+def exercise_cells(notebook: dict) -> dict[int, str]:
+    """Map code-cell index (as nbval numbers them) to the exercise id its check() call grades."""
+    found: dict[int, str] = {}
+    index = 0
+    for cell in notebook.get("cells", []):
+        if cell.get("cell_type") != "code":
+            continue
+        src = cell.get("source", "")
+        text = "".join(src) if isinstance(src, list) else src
+        match = _CHECK_RE.search(text)
+        if match:
+            found[index] = match.group(1)
+        index += 1
+    return found
+
+
+def _failure_message(longrepr: str) -> str:
+    text = _ANSI_RE.sub("", longrepr)
+    lines = [line.rstrip() for line in text.splitlines()]
+    # The exception's own lines come last in the traceback nbval prints.
+    for i, line in enumerate(lines):
+        if line.startswith("ExerciseFailed:"):
+            body = [line[len("ExerciseFailed:"):].strip()]
+            body += [l for l in lines[i + 1:] if l.startswith("  ")]
+            return "\n".join(body)
+    tail = [l for l in lines if l.strip()]
+    return "\n".join(tail[-3:])
+
+
+def read_notebook(path: str | os.PathLike, *, argument: str = "path") -> dict:
+    """The notebook at ``path`` as a dict; errors name ``argument`` and say what to pass."""
+    nb_path = Path(path)
+    where = f"{argument} {str(path)!r}"
+    if not nb_path.exists():
+        raise FileNotFoundError(f"{where} does not exist; pass a notebook path like {_EXAMPLE}.")
+    if nb_path.is_dir():
+        raise IsADirectoryError(f"{where} is a folder; pass notebook files, e.g. "
+                                f"{nb_path.as_posix()}/*.ipynb for every notebook in it.")
+    if nb_path.suffix != ".ipynb":
+        raise ValueError(f"{where} is not a notebook (.ipynb file); pass a path like {_EXAMPLE}.")
+    try:
+        raw = nb_path.read_bytes()
+    except OSError as exc:
+        raise OSError(f"{where} cannot be read ({exc.strerror or exc}); check that the file is "
+                      f"readable.") from None
+    try:
+        notebook = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{where} is not valid notebook JSON ({exc}); restore it, e.g. with "
+                         f"git checkout -- {nb_path.as_posix()} (this discards your edits) or "
+                         f"from a backup.") from None
+    if not isinstance(notebook, dict) or not isinstance(notebook.get("cells"), list):
+        raise ValueError(f"{where} is JSON but not a notebook (it has no list of cells); pass "
+                         f"a notebook path like {_EXAMPLE}.")
+    return notebook
+
+
+def grade_notebook(path: str | os.PathLike, *, cell_timeout: int = 600) -> NotebookGrade:
+    """Run ``path`` through ``pytest --nbval-lax`` and return the grade per exercise (a path that
+    is not a readable notebook raises before anything runs)."""
+    nb_path = Path(path)
+    checks = exercise_cells(read_notebook(nb_path))
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.jsonl"
+        env = dict(os.environ, COURSE_GRADE_REPORT=str(report))
+        cmd = [sys.executable, "-m", "pytest", "-p", "course_utils.grading._nbval_report",
+               "-p", "course_utils.grading._nbval_kernels", "-p",
+               "no:cacheprovider", "-q", "--nbval-lax", f"--nbval-cell-timeout={cell_timeout}",
+               str(nb_path)]
+        subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       check=False)
+        rows = [json.loads(line) for line in report.read_text().splitlines()] if report.exists() else []
+    outcomes = {}
+    for row in rows:
+        m = _CELL_RE.search(row["nodeid"])
+        if m:
+            outcomes[int(m.group(1))] = row
+    exercises, others = [], []
+    for cell, exercise in sorted(checks.items()):
+        row = outcomes.get(cell)
+        if row is None:
+            exercises.append(ExerciseGrade(exercise, cell, False, "this cell did not run"))
+        else:
+            ok = row["outcome"] == "passed"
+            exercises.append(ExerciseGrade(exercise, cell, ok, "" if ok else _failure_message(row["longrepr"])))
+    for cell, row in sorted(outcomes.items()):
+        if cell not in checks and row["outcome"] == "failed":
+            others.append(ExerciseGrade("(no exercise)", cell, False, _failure_message(row["longrepr"])))
+    return NotebookGrade(str(nb_path), exercises, others)

@@ -1,0 +1,158 @@
+"""The loaders learners run, written as they are written, and the course's loaders on the same files.
+
+All read JPEG files in the ``ImageFolder`` layout. The baselines: :func:`seed_recipe_loader`
+(the recipe this course started from; run it inside
+:class:`~course_utils.pipelines.seed_recipe_process_settings`) and
+:func:`imagenet_recipe_loader` (the *training* loader of pytorch/examples ``imagenet/main.py``,
+RandomResizedCrop + RandomHorizontalFlip; lesson 01 times that script's validation transform,
+Resize + CenterCrop. Only the batch size is a parameter: its 256 is more than a laptop's course
+data holds). The course's:
+:func:`tuned_files_loader` (what lessons 01-03 teach: batched fetch, reduced-scale decode, uint8
+batches; crops, flips and floats later on the device) and :class:`DecodeOnlyFiles` (the decode
+ceiling). Workers unpickle these datasets, so they live in the package.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Union
+
+import cv2
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+from torchvision import datasets, transforms
+
+from course_utils.checks import check_folder, check_int
+from course_utils.machine import usable_cpus
+from course_utils.pipelines import BatchedDecode, keep_batch
+from course_utils.threads import make_worker_init
+
+from .storage import image_files, reduced_decode_flag
+
+PathLike = Union[str, os.PathLike]
+IMAGENET_MEAN = [0.485, 0.456, 0.406]
+IMAGENET_STD = [0.229, 0.224, 0.225]
+# IMREAD_COLOR_RGB (OpenCV >= 4.10) decodes straight to RGB. It replaces the IMREAD_COLOR bit
+# (the two together are an error) and keeps a reduced-scale bit (tests/test_recipes.py checks).
+_DECODE_RGB = cv2.IMREAD_COLOR_RGB if hasattr(cv2, "IMREAD_COLOR_RGB") else None
+
+
+def _folder(root: PathLike, where: str) -> str:
+    return str(check_folder(root, f"{where}: root", "pass a folder of class sub-folders of JPEG "
+                            "files (ImageFolder layout), e.g. "
+                            "course_utils.tools.bench.storage.write_image_folder(JpegDataset())."))
+
+
+def seed_recipe_loader(root: PathLike, *, batch_size: int = 64, size: int = 224) -> DataLoader:
+    """The seed recipe's loader over the JPEG folder ``root`` (run it inside
+    :class:`seed_recipe_process_settings`). Batches: float32 (N, 3, size, size) in [0, 1]."""
+    batch_size = check_int("batch_size", batch_size, 1, "seed_recipe_loader")
+    transform = transforms.Compose([transforms.Resize((size, size)), transforms.ToTensor()])
+    dataset = datasets.ImageFolder(_folder(root, "seed_recipe_loader"), transform)
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=4,
+                      pin_memory=True)
+
+
+def imagenet_recipe_loader(root: PathLike, *, batch_size: int = 64, size: int = 224) -> DataLoader:
+    """pytorch/examples' ImageNet training loader, as written, over the JPEG folder ``root``.
+    Batches: float32 (N, 3, size, size), normalised with the ImageNet mean and std."""
+    batch_size = check_int("batch_size", batch_size, 1, "imagenet_recipe_loader")
+    normalize = transforms.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD)
+    train_dataset = datasets.ImageFolder(
+        _folder(root, "imagenet_recipe_loader"),
+        transforms.Compose([
+            transforms.RandomResizedCrop(size),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            normalize,
+        ]))
+    return DataLoader(train_dataset, batch_size=batch_size, shuffle=True, num_workers=4,
+                      pin_memory=True)
+
+
+class _JpegFiles(Dataset):
+    """Every JPEG file under ``root`` with ImageFolder labels (sorted sub-folder names)."""
+
+    def __init__(self, root: PathLike, where: str) -> None:
+        folder = Path(_folder(root, where))
+        files = image_files(folder)
+        if not files:
+            raise ValueError(f"{where}: root={str(root)!r} has no .jpg/.jpeg files; pass a "
+                             f"folder of JPEG files.")
+        classes = sorted({p.parent.name for p in files})
+        index = {c: k for k, c in enumerate(classes)}
+        self.root, self.classes = folder, classes
+        self.paths = np.array([str(p) for p in files])      # no Python objects: copy-on-read safe
+        self.labels = np.array([index[p.parent.name] for p in files], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return int(self.paths.shape[0])
+
+    def _read(self, index: int) -> np.ndarray:
+        return np.fromfile(str(self.paths[index]), dtype=np.uint8)
+
+
+class BatchedJpegFiles(_JpegFiles, BatchedDecode):
+    """The course's tuned dataset on files: ``__getitems__(indices)`` returns
+    (N x 3 x size x size uint8, labels) in channels_last memory (use ``collate_fn=keep_batch``);
+    ``reduced``: decode at the smallest scale that keeps ``size``."""
+
+    def __init__(self, root: PathLike, size: int = 224, *, reduced: bool = True) -> None:
+        super().__init__(root, "BatchedJpegFiles")
+        self.size = check_int("size", size, 1, "BatchedJpegFiles")
+        self.reduced = bool(reduced)
+
+    def _decode_into(self, index: int, out: np.ndarray) -> None:
+        raw = self._read(index)
+        flag = reduced_decode_flag(raw, self.size) if self.reduced else cv2.IMREAD_COLOR
+        if _DECODE_RGB is not None:      # OpenCV >= 4.10 decodes straight to RGB
+            rgb = cv2.imdecode(raw, (flag & ~cv2.IMREAD_COLOR) | _DECODE_RGB)
+            if rgb is None:
+                raise ValueError(f"BatchedJpegFiles: OpenCV could not decode {self.paths[index]!s}.")
+            cv2.resize(rgb, (self.size, self.size), dst=out, interpolation=cv2.INTER_LINEAR)
+            return
+        bgr = cv2.imdecode(raw, flag)
+        if bgr is None:
+            raise ValueError(f"BatchedJpegFiles: OpenCV could not decode {self.paths[index]!s}.")
+        small = cv2.resize(bgr, (self.size, self.size), interpolation=cv2.INTER_LINEAR)
+        cv2.cvtColor(small, cv2.COLOR_BGR2RGB, dst=out)
+
+    def _labels(self, indices: list[int]) -> torch.Tensor:
+        return torch.as_tensor(self.labels[np.asarray(indices)], dtype=torch.int64)
+
+
+class DecodeOnlyFiles(_JpegFiles):
+    """Read and decode each file at full size, nothing more: ``__getitems__`` returns
+    (pixels decoded per image, labels), so no batch is built or sent. The decode ceiling."""
+
+    def __init__(self, root: PathLike) -> None:
+        super().__init__(root, "DecodeOnlyFiles")
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        pixels = [cv2.imdecode(self._read(index), cv2.IMREAD_COLOR).size for index in indices]
+        return torch.tensor(pixels), torch.as_tensor(self.labels[np.asarray(indices)])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        pixels, labels = self.__getitems__([index])
+        return pixels[0], int(labels[0])
+
+
+def files_loader(dataset: Dataset, *, batch_size: int = 64, num_workers: int | None = None,
+                 shuffle: bool = True) -> DataLoader:
+    """A DataLoader over a batched file dataset (``BatchedJpegFiles``, ``DecodeOnlyFiles``):
+    batched fetch, workers = usable CPUs by default, every pool limited to 1 thread in them,
+    ``pin_memory`` only with a CUDA device to copy to."""
+    batch_size = check_int("batch_size", batch_size, 1, "files_loader")
+    workers = usable_cpus() if num_workers is None else check_int(
+        "num_workers", num_workers, 0, "files_loader", " Pass None for the usable CPUs.")
+    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, collate_fn=keep_batch,
+                      num_workers=workers, pin_memory=torch.cuda.is_available(),
+                      worker_init_fn=make_worker_init(1) if workers else None)
+
+
+def tuned_files_loader(root: PathLike, *, batch_size: int = 64, size: int = 224,
+                       num_workers: int | None = None) -> DataLoader:
+    """The course's tuned pipeline over the JPEG folder ``root`` (see the module docstring)."""
+    return files_loader(BatchedJpegFiles(root, size), batch_size=batch_size,
+                        num_workers=num_workers)

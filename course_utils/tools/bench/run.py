@@ -1,0 +1,247 @@
+"""``python -m course_utils bench``: the recipes learners run vs the course's pipeline, on files.
+
+Every row is measured in one run on the same JPEG files, repeats interleaved (a slow drift of a
+shared machine hits every row alike): the recipes as written (:mod:`course_utils.tools.bench.recipes`), the
+tuned pipeline, a decode-only pass (the ceiling) and the tuned batches sent with nothing decoded
+(what shipping the pixels costs alone); then storage: JPEG bytes in RAM, warm and cold page
+cache, and a :class:`~course_utils.tools.bench.storage.PackedStore` through ``np.memmap`` vs RAM. The targets
+are :data:`TARGETS`, ratios to the ImageNet training recipe (memmap: to RAM).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ContextManager
+
+import torch
+from torch.utils.data import Dataset
+
+from course_utils.batch_buffers import slot_batch
+from course_utils.checks import check_int
+from course_utils.config import pick
+from course_utils.data import JpegDataset
+from course_utils.machine import machine_summary, usable_cpus
+from course_utils.measurement import Comparison, Measurement, compare
+from course_utils.pipelines import seed_recipe_process_settings, tuned_loader, uint8_batch
+from course_utils.timing import MIN_TIMED_BATCHES, measure_loader
+
+from .recipes import (DecodeOnlyFiles, files_loader, imagenet_recipe_loader, seed_recipe_loader,
+                      tuned_files_loader)
+from .storage import PackedStore, evict_from_page_cache, image_files, write_image_folder
+
+SEED = "seed recipe"
+IMAGENET = "ImageNet training recipe"
+TUNED = "tuned (files)"
+DECODE_ONLY = "decode only (files)"
+SHIPPING = "shipping only (no decode)"
+RAM_BYTES = "tuned, JPEG bytes in RAM"
+COLD = "tuned, files, cold page cache"
+MEMMAP = "packed uint8 store, np.memmap"
+RAM_GATHER = "packed uint8 store, gathered from RAM"
+
+
+class ShippingOnly(Dataset):
+    """``n`` samples sent like :class:`~course_utils.tools.bench.recipes.BatchedJpegFiles`'s batches (N x 3 x
+    size x size uint8, allocated the same way), every byte written but nothing read or decoded."""
+
+    def __init__(self, n: int, size: int) -> None:
+        self.n, self.size = check_int("n", n, 1, "ShippingOnly"), check_int("size", size, 1, "ShippingOnly")
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        images, batch, slot = uint8_batch(len(indices), self.size)
+        batch.fill(0)                        # every page touched, as the decode's writes touch them
+        return slot_batch((images.permute(0, 3, 1, 2), torch.zeros(len(indices), dtype=torch.int64)),
+                         slot)
+
+
+TARGETS = {"speedup": 2.0, "cpu_ratio": 0.5, "decode_share": 0.8, "memmap_share": 0.6}
+
+def min_batches() -> int:
+    """Batches per epoch every row needs here: the batches in flight of its loader with the
+    most workers (the recipes' 4, or the tuned rows' one per usable CPU, at prefetch_factor 2)
+    untimed, then :data:`~course_utils.timing.MIN_TIMED_BATCHES` timed."""
+    return 2 * max(4, usable_cpus()) + MIN_TIMED_BATCHES
+
+
+def benchmark_sizes(n: int | None = None, batch_size: int | None = None,
+                    repeats: int | None = None, *, names: tuple[str, str] = ("n=", "batch_size="),
+                    ) -> tuple[int, int, int]:
+    """``(n, batch_size, repeats)`` with the quick/full defaults filled in, checked; ``names``
+    spell the first two in the ValueError (the command line passes its own flags)."""
+    batch_size = check_int("batch_size", pick(full=64, quick=16) if batch_size is None else batch_size,
+                           1, "run_benchmark")
+    need = min_batches()
+    if n is None:          # the default holds every row's window on any machine
+        n = max(pick(full=2000, quick=400), need * batch_size)
+    n = check_int("n", n, 1, "run_benchmark")
+    repeats = check_int("repeats", pick(full=5, quick=2) if repeats is None else repeats, 1,
+                        "run_benchmark")
+    if n < need * batch_size:
+        n_name, batch_name = names
+        raise ValueError(f"{n_name}{n} is too few images for {batch_name}{batch_size}: every loader "
+                         f"needs {need} batches here (the batches its workers make ahead, then "
+                         f"{MIN_TIMED_BATCHES} timed); pass {n_name}{need * batch_size} or more, or "
+                         f"a smaller {batch_name.strip(' =')}.")
+    return n, batch_size, repeats
+
+
+@dataclass
+class BenchmarkResult:
+    """The loaders (and the storage variants) measured side by side in one run."""
+
+    loaders: Comparison
+    storage: Comparison | None
+    machine: str
+    dataset: str
+    folder: str
+    cold_cache: str
+    targets: dict[str, float] = field(default_factory=lambda: dict(TARGETS))
+
+    @property
+    def speedup(self) -> float:
+        """Tuned samples/s divided by the ImageNet training recipe's."""
+        return self.loaders.ratio(TUNED, "samples_per_s")
+
+    @property
+    def cpu_ratio(self) -> float:
+        """Tuned CPU-seconds per sample divided by the ImageNet training recipe's."""
+        return self.loaders.ratio(TUNED, "cpu_s_per_sample")
+
+    @property
+    def decode_share(self) -> float:
+        """Tuned samples/s divided by the decode-only samples/s of the same files."""
+        return self.loaders.ratio(TUNED) / self.loaders.ratio(DECODE_ONLY)
+
+    @property
+    def memmap_share(self) -> float | None:
+        """Packed-store samples/s through np.memmap divided by the same gather from RAM."""
+        if self.storage is None:
+            return None
+        return self.storage.ratio(MEMMAP) / self.storage.ratio(RAM_GATHER)
+
+    @property
+    def shipping_share(self) -> float | None:
+        """CPU-s/sample of sending the tuned loader's batches alone over the tuned loader's own
+        (what the decode-only ceiling does not pay); None where the CPU clock read nothing."""
+        tuned, shipping = (self.loaders.row(k).cpu_s_per_sample for k in (TUNED, SHIPPING))
+        return shipping / tuned if tuned and shipping else None
+
+    def checks(self) -> list[tuple[str, float, str, float, bool]]:
+        """(what, measured, comparison, target, met) for each target."""
+        rows = [("samples/s, tuned / ImageNet training recipe", self.speedup, ">=", self.targets["speedup"]),
+                ("CPU-s/sample, tuned / ImageNet training recipe", self.cpu_ratio, "<=",
+                 self.targets["cpu_ratio"]),
+                ("samples/s, tuned / decode only", self.decode_share, ">=", self.targets["decode_share"])]
+        if self.memmap_share is not None:
+            rows.append(("samples/s, memmap / RAM gather", self.memmap_share, ">=",
+                         self.targets["memmap_share"]))
+        return [(what, value, op, target, value >= target if op == ">=" else value <= target)
+                for what, value, op, target in rows]
+
+    def __str__(self) -> str:
+        lines = ["Benchmark: the recipes learners run vs the course's pipeline, on JPEG files, "
+                 "side by side in one run",
+                 f"machine: {self.machine}", f"data:    {self.dataset}", f"files:   {self.folder}",
+                 "", str(self.loaders)]
+        if self.storage is not None:
+            lines += ["", "Storage (the tuned pipeline's reads; packed store = decoded once, "
+                          "resized, one uint8 file):", str(self.storage), f"cold cache: {self.cold_cache}"]
+        lines += [""] + [f"{what}: {value:.2f}x (target {op} {target}x: {'met' if met else 'NOT met'})"
+                         for what, value, op, target, met in self.checks()]
+        share = self.shipping_share
+        if share is not None:
+            tuned, shipping = (self.loaders.row(k).cpu_s_per_sample for k in (TUNED, SHIPPING))
+            lines.append(f"Of the tuned loader's {tuned * 1e3:.2f} ms of CPU per sample, sending "
+                         f"its pixels alone took {shipping * 1e3:.2f} ms ({share:.0%}); decode only "
+                         f"sends none.")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"machine": self.machine, "dataset": self.dataset, "folder": self.folder,
+                "cold_cache": self.cold_cache, "targets": self.targets,
+                "speedup": self.speedup, "cpu_ratio": self.cpu_ratio,
+                "decode_share": self.decode_share, "memmap_share": self.memmap_share,
+                "shipping_share": self.shipping_share,
+                "loaders": self.loaders.to_dict(),
+                "storage": None if self.storage is None else self.storage.to_dict()}
+
+
+def _packed_store(base: JpegDataset, folder: Path, size: int) -> PackedStore:
+    """The course data as a packed store beside its folder, written once (atomically)."""
+    path = folder.with_name(folder.name + f"-packed{size}.npy")
+    if path.exists() and path.with_suffix(".labels.npy").exists():
+        return PackedStore(path)
+    staging = path.with_name(f"{path.stem}.writing-{os.getpid()}.npy")
+    PackedStore.write(base, staging, size)
+    os.replace(staging.with_suffix(".labels.npy"), path.with_suffix(".labels.npy"))
+    os.replace(staging, path)
+    return PackedStore(path)
+
+
+def _evicting(files: list[Path]) -> Callable[[], ContextManager]:
+    """A context factory that drops the files' cached pages on entry (the cold-cache repeats)."""
+    @contextlib.contextmanager
+    def cold() -> Any:
+        evict_from_page_cache(files)
+        yield
+    return cold
+
+
+def run_benchmark(*, n: int | None = None, batch_size: int | None = None,
+                  repeats: int | None = None, size: int = 224, storage: bool = True,
+                  progress: bool = True) -> BenchmarkResult:
+    """Measure every row (module docstring) on the course JPEGs written as files, in one run;
+    the seed recipe's process-wide settings apply only while it runs."""
+    n, batch_size, repeats = benchmark_sizes(n, batch_size, repeats)
+    base = JpegDataset(n=n, progress=progress)
+    folder = write_image_folder(base)
+    files = image_files(folder)
+    nothing = contextlib.nullcontext
+    rows: list[tuple[str, Any, Callable[[], ContextManager]]] = [
+        (SEED, seed_recipe_loader(folder, batch_size=batch_size, size=size), seed_recipe_process_settings),
+        (IMAGENET, imagenet_recipe_loader(folder, batch_size=batch_size, size=size), nothing),
+        (TUNED, tuned_files_loader(folder, batch_size=batch_size, size=size), nothing),
+        (DECODE_ONLY, files_loader(DecodeOnlyFiles(folder), batch_size=batch_size), nothing),
+        (SHIPPING, files_loader(ShippingOnly(n, size), batch_size=batch_size), nothing)]
+    cold_cache = "not measured (--no-storage)"
+    if storage:
+        store = _packed_store(base, folder, size)
+        rows.append((RAM_BYTES, tuned_loader(base, batch_size=batch_size, size=size), nothing))
+        can_evict = evict_from_page_cache(files[:1])
+        if can_evict:
+            rows.append((COLD, tuned_files_loader(folder, batch_size=batch_size, size=size),
+                         _evicting(files)))
+            cold_cache = ("the files' pages were dropped before each repeat (posix_fadvise "
+                          "DONTNEED); a VM's host may still cache them")
+        else:
+            cold_cache = ("not measured: this OS has no posix_fadvise, so this run cannot drop "
+                          "just these files' cached pages before each repeat; emptying the whole "
+                          "cache takes admin rights (macOS: sudo purge; Linux, as root: echo 3 > "
+                          "/proc/sys/vm/drop_caches) or a reboot")
+        rows += [(MEMMAP, files_loader(store.dataset(), batch_size=batch_size), nothing),
+                 (RAM_GATHER, files_loader(store.dataset(in_memory=True), batch_size=batch_size), nothing)]
+    runs: dict[str, list[Measurement]] = {label: [] for label, _, _ in rows}
+    with warnings.catch_warnings():
+        # The recipes ask for 4 workers and pin_memory=True as written; torch warns about both
+        # on a small CPU-only machine. The table shows what they cost instead.
+        warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+        warnings.filterwarnings("ignore", message=".*pin_memory.*")
+        for _ in range(repeats):
+            for label, loader, settings in rows:
+                with settings():
+                    runs[label].append(measure_loader(loader, repeats=1, label=label, progress=progress))
+    merged = {label: Measurement.merge(parts) for label, parts in runs.items()}
+    loaders = compare([merged[k] for k in (SEED, IMAGENET, TUNED, DECODE_ONLY, SHIPPING)], baseline=IMAGENET)
+    storage_table = None
+    if storage:
+        storage_table = compare([merged[k] for k in (RAM_BYTES, TUNED, COLD, MEMMAP, RAM_GATHER)
+                                 if k in merged], baseline=RAM_BYTES)
+    return BenchmarkResult(loaders, storage_table, machine_summary(), base.describe(), str(folder),
+                           cold_cache)
+

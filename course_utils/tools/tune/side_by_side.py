@@ -1,0 +1,93 @@
+"""The tuner's side by side (lesson 06): DataLoader defaults, the common recipe and the tuned
+setting measured like the search (the same windows, consumer and score), rounds interleaved, so
+that the recommendation is the winner of one run on one machine."""
+from __future__ import annotations
+
+import gc
+from contextlib import nullcontext
+from typing import Any, Callable
+
+from torch.utils.data import DataLoader
+
+from course_utils.config import pick
+from course_utils.data import CommonRecipeTransform
+from course_utils.measurement import Comparison, Measurement, compare
+from course_utils.pipelines import (TransformedDataset, common_recipe_loader,
+                                    common_recipe_process_settings)
+
+from .result import DEFAULTS_LABEL, RECIPE_LABEL, TUNED_LABEL, LoaderSettings
+from .window import Timed, measure_window, pooled, quiet_loader_warnings, rebuilt, warmup_batches
+
+__all__ = ["SideBySide"]
+
+
+class SideBySide:
+    """Defaults vs common recipe vs tuned, measured like the search (the same windows,
+    consumer and score), one window per row per round, rounds interleaved."""
+
+    def __init__(self, pipe: Any, tuned: LoaderSettings, batch_size: int,
+                 notes: list[str]) -> None:
+        """``pipe``: the search's pipeline (``dataset``, ``collate_fn``, ``base``, ``size``);
+        a note is added to ``notes`` when the common recipe cannot run on it."""
+        self.entries: list[tuple[str, DataLoader, Callable[[], Any]]] = []
+        if pipe.base is not None:
+            recipe = common_recipe_loader(pipe.base, batch_size=batch_size, size=pipe.size)
+            defaults = DataLoader(TransformedDataset(pipe.base, CommonRecipeTransform(pipe.size)),
+                                  batch_size=batch_size, shuffle=True)
+            self.entries += [(DEFAULTS_LABEL, defaults, nullcontext),
+                             (RECIPE_LABEL, recipe, common_recipe_process_settings)]
+        else:
+            self.entries.append((DEFAULTS_LABEL, DataLoader(pipe.dataset, batch_size=batch_size,
+                                                            shuffle=True), nullcontext))
+            notes.append("the common recipe needs images as HxWx3 uint8 arrays (a JpegDataset "
+                         "or ImageFolderDataset without a transform); compared with defaults only")
+        tuned_loader = DataLoader(pipe.dataset, collate_fn=pipe.collate_fn, **tuned.loader_kwargs())
+        self.entries.append((TUNED_LABEL, tuned_loader, nullcontext))
+        self.settings = {label: LoaderSettings.of(loader) for label, loader, _ in self.entries}
+        self.settings[TUNED_LABEL] = tuned
+        self.runs: dict[str, list[tuple[Measurement, float]]] = {k: [] for k in self.settings}
+
+    def measure(self, search: Any, min_batches: int) -> None:
+        """Round 1 gives each row ``min_batches`` timed batches (and its rate); later rounds
+        give every row a window of the same length in seconds, sized so that the rounds fit in
+        the budget left (two rounds at least). ``search``: the tuner's search (its clock,
+        budget, device, consumer and progress bar)."""
+        rounds, t0 = pick(full=4, quick=3), search.elapsed()
+        left_s = max(0.0, search.budget_s - t0)
+        timed: dict[str, Timed] = {}
+        try:
+            with quiet_loader_warnings():
+                timed.update((label, Timed(rebuilt(loader), search.device, search.consumer))
+                             for label, loader, _ in self.entries)
+                for r in range(rounds):
+                    window_s = 0.0
+                    if r:
+                        spent_per_round = (search.elapsed() - t0) / r   # warm-ups, start-ups
+                        if r >= 2 and left_s - (search.elapsed() - t0) < spent_per_round:
+                            break
+                        window_s = max(0.0, (left_s - (search.elapsed() - t0)) / (rounds - r)
+                                       - spent_per_round) / len(self.entries)
+                    for label, _, context in self.entries:
+                        t, parts = timed[label], self.runs[label]
+                        rate = pooled(parts, label, 1, 1)[0].samples_per_s if parts else 0.0
+                        batches = max(min_batches, round(window_s * rate / t.batch_size))
+                        with context():
+                            parts.append(measure_window(t, warmup_batches(
+                                t.num_workers, t.prefetch_factor), batches, label))
+                        search.tick(f"side by side, round {r + 1}: {label}")
+        finally:
+            for t in timed.values():
+                t.close()
+            gc.collect()
+
+    def summary(self, epoch_samples: int) -> tuple[Comparison, dict, dict] | None:
+        """(Comparison, score per row, start-up per row); None until every row has a window."""
+        if not all(self.runs.values()):
+            return None
+        rows, scores, startups = [], {}, {}
+        for label, parts in self.runs.items():
+            m, startups[label], scores[label] = pooled(
+                parts, label, self.settings[label].batch_size, epoch_samples)
+            rows.append(m)
+        return compare(rows, baseline=RECIPE_LABEL if RECIPE_LABEL in scores else 0), scores, \
+            startups

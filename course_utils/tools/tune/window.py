@@ -1,0 +1,250 @@
+"""How the tuner (lesson 06, :mod:`course_utils.tools.tune.search`) measures one setting: a *window*.
+
+The search and the side by side both use :func:`measure_window` and :func:`pooled`, so they
+cannot measure different things. A window is a fresh ``iter(loader)`` (its start-up: seconds to
+the first batch), an untimed warm-up of every batch in flight, then N timed batches, each handed
+to the consumer (the training step: a sleep of ``step_s``, or ``step(batch)``) before the next
+is pulled; the epoch ends with the window (:class:`Draws`), so nothing is left in flight.
+Workers start deaf to Ctrl-C and :meth:`Timed.close` shuts every one down.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import signal
+import statistics
+import sys
+import threading
+import time
+import traceback
+import types
+import warnings
+import weakref
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from course_utils.device import move_to_device
+from course_utils.measurement import Measurement
+from course_utils.timing import measure_loader
+
+from .result import epoch_score
+
+#: seconds a DataLoader waits for one batch from a worker before it gives up (a hung worker)
+WORKER_TIMEOUT_S = 120
+
+
+class Draws(Sampler):
+    """Random indices over ``n`` items (shuffled passes, one after another), ``length`` per
+    epoch: set before each window, so that the window ends its epoch (nothing left in flight)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.length = n, n
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __iter__(self) -> Iterator[int]:
+        left = self.length
+        while left > 0:
+            chunk = torch.randperm(self.n).tolist()[:left]
+            left -= len(chunk)
+            yield from chunk
+
+
+def drop_fd_sharer_resets(exc_type: type[BaseException], exc: BaseException,
+                          tb: types.TracebackType | None) -> None:
+    """``sys.excepthook`` in a tuner worker. Multiprocessing's fd-sharing thread (it hands the
+    main process each batch's shared memory) catches every error itself and passes it to
+    ``sys.excepthook``; after Ctrl-C has ended the main process mid-handover it meets a closed
+    connection: not news, so not printed. Anything else is."""
+    if issubclass(exc_type, (ConnectionError, EOFError)) and any(
+            frame.f_code.co_filename.endswith("resource_sharer.py")
+            for frame, _ in traceback.walk_tb(tb)):
+        return
+    sys.__excepthook__(exc_type, exc, tb)
+
+
+class QuietInit:
+    """A worker_init_fn that leaves Ctrl-C to the main process (a terminal sends SIGINT to
+    every process of the group; the main process stops the workers), then runs ``fn``."""
+
+    def __init__(self, fn: Callable[[int], None] | None) -> None:
+        self.fn = fn
+
+    def __call__(self, worker_id: int) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        sys.excepthook = drop_fd_sharer_resets
+        if self.fn is not None:
+            self.fn(worker_id)
+
+
+@contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """Ctrl-C held back while workers start, raised when the block ends. SIGINT is blocked in
+    this thread: workers inherit the mask (through exec too, under spawn; the forkserver too)
+    and never see it. In the main thread a Ctrl-C delivered meanwhile to another thread is only
+    noted: an iterator interrupted half-built could not be shut down."""
+    noted: list[bool] = []
+    main = threading.current_thread() is threading.main_thread()
+    old_handler = signal.signal(signal.SIGINT, lambda *_: noted.append(True)) if main else None
+    blocking = hasattr(signal, "pthread_sigmask")   # not on Windows
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if blocking else None
+    try:
+        yield
+    finally:
+        if blocking:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)   # a pending SIGINT: noted
+        if main:
+            signal.signal(signal.SIGINT, old_handler)
+            if noted and callable(old_handler):
+                old_handler(signal.SIGINT, None)    # default_int_handler: KeyboardInterrupt
+
+
+@contextmanager
+def quiet_loader_warnings() -> Iterator[None]:
+    """DataLoader's warnings that the tuner's own settings cause (pin_memory without CUDA,
+    more workers than CPUs: the common recipe's 4) are not shown while it measures."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*pin_memory.*")
+        warnings.filterwarnings("ignore", message="This DataLoader will create")
+        yield
+
+
+def rebuilt(loader: DataLoader) -> DataLoader:
+    """``loader`` again with a :class:`Draws` sampler, a worker timeout, and workers deaf to
+    Ctrl-C."""
+    kwargs: dict[str, Any] = dict(batch_size=loader.batch_size, num_workers=loader.num_workers,
+                                  collate_fn=loader.collate_fn, pin_memory=loader.pin_memory)
+    if loader.num_workers:
+        kwargs.update(worker_init_fn=QuietInit(loader.worker_init_fn),
+                      prefetch_factor=loader.prefetch_factor,
+                      persistent_workers=loader.persistent_workers,
+                      multiprocessing_context=loader.multiprocessing_context,
+                      timeout=loader.timeout or WORKER_TIMEOUT_S)
+    return DataLoader(loader.dataset, sampler=Draws(len(loader.dataset)), **kwargs)
+
+
+class Timed:
+    """A loader as a training loop sees it: each epoch's start-up recorded (``iter`` to the
+    first batch), each batch copied to ``device`` (synchronised) and handed to ``consumer``
+    before the next one is pulled. :meth:`close` shuts down every worker it started."""
+
+    def __init__(self, loader: DataLoader, device: Any = None,
+                 consumer: Callable[[Any], Any] | None = None) -> None:
+        self._loader, self._device, self._consumer = loader, device, consumer
+        self.startups: list[float] = []
+        self._live: weakref.WeakSet = weakref.WeakSet()
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __getattr__(self, name: str) -> Any:  # num_workers, prefetch_factor, batch_size, ...
+        return getattr(self.__dict__["_loader"], name)
+
+    def __iter__(self) -> "TimedIter":
+        t0 = time.perf_counter()
+        with sigint_deferred():   # a Ctrl-C meanwhile is raised once `inner` is tracked
+            inner = iter(self._loader)
+            self._live.add(inner)
+        return TimedIter(self, inner, t0)
+
+    def close(self) -> None:
+        """Shut down the workers of every iterator still alive, persistent ones included."""
+        for inner in [*self._live, self._loader._iterator]:
+            stop = getattr(inner, "_shutdown_workers", None)
+            if stop is not None:
+                stop()
+        self._loader._iterator = None
+
+
+class TimedIter:
+    """One epoch of a :class:`Timed` loader."""
+
+    def __init__(self, owner: Timed, inner: Any, t0: float) -> None:
+        self.owner, self.inner, self.t0, self.last = owner, inner, t0, None
+
+    def __iter__(self) -> "TimedIter":
+        return self
+
+    def __next__(self) -> Any:
+        owner = self.owner
+        if self.last is not None and owner._consumer is not None:
+            owner._consumer(self.last)      # the training step on the batch before
+        self.last = None
+        batch = next(self.inner)
+        if owner._device is not None:
+            batch = move_to_device(batch, owner._device)
+            torch.cuda.synchronize()
+        if self.t0 is not None:
+            owner.startups.append(time.perf_counter() - self.t0)
+            self.t0 = None
+        self.last = batch
+        return batch
+
+
+def warmup_batches(num_workers: int, prefetch_factor: int | None) -> int:
+    """Warm-up batches: every batch the workers hold in flight (at least 2)."""
+    return max(2, num_workers * (prefetch_factor or 2))
+
+
+def measure_window(timed: Timed, warm: int, batches: int,
+                   label: str) -> tuple[Measurement, float]:
+    """One window (module docstring): its Measurement (consumer included) and start-up in
+    seconds. Persistent workers are started once first, so the window sees their restart."""
+    if timed.persistent_workers and timed._iterator is None:
+        timed.sampler.length = warm * timed.batch_size
+        for _ in timed:
+            pass
+    timed.sampler.length = (warm + batches) * timed.batch_size
+    m = measure_loader(timed, batches=batches, warmup_batches=warm, repeats=1, label=label,
+                       progress=False)
+    return m, timed.startups[-1]
+
+
+def pooled(parts: list[tuple[Measurement, float]], label: str, batch_size: int,
+           epoch_samples: int) -> tuple[Measurement, float, float]:
+    """The windows of one setting pooled: (Measurement, median start-up s, epoch score)."""
+    merged = Measurement.merge([m for m, _ in parts], label=label)
+    startup = statistics.median(s for _, s in parts)
+    return merged, startup, epoch_score(merged.samples_per_s, startup, batch_size, epoch_samples)
+
+
+def make_consumer(step_s: Any, step: Any) -> tuple[Callable[[Any], Any] | None, str]:
+    """The consumer of each batch and its description (module docstring)."""
+    if step is not None and step_s is not None:
+        raise ValueError("give step_s (seconds your training step takes per batch) or step (a "
+                         "function called on each batch), not both.")
+    if step is not None:
+        if not callable(step):
+            raise TypeError(f"step must be a function called on each batch (your training "
+                            f"step), got {type(step).__name__}; or pass step_s=seconds.")
+        return step, f"{getattr(step, '__name__', type(step).__name__)}(batch), called on " \
+                     f"each batch"
+    if isinstance(step_s, bool) or (step_s is not None and (
+            not isinstance(step_s, numbers.Real) or not math.isfinite(step_s) or step_s < 0)):
+        raise ValueError(f"step_s must be the seconds your training step takes per batch (a "
+                         f"number >= 0), got {step_s!r}; pass e.g. step_s=0.05.")
+    if not step_s:
+        return None, "none: the loader alone (pass step_s or --step-ms: your training step)"
+    seconds = float(step_s)
+    return (lambda batch: time.sleep(seconds)), \
+        f"a {seconds * 1e3:g} ms training step per batch (a sleep: a GPU step leaving the CPU free)"
+
+
+def consumer_device(device: Any) -> str | None:
+    """The CUDA device each batch is copied to before the consumer ("auto": CUDA when
+    available), or None (no copy: "cpu" or None)."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else None
+    if device is None or torch.device(device).type == "cpu":
+        return None
+    if torch.device(device).type != "cuda":
+        raise ValueError(f"device={device!r}: the tuner copies batches to a CUDA device only; "
+                         f"pass device='auto', 'cuda' or None.")
+    if not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} asks for CUDA but torch.cuda.is_available() is "
+                         f"False here; pass device=None.")
+    return device
