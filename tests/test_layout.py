@@ -20,30 +20,13 @@ TOOLS, GRADING = "course_utils.tools", "course_utils.grading"
 ENTRY_POINTS = {"course_utils.__main__"}
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
 def _imports() -> dict[str, set[str]]:
     """module -> the course_utils modules it imports anywhere in its code (not the package face)."""
-    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
-    graph: dict[str, set[str]] = {m: set() for m in modules}
-    for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    target = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    target = node.module or ""
-                candidates = [target] + [f"{target}.{alias.name}" for alias in node.names]
-            elif isinstance(node, ast.Import):
-                candidates = [alias.name for alias in node.names]
-            else:
-                continue
-            graph[name] |= {c for c in candidates if c in modules and c not in (name, "course_utils")}
+    modules = _layer_modules()
+    graph: dict[str, set[str]] = {}
+    for name, imports in _layer_imports().items():
+        targets = {target.split(":")[0] for _, target, _ in imports}
+        graph[name] = {t for t in targets if t in modules and t not in (name, "course_utils")}
     return graph
 
 

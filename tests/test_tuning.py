@@ -26,6 +26,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import course_utils.tools.tune.search as tuning
+import course_utils.tools.tune.side_by_side as side_by_side
 from course_utils import JpegDataset
 from course_utils.__main__ import main
 from course_utils.data import LatencyDataset
@@ -258,13 +259,13 @@ def test_early_stopping_marks_probes(monkeypatch, small_jpegs):
 def test_a_baseline_that_wins_is_recommended(monkeypatch, small_jpegs):
     """Force the common recipe to win the side by side: it is recommended, said so, and its
     code is the code to paste; the search's best is still reported."""
-    real = tuning.pooled
+    real = side_by_side.pooled
 
     def recipe_wins(parts, label, batch_size, epoch_samples):
         m, startup, score = real(parts, label, batch_size, epoch_samples)
         return m, startup, 1e9 if label == "common recipe" else score
 
-    monkeypatch.setattr(tuning, "pooled", recipe_wins)
+    monkeypatch.setattr(side_by_side, "pooled", recipe_wins)
     r = tune_loader(small_jpegs, budget_s=4, size=32, batch_size=8, worker_counts=[0],
                     batch_sizes=[8], progress=False)
     assert r.winner == "common recipe"
