@@ -63,11 +63,12 @@ def keep_batch(batch: Any) -> Any:
     return batch
 
 
-class seed_recipe_process_settings:
-    """Context manager: the seed recipe's process-wide lines (``torch.set_num_threads(1)``, the
-    thread environment variables at "1"), undone on exit."""
+class recipe_process_settings:
+    """Context manager: the process-wide lines the common and seed recipes paste at the top of a
+    script (``torch.set_num_threads(1)``, the thread environment variables at "1"), undone on
+    exit."""
 
-    def __enter__(self) -> "seed_recipe_process_settings":
+    def __enter__(self) -> "recipe_process_settings":
         self._threads = torch.get_num_threads()
         self._env = {k: os.environ.get(k) for k in RECIPE_ENV_VARS}
         torch.set_num_threads(1)
@@ -83,9 +84,6 @@ class seed_recipe_process_settings:
             else:
                 os.environ[key] = value
 
-
-# The common recipe (in memory) sets the same process-wide lines as the seed recipe (on files).
-common_recipe_process_settings = seed_recipe_process_settings
 
 
 class BatchedDecode(Dataset):

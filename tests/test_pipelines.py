@@ -11,7 +11,7 @@ from course_utils.data import JpegDataset
 from course_utils.data import ToTensorUint8
 from course_utils.pipelines import (BatchedJpegDataset,
                                     TransformedDataset,
-                                    common_recipe_loader, common_recipe_process_settings,
+                                    common_recipe_loader, recipe_process_settings,
                                     tuned_loader)
 
 
@@ -69,7 +69,7 @@ def test_transformed_dataset_needs_a_callable(base):
 
 def test_recipe_settings_are_undone():
     before = (torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS"))
-    with common_recipe_process_settings():
+    with recipe_process_settings():
         assert torch.get_num_threads() == 1 and os.environ["OMP_NUM_THREADS"] == "1"
     assert (torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")) == before
 

@@ -2,7 +2,7 @@
 
 All read JPEG files in the ``ImageFolder`` layout. The baselines: :func:`seed_recipe_loader`
 (the recipe this course started from; run it inside
-:class:`~course_utils.pipelines.seed_recipe_process_settings`) and
+:class:`~course_utils.pipelines.recipe_process_settings`) and
 :func:`imagenet_recipe_loader` (the *training* loader of pytorch/examples ``imagenet/main.py``,
 RandomResizedCrop + RandomHorizontalFlip; lesson 01 times that script's validation transform,
 Resize + CenterCrop. Only the batch size is a parameter: its 256 is more than a laptop's course
@@ -46,7 +46,7 @@ def _folder(root: PathLike, where: str) -> str:
 
 def seed_recipe_loader(root: PathLike, *, batch_size: int = 64, size: int = 224) -> DataLoader:
     """The seed recipe's loader over the JPEG folder ``root`` (run it inside
-    :class:`seed_recipe_process_settings`). Batches: float32 (N, 3, size, size) in [0, 1]."""
+    :class:`recipe_process_settings`). Batches: float32 (N, 3, size, size) in [0, 1]."""
     batch_size = check_int("batch_size", batch_size, 1, "seed_recipe_loader")
     transform = transforms.Compose([transforms.Resize((size, size)), transforms.ToTensor()])
     dataset = datasets.ImageFolder(_folder(root, "seed_recipe_loader"), transform)

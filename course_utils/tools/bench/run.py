@@ -25,7 +25,7 @@ from course_utils.config import pick
 from course_utils.data import JpegDataset
 from course_utils.machine import machine_summary, usable_cpus
 from course_utils.measurement import Comparison, Measurement, compare
-from course_utils.pipelines import seed_recipe_process_settings, tuned_loader, uint8_batch
+from course_utils.pipelines import recipe_process_settings, tuned_loader, uint8_batch
 from course_utils.timing import MIN_TIMED_BATCHES, measure_loader
 
 from .recipes import (DecodeOnlyFiles, files_loader, imagenet_recipe_loader, seed_recipe_loader,
@@ -204,7 +204,7 @@ def run_benchmark(*, n: int | None = None, batch_size: int | None = None,
     files = image_files(folder)
     nothing = contextlib.nullcontext
     rows: list[tuple[str, Any, Callable[[], ContextManager]]] = [
-        (SEED, seed_recipe_loader(folder, batch_size=batch_size, size=size), seed_recipe_process_settings),
+        (SEED, seed_recipe_loader(folder, batch_size=batch_size, size=size), recipe_process_settings),
         (IMAGENET, imagenet_recipe_loader(folder, batch_size=batch_size, size=size), nothing),
         (TUNED, tuned_files_loader(folder, batch_size=batch_size, size=size), nothing),
         (DECODE_ONLY, files_loader(DecodeOnlyFiles(folder), batch_size=batch_size), nothing),

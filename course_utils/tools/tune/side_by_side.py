@@ -13,7 +13,7 @@ from course_utils.config import pick
 from course_utils.data import CommonRecipeTransform
 from course_utils.measurement import Comparison, Measurement, compare
 from course_utils.pipelines import (TransformedDataset, common_recipe_loader,
-                                    common_recipe_process_settings)
+                                    recipe_process_settings)
 
 from .result import DEFAULTS_LABEL, RECIPE_LABEL, TUNED_LABEL, LoaderSettings
 from .window import Timed, measure_window, pooled, quiet_loader_warnings, rebuilt, warmup_batches
@@ -35,7 +35,7 @@ class SideBySide:
             defaults = DataLoader(TransformedDataset(pipe.base, CommonRecipeTransform(pipe.size)),
                                   batch_size=batch_size, shuffle=True)
             self.entries += [(DEFAULTS_LABEL, defaults, nullcontext),
-                             (RECIPE_LABEL, recipe, common_recipe_process_settings)]
+                             (RECIPE_LABEL, recipe, recipe_process_settings)]
         else:
             self.entries.append((DEFAULTS_LABEL, DataLoader(pipe.dataset, batch_size=batch_size,
                                                             shuffle=True), nullcontext))
