@@ -42,6 +42,15 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
                 ["tests/test_grader00.py", "tests/test_grading.py", "tests/test_grader03.py"]),
     "diagnose": (["course_utils/tools/diagnose.py"], ["tests/test_diagnose.py"]),
 }
+#: Where a module of :data:`GROUPS` lived before the three-layer layout, so that ``--rev`` can
+#: score a commit from before it with the same group.
+OLD_PATHS = {
+    "course_utils/timing.py": "course_utils/bench.py",
+    "course_utils/lessons/l03_num_workers.py": "course_utils/lessons/l03_memory.py",
+    "course_utils/grading/ex00_measure_first.py": "course_utils/graders/ex00_timing.py",
+    "course_utils/grading/ex03_num_workers.py": "course_utils/graders/ex03_scaling.py",
+    "course_utils/tools/diagnose.py": "course_utils/diagnose.py",
+}
 MUTANT_RE = re.compile(r"^\s*(?P<name>\S+): (?P<status>.+)$")
 
 
@@ -122,12 +131,23 @@ def _function_of(name: str) -> str:
     return f"{module.rpartition('.')[2]}.{func}"
 
 
+def modules_in(copy: Path, modules: list[str], where: str) -> list[str]:
+    """``modules`` as ``copy`` has them: each path, or where it lived before the three-layer
+    layout (:data:`OLD_PATHS`); a module in neither place stops the run with one line."""
+    found = [m if (copy / m).is_file() else OLD_PATHS.get(m, m) for m in modules]
+    missing = [m for m in found if not (copy / m).is_file()]
+    if missing:
+        raise SystemExit(f"mutation: {where}: no {', '.join(missing)} to mutate")
+    return found
+
+
 def run_group(group: str, timeout_s: float, rev: str | None = None) -> dict:
     """Mutate one group in its own scratch copy; its counts and its survivors."""
     modules, tests = GROUPS[group]
     dest = WORK / (group if rev is None else f"{group}@{rev}")
     _copy_checkout(dest, rev)
     tests = [t for t in tests if (dest / t).is_file()]     # an earlier commit may lack one
+    modules = modules_in(dest, modules, f"{group}@{rev or 'this checkout'}")
     _configure(dest, modules, tests)
     t0 = time.perf_counter()
     _mutmut(dest, "run", log=WORK / f"{dest.name}.log", timeout=timeout_s)
