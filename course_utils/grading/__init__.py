@@ -9,8 +9,8 @@
   ``_nbval_report``.
 
 Graders import the core and the tools; neither imports them. ``from course_utils.grading import
-check, ExerciseFailed`` is what the exercises use; importing this package imports nothing else
-(a pytest plugin here must not pull torch into pytest).
+check, ExerciseFailed`` is what the exercises use; importing this package loads no grader (they
+are loaded when ``check`` is first asked for).
 """
 from __future__ import annotations
 

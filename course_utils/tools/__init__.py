@@ -11,7 +11,7 @@ launcher, and the example scripts ``diagnose`` runs on.
 
 Tools import the core (:mod:`course_utils`), never :mod:`course_utils.grading`; the core imports
 no tool. ``from course_utils.tools import tune_loader`` is lesson 06's tuner; importing this
-package imports nothing else (the tuner is loaded when it is first asked for).
+package imports no tool beyond the core (the tuner is loaded when it is first asked for).
 """
 from __future__ import annotations
 
