@@ -718,3 +718,53 @@ def test_merge_pools_repeats_of_interleaved_runs():
     assert merged.involuntary_ctx_switches == 12 and merged.peak_uss_bytes == 300
     with pytest.raises(ValueError, match="non-empty list of Measurement"):
         Measurement.merge([])
+
+
+def test_merge_scales_uneven_parts_and_keeps_only_their_own_warnings():
+    """Parts of different sizes: times scaled to the first part's samples, CPU weighted by the
+    samples each part timed, a missing counter makes the total unknown, the first part names the
+    result, and the merged result recomputes its own noise warnings instead of inheriting them."""
+    a = Measurement.from_times("first", [1.0, 2.0], 10, cpu_s_per_sample=0.01,
+                               involuntary_ctx_switches=5, peak_uss_bytes=100, machine="m1",
+                               settings={"w": 1}, warnings=["noisy: old", "mine"])
+    b = Measurement.from_times("second", [3.0], 20, cpu_s_per_sample=0.04,
+                               involuntary_ctx_switches=None, peak_uss_bytes=300,
+                               peak_pss_bytes=50, machine="m2", settings={"w": 2},
+                               warnings=["mine", "other"])
+    merged = Measurement.merge([a, b])
+    assert merged.label == "first" and merged.items_per_repeat == 10
+    assert merged.times_s == pytest.approx([1.0, 2.0, 1.5]) and merged.median_s == pytest.approx(1.5)
+    assert merged.cpu_s_per_sample == pytest.approx((0.01 * 20 + 0.04 * 20) / 40)
+    assert merged.involuntary_ctx_switches is None
+    assert merged.peak_uss_bytes == 300 and merged.peak_pss_bytes == 50
+    assert merged.settings == {"w": 1} and merged.machine == "m1"
+    assert "mine" in merged.warnings and "other" in merged.warnings
+    assert merged.warnings.count("mine") == 1 and "noisy: old" not in merged.warnings
+    assert Measurement.merge([a, b], label="pooled").label == "pooled"
+    no_cpu = Measurement.from_times("x", [1.0], 10, cpu_s_per_sample=None)
+    assert Measurement.merge([a, no_cpu]).cpu_s_per_sample is None
+    assert Measurement.merge([a, b]).peak_pss_bytes == 50            # the one part that knew it
+    with pytest.raises(ValueError, match="non-empty list of Measurement"):
+        Measurement.merge([a, "not a measurement"])
+
+
+def test_from_dict_keeps_saved_figures_and_recomputes_only_missing_ones():
+    saved = Measurement.from_times("x", [1.0, 3.0, 2.0], 4, cpu_s_per_sample=0.5,
+                                   machine="box").to_dict()
+    saved["median_s"], saved["iqr_s"], saved["samples_per_s"] = 9.0, 8.0, 7.0   # as written
+    saved["not a field"] = 1
+    back = Measurement.from_dict(saved)
+    assert (back.median_s, back.iqr_s, back.samples_per_s) == (9.0, 8.0, 7.0)
+    assert back.cpu_s_per_sample == 0.5 and back.machine == "box"
+    bare = Measurement.from_dict({"label": "y", "times_s": [1.0, 4.0, 2.0], "items_per_repeat": 6,
+                                  "machine": "m"})
+    assert bare.median_s == 2.0 and bare.samples_per_s == 3.0 and bare.machine == "m"
+    assert bare.iqr_s == pytest.approx(float(np.percentile([1.0, 4.0, 2.0], 75)
+                                             - np.percentile([1.0, 4.0, 2.0], 25)))
+    for missing in ("label", "times_s", "items_per_repeat"):
+        data = {"label": "y", "times_s": [1.0], "items_per_repeat": 1}
+        del data[missing]
+        with pytest.raises(ValueError, match=f"missing \\['{missing}'\\]"):
+            Measurement.from_dict(data)
+    with pytest.raises(TypeError, match="data must be a dict"):
+        Measurement.from_dict([("label", "x")])
