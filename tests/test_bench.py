@@ -7,6 +7,7 @@ takes at least 10 ms; CPU time cannot exceed wall time x processes).
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import namedtuple
 from types import SimpleNamespace
@@ -316,13 +317,44 @@ def test_to_dict_is_json_and_round_trips():
     ({"device": "not-a-device"}, ValueError, "device"),
 ])
 def test_measure_bad_arguments(kwargs, exc, word):
-    with pytest.raises(exc, match=word):
+    with pytest.raises(exc) as info:
         measure(lambda: None, **kwargs)
+    assert _names(str(info.value), word), str(info.value)     # the argument, spelled as it is
+
+
+def _names(message: str, word: str) -> bool:
+    """Whether ``message`` names ``word`` as a whole word (not inside another)."""
+    return re.search(rf"(?<![A-Za-z_]){re.escape(word)}(?![A-Za-z_])", message) is not None
 
 
 def test_measure_rejects_non_callable():
-    with pytest.raises(TypeError, match="fn"):
+    with pytest.raises(TypeError, match="fn must be a callable.*got int"):
         measure(42)
+    with pytest.raises(TypeError, match="settings must be a dict.*got list"):
+        measure(lambda: None, settings=[1])
+
+
+def test_the_smallest_valid_window_is_accepted():
+    """Each lower bound is inclusive: no warm-up, one repeat, one item; one step, no warm-up."""
+    m = measure(lambda: None, items=1, warmup=0, repeats=1)
+    assert m.repeats == 1 and m.items_per_repeat == 1
+    assert measure(lambda: None, label="named").label == "named"
+    assert measure(lambda: None, device="cpu").settings["device"] == "cpu"
+    w = measure_data_wait(DataLoader(TinyDataset(4)), lambda batch: None, steps=1, warmup_steps=0)
+    assert w.steps == 1
+
+
+@pytest.mark.parametrize("kwargs, word", [
+    ({"steps": 0}, "steps"), ({"warmup_steps": -1}, "warmup_steps"),
+])
+def test_measure_data_wait_names_a_bad_argument(kwargs, word):
+    with pytest.raises(ValueError) as info:
+        measure_data_wait(DataLoader(TinyDataset(40)), lambda batch: None, **kwargs)
+    assert str(info.value).startswith(f"{word}="), str(info.value)
+    with pytest.raises(TypeError, match="step_fn must be a callable.*got int"):
+        measure_data_wait(DataLoader(TinyDataset(40)), 3)
+    with pytest.raises(TypeError, match="loader must be iterable.*got int"):
+        measure_data_wait(5, lambda batch: None)
 
 
 # ---------------------------------------------------------------------------------------
