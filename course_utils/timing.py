@@ -197,6 +197,14 @@ def _too_short(loader: Any, n_total: int, warmup: int, what: str) -> ValueError:
         f"yourself and read the warning the result carries.")
 
 
+def _ended_early(pulled: int, warmup: int, what: str) -> ValueError:
+    """The error for a loader without len() whose epoch ended before an honest window."""
+    return ValueError(f"the loader's epoch ended after {pulled} batches: an honest timing pulls "
+                      f"the {warmup} in flight untimed and then times at least "
+                      f"{MIN_TIMED_BATCHES} {what}; use more data, a smaller batch_size or fewer "
+                      f"workers, or pass {what}= yourself.")
+
+
 def _plan_batches(loader: Any, batches: int | None, warmup: int, what: str,
                   strict: bool = False) -> int | None:
     """How many batches to time per repeat (None: until the epoch ends). ``strict`` (the whole
@@ -335,10 +343,7 @@ def measure_loader(loader: Iterable, *, batches: int | None = None,
                 raise ValueError("no samples were timed: the loader had no batches (or only empty "
                                  "ones) left after warm-up; use fewer warmup_batches or more data.")
             if by_default and timed < MIN_TIMED_BATCHES:   # an iterable's epoch ended
-                raise ValueError(f"the loader's epoch ended after {warmup_batches + timed} batches: "
-                                 f"an honest timing pulls the {warmup_batches} in flight untimed "
-                                 f"and then times at least {MIN_TIMED_BATCHES}; use more data, a "
-                                 f"smaller batch_size or fewer workers.")
+                raise _ended_early(warmup_batches + timed, warmup_batches, "batches")
             times.append(t1 - t0)
             counts.append(samples)
             timed_per_repeat.append(timed)
@@ -444,9 +449,7 @@ def measure_data_wait(loader: Iterable, step_fn: Callable[[Any], Any], *,
     if not step:
         raise ValueError("no steps were timed: the loader had no batches left after warm-up.")
     if by_default and len(step) < MIN_TIMED_BATCHES:     # an iterable's epoch ended
-        raise ValueError(f"the loader's epoch ended after {warmup_steps + len(step)} batches: an "
-                         f"honest timing runs the {warmup_steps} in flight untimed and then times "
-                         f"at least {MIN_TIMED_BATCHES} steps; use more data or pass steps=.")
+        raise _ended_early(warmup_steps + len(step), warmup_steps, "steps")
     total = sum(step)
     fraction = sum(wait) / total if total > 0 else 0.0
     return DataWait(steps=len(step), wait_s=wait, step_s=step, wait_fraction=fraction)
