@@ -27,7 +27,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 def _cmd_grade(args: argparse.Namespace) -> int:
     """Grade notebooks; a bad path gives one line on stderr and exit status 2, before any runs."""
-    from .grading.grade import grade_notebook, read_notebook  # only when this subcommand runs
+    from .grading.grade import grade_notebooks, read_notebook  # only when this subcommand runs
     if args.cell_timeout <= 0:
         print(f"python -m course_utils grade: error: --cell-timeout {args.cell_timeout} must be more "
               f"than 0 seconds per cell; pass e.g. --cell-timeout 600.", file=sys.stderr)
@@ -38,12 +38,10 @@ def _cmd_grade(args: argparse.Namespace) -> int:
         except (OSError, ValueError) as exc:
             print(f"python -m course_utils grade: error: {exc}", file=sys.stderr)
             return 2
-    failed = 0
-    for notebook in args.notebooks:
-        result = grade_notebook(notebook, cell_timeout=args.cell_timeout)
+    results = grade_notebooks(args.notebooks, cell_timeout=args.cell_timeout)   # one pytest run
+    for result in results:
         print(result)
-        failed += not result.passed
-    return 1 if failed else 0
+    return 1 if any(not r.passed for r in results) else 0
 
 
 def _print_and_save(result: Any, json_path: str | None) -> None:

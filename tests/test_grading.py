@@ -4,7 +4,6 @@ from __future__ import annotations
 import functools
 import time
 import types
-from pathlib import Path
 
 import cv2
 import pytest
@@ -14,7 +13,7 @@ import course_utils.threads as course_threads
 from course_utils import make_worker_init, measure_loader, thread_pools
 from course_utils.grading.checker import (CheckResult, ExerciseFailed, check, exercise_ids,
                                           refuse_course_helper)
-from course_utils.grading.grade import grade_notebook
+from course_utils.grading.grade import grade_notebooks
 from course_utils.measurement import Measurement
 from course_utils.threads import WorkerThreadLimiter, limit_threads
 
@@ -270,23 +269,10 @@ def test_refuse_course_helper_knows_a_copy_of_a_helper_left_in_another_course_mo
         refuse_course_helper("02.worker_init", wraps_the_copy, LIMITERS, write="x")
 
 
-# ---- grading a whole notebook: a solved one passes, its exercise version does not ----------------
-
-ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOK_00 = "00_measure_first.ipynb"   # the cheapest to run: one short, timed check
+# Grading a whole notebook (a solved one passes, its exercise version does not) is tested in
+# tests/test_notebooks.py, in the one grade run that also grades every shipped exercise.
 
 
-@pytest.mark.timeout(180)
-def test_grade_notebook_passes_a_solved_notebook():
-    grade = grade_notebook(ROOT / "solutions" / NOTEBOOK_00, cell_timeout=120)
-    assert grade.passed, str(grade)
-    assert [(e.exercise, e.passed) for e in grade.exercises] == [("00.time_loader", True)]
-    assert not grade.other_failures and "1 of 1 exercises pass" in str(grade), str(grade)
-
-
-@pytest.mark.timeout(180)
-def test_grade_notebook_fails_the_same_notebook_as_an_exercise():
-    grade = grade_notebook(ROOT / "exercises" / NOTEBOOK_00, cell_timeout=120)
-    assert not grade.passed and not grade.other_failures, str(grade)
-    assert [(e.exercise, e.passed) for e in grade.exercises] == [("00.time_loader", False)]
-    assert "not done yet" in grade.exercises[0].message and "not done yet" in str(grade)
+def test_grade_notebooks_needs_at_least_one_path():
+    with pytest.raises(ValueError, match="paths is empty; pass at least one notebook"):
+        grade_notebooks([])

@@ -6,6 +6,7 @@ notebooks/ and solutions/); this file checks what nbval does not.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from IPython.core.inputtransformer2 import TransformerManager
 
 import course_utils
 from course_authoring.hosted import is_install_cell
-from course_utils.grading.grade import grade_notebook
+from course_utils.grading.grade import NotebookGrade, grade_notebooks
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -86,12 +87,34 @@ def test_lesson_anatomy(path):
         f"should print machine_summary() and mode_banner()"
 
 
-@pytest.mark.timeout(600)
+SOLVED_00 = ROOT / "solutions" / "00_measure_first.ipynb"   # the cheapest solution to grade
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped_grades() -> dict[Path, NotebookGrade]:
+    """Every shipped exercise and solution 00, graded in ONE grade run (one pytest start-up):
+    this also tests that grade_notebooks maps each cell back to its own notebook, since
+    exercises/00 and solutions/00 have the same cells and opposite outcomes."""
+    paths = [*EXERCISES, SOLVED_00]
+    return dict(zip(paths, grade_notebooks(paths, cell_timeout=300)))
+
+
+@pytest.mark.timeout(900)   # the first test to ask runs the whole grade run
 @pytest.mark.parametrize("path", EXERCISES, ids=_id)
 def test_exercises_as_shipped_fail_exactly_at_their_stubs(path):
-    grade = grade_notebook(path, cell_timeout=300)
+    grade = _shipped_grades()[path]
     assert grade.exercises, f"{_id(path)}: no check(...) cell found"
     assert not grade.other_failures, (
         f"{_id(path)}: cells outside the checks failed:\n" + "\n".join(map(str, grade.other_failures)))
     for exercise in grade.exercises:
         assert not exercise.passed and "not done yet" in exercise.message, str(exercise)
+    assert not grade.passed and "not done yet" in str(grade), str(grade)
+
+
+@pytest.mark.timeout(900)
+def test_grade_passes_a_solved_notebook_and_fails_its_exercise():
+    solved, shipped = _shipped_grades()[SOLVED_00], _shipped_grades()[ROOT / "exercises" / SOLVED_00.name]
+    assert solved.passed, str(solved)
+    assert [(e.exercise, e.passed) for e in solved.exercises] == [("00.time_loader", True)]
+    assert not solved.other_failures and "1 of 1 exercises pass" in str(solved), str(solved)
+    assert [(e.exercise, e.passed) for e in shipped.exercises] == [("00.time_loader", False)]

@@ -123,23 +123,38 @@ def read_notebook(path: str | os.PathLike, *, argument: str = "path") -> dict:
 def grade_notebook(path: str | os.PathLike, *, cell_timeout: int = 600) -> NotebookGrade:
     """Run ``path`` through ``pytest --nbval-lax`` and return the grade per exercise (a path that
     is not a readable notebook raises before anything runs)."""
-    nb_path = Path(path)
-    checks = exercise_cells(read_notebook(nb_path))
+    return grade_notebooks([path], cell_timeout=cell_timeout)[0]
+
+
+def grade_notebooks(paths: list[str | os.PathLike], *, cell_timeout: int = 600) -> list[NotebookGrade]:
+    """Grade every notebook of ``paths`` in one ``pytest --nbval-lax`` run (each in its own fresh
+    kernel, one after another) and return one grade per path, in order; a path that is not a
+    readable notebook raises before anything runs. One run saves pytest's start-up per notebook."""
+    if not paths:
+        raise ValueError("paths is empty; pass at least one notebook, e.g. [" + repr(_EXAMPLE) + "].")
+    nb_paths = [Path(p) for p in paths]
+    checks = {p: exercise_cells(read_notebook(p)) for p in nb_paths}
+    unique = list(dict.fromkeys(os.path.realpath(p) for p in nb_paths))
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.jsonl"
         env = dict(os.environ, COURSE_GRADE_REPORT=str(report))
         cmd = [sys.executable, "-m", "pytest", "-p", "course_utils.grading._nbval_report",
                "-p", "course_utils.grading._nbval_kernels", "-p",
                "no:cacheprovider", "-q", "--nbval-lax", f"--nbval-cell-timeout={cell_timeout}",
-               str(nb_path)]
+               *unique]
         subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        check=False)
         rows = [json.loads(line) for line in report.read_text().splitlines()] if report.exists() else []
-    outcomes = {}
+    outcomes: dict[str, dict[int, dict]] = {}
     for row in rows:
         m = _CELL_RE.search(row["nodeid"])
         if m:
-            outcomes[int(m.group(1))] = row
+            outcomes.setdefault(row["path"], {})[int(m.group(1))] = row
+    return [_notebook_grade(p, checks[p], outcomes.get(os.path.realpath(p), {})) for p in nb_paths]
+
+
+def _notebook_grade(nb_path: Path, checks: dict[int, str], outcomes: dict[int, dict]) -> NotebookGrade:
+    """The grade of one notebook from its check cells and its cells' outcomes (cell -> row)."""
     exercises, others = [], []
     for cell, exercise in sorted(checks.items()):
         row = outcomes.get(cell)
