@@ -252,7 +252,7 @@ def test_growing_the_pools_in_a_forked_worker_fails_without_hanging_the_grader()
     """No clamp under fork: OpenCV's resize is refused (or hangs), torch's grown pool hangs."""
     with pytest.raises(ExerciseFailed, match="(?s)(deadlock|hung).*started with fork, so the task "
                                              "asks for 1 thread per pool"):
-        check("02.worker_init", factory(all_pools, clamp=False), timeout_s=8, **FORK_ONLY)
+        check("02.worker_init", factory(all_pools, clamp=False), timeout_s=4, **FORK_ONLY)
 
 
 # ---- what make_budget_init returns must reach spawn/forkserver workers ---------------------------
@@ -312,7 +312,7 @@ def test_env_vars_in_the_worker_fail_saying_pools_did_not_change():
 def test_cv2_set_num_threads_one_fails_with_the_deadlock_explanation():
     """It hangs in most forks (the timeout fires) or, rarely, returns: both fail the same way."""
     with pytest.raises(ExerciseFailed) as info:
-        check("02.worker_init", factory(cv2_n), timeout_s=6, **FORK_ONLY)
+        check("02.worker_init", factory(cv2_n), timeout_s=4, **FORK_ONLY)
     text = str(info.value)
     assert "deadlock" in text and "cv2.setNumThreads(1)" in text
     assert "cv2.setNumThreads(0)" in text and "fork" in text
@@ -336,7 +336,7 @@ def test_two_blas_threads_is_not_one():
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: torch's pool stays at 1")
 def test_torch_two_threads_in_a_forked_worker_fails_without_hanging_the_grader():
     with pytest.raises(ExerciseFailed, match="(?s)torch at 2 threads in a forked worker.*libgomp"):
-        check("02.worker_init", factory(torch_two), timeout_s=6, **FORK_ONLY)
+        check("02.worker_init", factory(torch_two), timeout_s=4, **FORK_ONLY)
 
 
 def test_an_error_in_the_worker_is_reported_with_its_traceback():
