@@ -2,15 +2,32 @@
 read with :mod:`psutil` and /proc around the windows :mod:`course_utils.timing` times."""
 from __future__ import annotations
 
+import contextlib
 import glob
 import threading
 import time
 
 import psutil
 
-__all__ = ["TreeMonitor", "thread_involuntary_switches"]
+__all__ = ["TreeMonitor", "loader_worker_pids", "thread_involuntary_switches"]
 
 _Key = tuple  # (pid, create_time)
+
+
+def loader_worker_pids(iterator: object) -> list[int] | None:
+    """The worker pids of a DataLoader iterator (``[]`` for ``num_workers=0``), read from the
+    attributes torch's iterators keep; None for any other iterator (then count the whole tree).
+    Measuring one loader, another loader's persistent workers finishing their prefetched batches
+    must not count: only this loader's workers (and their children) do."""
+    if not isinstance(getattr(iterator, "_num_workers", None), int):
+        return None
+    if iterator._num_workers == 0:
+        return []
+    workers = getattr(iterator, "_workers", None)
+    try:
+        return [int(w.pid) for w in workers] if workers else None
+    except (TypeError, AttributeError, ValueError):
+        return None
 
 
 def thread_involuntary_switches(pid: int) -> dict[tuple[int, int], int] | None:
@@ -36,11 +53,13 @@ class TreeMonitor:
     """CPU time, involuntary context switches and memory of this process and its children.
 
     CPU time includes reaped children's, so a worker that exits during a window is neither lost
-    nor counted twice. ``start()`` lists the tree (so a window can start right after warm-up)
+    nor counted twice. ``roots`` (pids, e.g. :func:`loader_worker_pids`) narrows the children to
+    those processes and their own children; None counts every child. ``start()`` lists the tree (so a window can start right after warm-up)
     and samples memory in a thread every ~0.1 s; the sampler's own CPU time is subtracted.
     """
 
     def __init__(self, interval_s: float = 0.1) -> None:
+        self.roots: list[int] | None = None
         self._proc = psutil.Process()
         self._interval_s = interval_s
         self._lock = threading.RLock()
@@ -60,7 +79,12 @@ class TreeMonitor:
         """The processes of the tree now (a few ms: it scans the process table)."""
         procs = [self._proc]
         try:
-            procs += self._proc.children(recursive=True)
+            if self.roots is None:
+                return procs + self._proc.children(recursive=True)
+            for pid in self.roots:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    root = psutil.Process(pid)
+                    procs += [root, *root.children(recursive=True)]
         except (psutil.Error, OSError):
             pass
         return procs

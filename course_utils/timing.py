@@ -29,7 +29,7 @@ from .checks import check_int
 from .config import pick
 from .device import move_to_device, synchronize, synchronizer
 from .measurement import Measurement, fmt_time, jsonable
-from .process_tree import TreeMonitor
+from .process_tree import TreeMonitor, loader_worker_pids
 from .start_methods import start_method
 
 __all__ = ["time_op", "measure", "measure_loader", "batch_size_of", "batches_in_flight",
@@ -283,7 +283,9 @@ def measure_loader(loader: Iterable, *, batches: int | None = None,
     :data:`MIN_TIMED_BATCHES` in quick mode), counting real batch sizes. With both left to the
     defaults, an epoch too short for that is a clear error; a window set by hand that breaks the
     rules carries :func:`window_warnings` in the result.
-    ``settings`` is merged over what is read from the loader.
+    ``settings`` is merged over what is read from the loader. CPU time is this process's and
+    the loader's own workers' (another loader's workers are not counted; an iterator other than
+    a DataLoader's counts every child process).
     """
     if not hasattr(loader, "__iter__"):
         raise TypeError(f"loader must be iterable (e.g. a torch.utils.data.DataLoader), got "
@@ -316,6 +318,7 @@ def measure_loader(loader: Iterable, *, batches: int | None = None,
         for _ in range(repeats):
             it = iter(loader)  # starts the workers (unless persistent and already running)
             try:
+                monitor.roots = loader_worker_pids(it)   # this loader's workers, not another's
                 procs = monitor.list_tree()
                 for i in range(warmup_batches):
                     _next_or_explain(it, i, warmup_batches, batches, "batches")

@@ -7,7 +7,10 @@ takes at least 10 ms; CPU time cannot exceed wall time x processes).
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import time
 from collections import namedtuple
 from types import SimpleNamespace
@@ -21,6 +24,7 @@ from course_utils import timing
 from course_utils.measurement import (MIN_REPEATS, NOISY_IQR_FRACTION, SHORT_REPEAT_S, Comparison,
                                       Measurement, compare)
 from course_utils.plots import plot_measurements
+from course_utils.process_tree import loader_worker_pids
 from course_utils.timing import DataWait, batch_size_of, measure, measure_data_wait, measure_loader
 
 from _helpers import TinyDataset
@@ -504,6 +508,36 @@ def test_cpu_time_includes_the_workers():
         assert m.peak_uss_bytes > 0
     if m.peak_pss_bytes is not None:
         assert m.peak_pss_bytes > 0
+
+
+def test_another_loaders_workers_do_not_count(tmp_path):
+    """Only the measured loader's workers count: a busy child process (as another loader's
+    persistent workers finishing their prefetched batches) is not charged to this loader."""
+    spinner = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 20\n"
+                                "open(%r, 'w').close()\nwhile time.time() < end: pass" % str(tmp_path / "up")])
+    try:
+        while not (tmp_path / "up").exists():
+            time.sleep(0.01)
+        for workers in (0, 1):
+            loader = DataLoader(SleepDataset(60, latency_s=0.01), batch_size=2, num_workers=workers)
+            m = measure_loader(loader, batches=10, warmup_batches=2, repeats=2, progress=False)
+            cores = m.cpu_s_per_sample * m.samples_per_s    # the spinner alone would add ~1 core
+            assert cores < 0.5, (workers, cores)
+        assert spinner.poll() is None, "the spinner ended before the loaders were measured"
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+def test_loader_worker_pids_reads_torch_iterators_and_nothing_else():
+    assert loader_worker_pids(iter([1, 2])) is None                 # not a DataLoader iterator
+    assert loader_worker_pids(iter(DataLoader(TinyDataset(4)))) == []   # num_workers=0: none
+    it = iter(DataLoader(TinyDataset(8), batch_size=2, num_workers=2))
+    try:
+        pids = loader_worker_pids(it)
+        assert len(pids) == 2 and all(p > 0 for p in pids) and os.getpid() not in pids
+    finally:
+        del it
 
 
 def test_default_warm_up_covers_every_batch_in_flight():
