@@ -18,6 +18,8 @@ import pytest
 from course_authoring.gpu_check import NOTEBOOKS, OWN_FILES
 from course_utils.reference import REFERENCE_NAMES
 
+from _lesson04_run import check_cpu_run, check_reference_summary
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tools" / "device_gpu_check.sh"
 
@@ -50,3 +52,6 @@ def test_the_rehearsal_runs_every_step_and_passes(tmp_path):
         assert "not a reference" in doc["results"]["rehearsal"], name
     assert "copy none of them" in tail and "cp " not in tail
     assert "Traceback" not in text.split("summary: REHEARSAL")[-1]
+    lesson04 = json.loads((out / "lesson04_transfer.json").read_text(encoding="utf-8"))["results"]
+    check_cpu_run(lesson04)            # every section of lesson 04, as the notebook writes them
+    check_reference_summary(lesson04)

@@ -14,8 +14,7 @@ from course_authoring import gpu_lesson04
 from course_authoring.gpu_lesson04 import run_lesson04
 from course_utils import timing
 from course_utils.device import move_to_device, resolve_device, try_pin
-from course_utils.lessons import l04_reference as G
-from course_utils.lessons.l04_copies import KIB, MIB, MODES, BandwidthSweep
+from course_utils.lessons.l04_copies import KIB, MIB, BandwidthSweep
 from course_utils.lessons.l04_overlap import calibrated_compute
 from course_utils.prefetch import DevicePrefetcher, compare_prefetch
 from course_utils.timing import time_op
@@ -170,67 +169,14 @@ def test_gpu_benchmarks_refuse_without_cuda():
         run_lesson04(10)
 
 
-@pytest.fixture(scope="module")
-def cpu_run():
-    """run_lesson04's sections, in quick mode on the CPU: the notebook's %%writefile modules,
-    imported as gpu-check imports them, then the prefetcher step."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("COURSE_QUICK", "1")
-        return json.loads(json.dumps(gpu_lesson04._measure(torch.device("cpu"), 600)))
-
-
-@pytest.mark.timeout(300)
-def test_every_lesson04_section_runs_from_the_notebook_on_cpu(cpu_run):
-    assert cpu_run["skipped"] == {}, cpu_run["skipped"]
-    assert cpu_run["mode"] == "quick" and cpu_run["device"] == "cpu"
-    sweep = BandwidthSweep.from_dict(cpu_run["sweep"])
-    assert sweep.sizes_bytes[0] == KIB and sweep.sizes_bytes[-1] <= 16 * MIB
-    assert all(v > 0 for v in sweep.gbps["pageable"]) and sweep.pinned_fraction_of_best() is None
-    assert set(sweep.gbps) == set(MODES)                          # every copy mode is recorded
-    for mode in ("pinned_blocking", "pinned_non_blocking"):      # each says why it was not measured
-        assert not sweep.measured(mode) and "not measurable" in sweep.notes[mode]
-    assert cpu_run["targets"]["pinned_h2d"]["met"] is None
-    demo = cpu_run["mismeasure"]
-    assert demo["honest_s"] > 0 and demo["naive_s"] > 0 and not demo["pinned"]
-    ov = cpu_run["overlap"]                                      # no pinning: the pageable copies
-    assert not ov["streams"] and set(ov["overlap"]) == {"pageable", "pageable_non_blocking"}
-    assert set(ov["notes"]) == {"pinned_blocking", "pinned_non_blocking"}
-    for shares in ov["overlap"].values():                        # no streams: one arrangement
-        (variant,) = shares
-        assert "no streams" in variant
-    dtype = cpu_run["dtype"]
-    assert dtype["bytes_float32"] == 4 * dtype["bytes_uint8"] and dtype["max_abs_diff"] == 0.0
-    pin = cpu_run["pin_cost"]
-    assert not pin["meaningful"] and [m["settings"]["pin_memory"] for m in pin["measurements"]] == [False]
-    assert pin["measurements"][0]["samples_per_s"] > 0 and pin["memcpy_s_per_batch"] > 0
-    assert cpu_run["prefetch"]["steps"] > 0 and cpu_run["prefetch"]["prefetch_s_per_step"] > 0
-    fork = cpu_run["forked_worker"]
-    if HAS_FORK:
-        assert not fork["timed_out"] and fork["right_ok"] and fork["worker_error"]
-        # the CUDA fork error needs CUDA initialised in the parent: by using it, or (a CUDA build
-        # of torch, GPU or not) by torch.cuda.is_available() alone; a CPU build never gives it
-        if torch.version.cuda is None:
-            assert not fork["reproduced_cuda_error"]
-        assert fork["lock_held_in_child"] is True
+# run_lesson04's sections on the CPU (the notebook's %%writefile modules, imported as gpu-check
+# imports them) are checked in tests/test_gpu_rehearsal.py, on what the rehearsal measured:
+# tests/_lesson04_run.py holds those checks.
 
 
 def test_the_forked_worker_experiment_never_hangs():
     fork = gpu_lesson04._lesson_modules().fork
     assert fork.cuda_in_forked_worker(timeout_s=0.05)["timed_out"]
-
-
-def test_reference_summary_reads_what_run_lesson04_returns(cpu_run):
-    results = dict(cpu_run, skipped={"pin_cost": "budget"})
-    doc = {"name": "lesson04_transfer", "measured_at": "2025-01-01", "results": results,
-           "machine": {"gpu_name": "stand-in (CPU data, test only)", "summary": "test"}}
-    text = G.reference_summary(doc)
-    for part in ("stand-in (CPU data, test only)", "best pageable, blocking -> CPU", "naive",
-                 "overlap, pageable, blocking: one after the other",
-                 "float32 copy", "DevicePrefetcher", "not measured: pin_cost"):
-        assert part in text, part
-    if HAS_FORK:
-        assert cpu_run["forked_worker"]["worker_error"] in text
-    assert "gpu-check" in G.reference_summary(None)
 
 
 def test_time_op_records_cuda_events_on_the_devices_own_stream(monkeypatch):
