@@ -453,8 +453,17 @@ def test_a_tuner_worker_starts_deaf_to_ctrl_c_with_the_quiet_hook(monkeypatch):
 def test_real_ctrl_c_in_a_terminal():
     """SIGINT to the whole process group (what a terminal does), after the first trial: one
     line, exit 130, no process of the group left (the workers get the signal too)."""
+    # A terminal's program starts with Ctrl-C at its default; a child of this test process would
+    # inherit whatever this process has (a blocked or ignored SIGINT is kept across exec, and
+    # Python then never raises KeyboardInterrupt), so the child sets the terminal's state itself.
+    parent_state = (signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, []))
+    terminal_like = ("import runpy, signal, sys\n"
+                     "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})\n"
+                     "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+                     "sys.argv = ['course_utils'] + sys.argv[1:]\n"
+                     "runpy.run_module('course_utils', run_name='__main__', alter_sys=True)\n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "course_utils", "tune", "--images", "64", "--size", "32",
+        [sys.executable, "-c", terminal_like, "tune", "--images", "64", "--size", "32",
          "--batch-size", "8", "--budget", "60"], cwd=ROOT, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, start_new_session=True, env={**os.environ, "COURSE_QUICK": "1"})
     seen, t0 = b"", time.monotonic()
@@ -473,7 +482,7 @@ def test_real_ctrl_c_in_a_terminal():
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
     err = (seen + err).decode(errors="replace")
-    assert proc.returncode == 130, err
+    assert proc.returncode == 130, f"{err}\n(this test process's SIGINT handler and mask: {parent_state})"
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     last = err.replace("\r", "\n").strip().splitlines()[-1]
     assert last.startswith("python -m course_utils tune: interrupted during the"), err
