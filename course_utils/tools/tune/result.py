@@ -15,20 +15,10 @@ from course_utils.measurement import Comparison, Measurement, jsonable
 from course_utils.plots import figure_title
 from course_utils.threads import WorkerThreadLimiter, make_worker_init
 
-__all__ = ["LoaderSettings", "Trial", "TuningResult", "TuningInterrupted", "epoch_score",
-           "PROBE_FRACTION", "PROBE_THRESHOLD", "LADDER_FALL_FRACTION", "LADDER_FALLS",
-           "COMPARE_SHARE"]
+from .rules import (COMPARE_SHARE, LADDER_FALL_FRACTION, LADDER_FALLS, PROBE_FRACTION,
+                    PROBE_THRESHOLD)
 
-#: a probe window is this fraction of a full trial window
-PROBE_FRACTION = 0.25
-#: a probe whose score is below this fraction of the best score so far is not timed fully
-PROBE_THRESHOLD = 0.8
-#: a ladder rung "falls" when its score is below this fraction of the best rung so far
-LADDER_FALL_FRACTION = 0.95
-#: the num_workers ladder stops after this many falling rungs in a row (batch size: after one)
-LADDER_FALLS = 2
-#: share of the budget kept for the final side-by-side comparison
-COMPARE_SHARE = 0.25
+__all__ = ["LoaderSettings", "Trial", "TuningResult", "TuningInterrupted", "epoch_score"]
 
 #: the labels of the side-by-side comparison's rows
 TUNED_LABEL = "tuned"

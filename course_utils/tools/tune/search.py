@@ -40,9 +40,10 @@ from course_utils.machine import machine_summary, start_method, usable_cpus
 from course_utils.pipelines import BatchedJpegDataset, keep_batch
 from course_utils.scaling import default_worker_counts
 
-from .result import (COMPARE_SHARE, LADDER_FALL_FRACTION, LADDER_FALLS,
-                     PROBE_FRACTION, PROBE_THRESHOLD, RECIPE_LABEL, TUNED_LABEL,
-                     LoaderSettings, Trial, TuningInterrupted, TuningResult, epoch_score)
+from .result import (RECIPE_LABEL, TUNED_LABEL, LoaderSettings, Trial, TuningInterrupted,
+                     TuningResult, epoch_score)
+from .rules import (COMPARE_SHARE, LADDER_FALL_FRACTION, LADDER_FALLS, PROBE_FRACTION,
+                    PROBE_THRESHOLD)
 from .side_by_side import SideBySide
 from .window import (WORKER_TIMEOUT_S, Timed, consumer_device, make_consumer,
                      measure_window, pooled, quiet_loader_warnings, rebuilt,
