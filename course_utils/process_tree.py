@@ -54,8 +54,9 @@ class TreeMonitor:
 
     CPU time includes reaped children's, so a worker that exits during a window is neither lost
     nor counted twice. ``roots`` (pids, e.g. :func:`loader_worker_pids`) narrows the children to
-    those processes and their own children; None counts every child. ``start()`` lists the tree (so a window can start right after warm-up)
-    and samples memory in a thread every ~0.1 s; the sampler's own CPU time is subtracted.
+    those processes and their own children; None counts every child. ``start()`` lists the tree
+    (so a window can start right after warm-up) and samples memory in a thread every ~0.1 s; the
+    sampler's own CPU time is subtracted.
     """
 
     def __init__(self, interval_s: float = 0.1) -> None:
