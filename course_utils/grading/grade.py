@@ -134,14 +134,14 @@ def grade_notebooks(paths: list[str | os.PathLike], *, cell_timeout: int = 600) 
         raise ValueError("paths is empty; pass at least one notebook, e.g. [" + repr(_EXAMPLE) + "].")
     nb_paths = [Path(p) for p in paths]
     checks = {p: exercise_cells(read_notebook(p)) for p in nb_paths}
-    unique = list(dict.fromkeys(os.path.realpath(p) for p in nb_paths))
+    real = {p: os.path.realpath(p) for p in nb_paths}       # how the report names each notebook
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.jsonl"
         env = dict(os.environ, COURSE_GRADE_REPORT=str(report))
         cmd = [sys.executable, "-m", "pytest", "-p", "course_utils.grading._nbval_report",
                "-p", "course_utils.grading._nbval_kernels", "-p",
                "no:cacheprovider", "-q", "--nbval-lax", f"--nbval-cell-timeout={cell_timeout}",
-               *unique]
+               *dict.fromkeys(real.values())]
         subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        check=False)
         rows = [json.loads(line) for line in report.read_text().splitlines()] if report.exists() else []
@@ -150,7 +150,7 @@ def grade_notebooks(paths: list[str | os.PathLike], *, cell_timeout: int = 600) 
         m = _CELL_RE.search(row["nodeid"])
         if m:
             outcomes.setdefault(row["path"], {})[int(m.group(1))] = row
-    return [_notebook_grade(p, checks[p], outcomes.get(os.path.realpath(p), {})) for p in nb_paths]
+    return [_notebook_grade(p, checks[p], outcomes.get(real[p], {})) for p in nb_paths]
 
 
 def _notebook_grade(nb_path: Path, checks: dict[int, str], outcomes: dict[int, dict]) -> NotebookGrade:
