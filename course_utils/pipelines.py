@@ -17,7 +17,6 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .batch_buffers import shared_uint8, slot_batch
 from .checks import check_int
 from .data import CommonRecipeTransform, JpegDataset
 from .machine import usable_cpus
@@ -42,19 +41,14 @@ class TransformedDataset(Dataset):
         return self.transform(image), label
 
 
-def uint8_batch(n: int, size: int, *, reuse: bool = True
-                ) -> tuple[torch.Tensor, np.ndarray, int | None]:
-    """An empty (n, size, size, 3) uint8 batch: the tensor, a NumPy view to fill in place, and
-    its slot. Return the finished batch as ``slot_batch((images, labels), slot)``.
+def uint8_batch(n: int, size: int) -> tuple[torch.Tensor, np.ndarray]:
+    """An empty (n, size, size, 3) uint8 batch: the tensor and a NumPy view to fill in place.
 
-    In a DataLoader worker it is in shared memory, as ``default_collate`` makes it, so sending it
-    costs no copy; with ``reuse`` it is one of the worker's reused segments
-    (:mod:`course_utils.batch_buffers`), which saves faulting in fresh pages for every batch
-    (``bench``'s "shipping only" row measures what sending batches costs)."""
-    nbytes = n * size * size * 3
-    flat, slot = shared_uint8(nbytes) if reuse else (torch.empty(nbytes, dtype=torch.uint8), None)
-    tensor = flat.view(n, size, size, 3)
-    return tensor, tensor.numpy(), slot
+    It is plain memory. Returned from a DataLoader worker, it is copied into shared memory when
+    it is sent, as any tensor a worker returns is (``bench``'s loaders write into reused shared
+    segments instead: :mod:`course_utils.tools.batch_buffers`)."""
+    tensor = torch.empty((n, size, size, 3), dtype=torch.uint8)
+    return tensor, tensor.numpy()
 
 
 def keep_batch(batch: Any) -> Any:
@@ -88,9 +82,9 @@ class recipe_process_settings:
 
 class BatchedDecode(Dataset):
     """Whole uint8 batches decoded in place: ``__getitems__`` (with ``collate_fn=keep_batch``)
-    fills an NxCxSxS channels_last batch, in a DataLoader worker on a reused shared segment
-    (:mod:`course_utils.batch_buffers`). A subclass sets ``size`` and defines ``_decode_into``
-    (one RGB sample into an SxSx3 view) and ``_labels``."""
+    fills an NxCxSxS channels_last batch. A subclass sets ``size`` and defines ``_decode_into``
+    (one RGB sample into an SxSx3 view) and ``_labels``; it may override ``new_batch`` and
+    ``finish_batch`` to change where the batch's memory comes from."""
 
     size: int
 
@@ -100,17 +94,27 @@ class BatchedDecode(Dataset):
     def _labels(self, indices: list[int]) -> torch.Tensor:
         raise NotImplementedError
 
-    def _batch(self, indices: list[int], reuse: bool) -> tuple:
-        images, batch, slot = uint8_batch(len(indices), self.size, reuse=reuse)
+    def new_batch(self, n: int) -> tuple[torch.Tensor, np.ndarray, Any]:
+        """An empty (n, size, size, 3) uint8 batch, its NumPy view, and a token for
+        ``finish_batch`` (here None: :func:`uint8_batch`'s plain memory)."""
+        images, view = uint8_batch(n, self.size)
+        return images, view, None
+
+    def finish_batch(self, items: tuple, token: Any) -> tuple:
+        """The ``(images, labels)`` tuple ``__getitems__`` returns."""
+        return tuple(items)
+
+    def _fill(self, indices: list[int], images: torch.Tensor, view: np.ndarray) -> tuple:
         for row, index in enumerate(indices):
-            self._decode_into(index, batch[row])
-        return slot_batch((images.permute(0, 3, 1, 2), self._labels(indices)), slot)
+            self._decode_into(index, view[row])
+        return images.permute(0, 3, 1, 2), self._labels(indices)
 
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._batch(indices, reuse=True)
+        images, view, token = self.new_batch(len(indices))
+        return self.finish_batch(self._fill(indices, images, view), token)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        images, labels = self._batch([index], reuse=False)
+        images, labels = self._fill([index], *uint8_batch(1, self.size))
         return images[0].contiguous(), int(labels[0])
 
 

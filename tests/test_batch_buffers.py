@@ -8,10 +8,11 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from course_utils import batch_buffers
 from course_utils.data import JpegDataset, ToTensorUint8
 from course_utils.pipelines import BatchedJpegDataset, keep_batch
 from course_utils.threads import make_worker_init
+from course_utils.tools import batch_buffers
+from course_utils.tools.bench.run import ReusedJpegBatches
 
 SIZE, BATCH = 32, 4
 
@@ -22,7 +23,7 @@ def base():
 
 
 def _loader(base, **kw):
-    return DataLoader(BatchedJpegDataset(base, SIZE), batch_size=BATCH, shuffle=False,
+    return DataLoader(ReusedJpegBatches(base, SIZE), batch_size=BATCH, shuffle=False,
                       collate_fn=keep_batch, num_workers=2, worker_init_fn=make_worker_init(1), **kw)
 
 
@@ -65,6 +66,15 @@ def test_dropped_batches_reuse_their_segments(base):
 def test_outside_a_worker_the_batch_is_plain(base):
     flat, slot = batch_buffers.shared_uint8(12)
     assert slot is None and flat.shape == (12,) and not flat.is_shared()
-    batch = BatchedJpegDataset(base, SIZE).__getitems__([0, 1])
+    batch = ReusedJpegBatches(base, SIZE).__getitems__([0, 1])
     assert type(batch) is tuple
     assert type(pickle.loads(pickle.dumps(batch))) is tuple
+
+
+def test_the_lessons_loader_sends_fresh_memory_and_the_same_values(base):
+    """The core's loader keeps no segments; the reused one gives equal batches."""
+    plain = DataLoader(BatchedJpegDataset(base, SIZE), batch_size=BATCH, shuffle=False,
+                       collate_fn=keep_batch, num_workers=1)
+    for (a, la), (b, lb) in zip(plain, _loader(base)):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+        assert a.is_shared() and a.stride() == b.stride()

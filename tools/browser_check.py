@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
-import hashlib
 import itertools
 import json
 import os

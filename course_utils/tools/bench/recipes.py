@@ -28,6 +28,7 @@ from course_utils.machine import usable_cpus
 from course_utils.pipelines import BatchedDecode, keep_batch
 from course_utils.threads import make_worker_init
 
+from ..batch_buffers import ReusedSegments
 from .storage import image_files, reduced_decode_flag
 
 PathLike = Union[str, os.PathLike]
@@ -93,10 +94,11 @@ class _JpegFiles(Dataset):
         return np.fromfile(str(self.paths[index]), dtype=np.uint8)
 
 
-class BatchedJpegFiles(_JpegFiles, BatchedDecode):
+class BatchedJpegFiles(_JpegFiles, ReusedSegments, BatchedDecode):
     """The course's tuned dataset on files: ``__getitems__(indices)`` returns
-    (N x 3 x size x size uint8, labels) in channels_last memory (use ``collate_fn=keep_batch``);
-    ``reduced``: decode at the smallest scale that keeps ``size``."""
+    (N x 3 x size x size uint8, labels) in channels_last memory (use ``collate_fn=keep_batch``),
+    on reused shared segments in a worker; ``reduced``: decode at the smallest scale that keeps
+    ``size``."""
 
     def __init__(self, root: PathLike, size: int = 224, *, reduced: bool = True) -> None:
         super().__init__(root, "BatchedJpegFiles")

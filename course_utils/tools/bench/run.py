@@ -19,15 +19,15 @@ from typing import Any, Callable, ContextManager
 import torch
 from torch.utils.data import Dataset
 
-from course_utils.batch_buffers import slot_batch
 from course_utils.checks import check_int
 from course_utils.config import pick
 from course_utils.data import JpegDataset
 from course_utils.machine import machine_summary, usable_cpus
 from course_utils.measurement import Comparison, Measurement, compare
-from course_utils.pipelines import recipe_process_settings, tuned_loader, uint8_batch
+from course_utils.pipelines import BatchedJpegDataset, recipe_process_settings
 from course_utils.timing import MIN_TIMED_BATCHES, measure_loader
 
+from ..batch_buffers import ReusedSegments, shared_uint8, slot_batch
 from .recipes import (DecodeOnlyFiles, files_loader, imagenet_recipe_loader, seed_recipe_loader,
                       tuned_files_loader)
 from .storage import PackedStore, evict_from_page_cache, image_files, write_image_folder
@@ -54,10 +54,16 @@ class ShippingOnly(Dataset):
         return self.n
 
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        images, batch, slot = uint8_batch(len(indices), self.size)
-        batch.fill(0)                        # every page touched, as the decode's writes touch them
-        return slot_batch((images.permute(0, 3, 1, 2), torch.zeros(len(indices), dtype=torch.int64)),
-                         slot)
+        flat, slot = shared_uint8(len(indices) * 3 * self.size * self.size)
+        flat.fill_(0)                        # every page touched, as the decode's writes touch them
+        images = flat.view(len(indices), self.size, self.size, 3).permute(0, 3, 1, 2)
+        return slot_batch((images, torch.zeros(len(indices), dtype=torch.int64)), slot)
+
+
+class ReusedJpegBatches(ReusedSegments, BatchedJpegDataset):
+    """The lessons' :class:`~course_utils.pipelines.BatchedJpegDataset` (JPEG bytes in RAM) on
+    reused shared segments, as the files rows' batches are, so that the rows differ only in
+    where the JPEG bytes come from."""
 
 
 TARGETS = {"speedup": 2.0, "cpu_ratio": 0.5, "decode_share": 0.8, "memmap_share": 0.6}
@@ -212,7 +218,8 @@ def run_benchmark(*, n: int | None = None, batch_size: int | None = None,
     cold_cache = "not measured (--no-storage)"
     if storage:
         store = _packed_store(base, folder, size)
-        rows.append((RAM_BYTES, tuned_loader(base, batch_size=batch_size, size=size), nothing))
+        rows.append((RAM_BYTES, files_loader(ReusedJpegBatches(base, size), batch_size=batch_size),
+                     nothing))
         can_evict = evict_from_page_cache(files[:1])
         if can_evict:
             rows.append((COLD, tuned_files_loader(folder, batch_size=batch_size, size=size),

@@ -1,16 +1,20 @@
 """Shared-memory batches that DataLoader workers reuse once the main process has let go of them.
 
-A worker sends its batch to the main process in shared memory, as ``default_collate`` does. A
-fresh segment for every batch pays its page faults every time: the first write to each page
-makes the kernel find and zero a new one. ``bench``'s "shipping only" row measures what sending
-the batches costs on your machine. So each worker keeps :data:`SLOTS` segments and writes its
-next batch into one that is free.
+A worker sends its batch to the main process in shared memory. The lessons' loader fills plain
+memory, which the DataLoader copies into a fresh segment when it sends it, and a fresh segment
+pays its page faults every time: the first write to each page makes the kernel find and zero a
+new one. ``bench``'s loaders reuse segments instead (``bench``'s "shipping only" row measures
+what sending the batches costs on your machine): each worker keeps :data:`SLOTS` segments and
+writes its next batch into one that is free. :class:`ReusedSegments` adds that to a
+:class:`~course_utils.pipelines.BatchedDecode` dataset.
 
 Free is checked, never assumed. When a batch is unpickled in the main process,
 :func:`_received` keeps a weak reference to its storage; a segment goes back to its worker only
 when that storage is gone (no tensor, view or NumPy array of the batch is left). A batch that a
 training loop keeps is never overwritten. With no free segment, the worker allocates a fresh
-one, as before. Workers unpickle this module, so it lives in the package.
+one, as before. Workers unpickle this module, so it lives in the package. It uses a private
+torch call (``UntypedStorage._new_shared``, as ``default_collate`` does), which is why it is a
+tool and not what the lessons' loader does.
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.data import get_worker_info
 
-__all__ = ["SLOTS", "shared_uint8", "slot_batch"]
+__all__ = ["SLOTS", "ReusedSegments", "shared_uint8", "slot_batch"]
 
 #: Segments per worker: ``prefetch_factor`` (2) batches in flight, the one in use, one spare.
 SLOTS = 4
@@ -69,6 +73,24 @@ def slot_batch(items: tuple, slot: int | None) -> tuple:
     segment of ``slot`` (from :func:`shared_uint8`). Sent from a worker, it arrives in the main
     process as a plain tuple whose slot is freed once the images are gone."""
     return tuple(items) if slot is None else _SlotBatch(items, slot)
+
+
+class ReusedSegments:
+    """Put before a :class:`~course_utils.pipelines.BatchedDecode` subclass in the bases: its
+    ``__getitems__`` batches go on the worker's reused segments (``class D(ReusedSegments,
+    BatchedJpegDataset)``). The values are the same; only where the bytes live changes."""
+
+    size: int
+
+    def new_batch(self, n: int) -> tuple[torch.Tensor, Any, Any]:
+        """An empty (n, size, size, 3) uint8 batch on a reused segment, its NumPy view, its slot."""
+        flat, slot = shared_uint8(n * self.size * self.size * 3)
+        images = flat.view(n, self.size, self.size, 3)
+        return images, images.numpy(), slot
+
+    def finish_batch(self, items: tuple, slot: Any) -> tuple:
+        """The batch tuple to return, so that its slot comes back (:func:`slot_batch`)."""
+        return slot_batch(items, slot)
 
 
 class _SlotBatch(tuple):
