@@ -1,6 +1,6 @@
 """Command line for the course: ``python -m course_utils COMMAND``.
 
-Commands: doctor, grade NOTEBOOK, bench, tune [FOLDER], diagnose MODULE:FUNCTION (``--help``
+Commands: doctor, grade NOTEBOOK, bench, tune [FOLDER], diagnose train.py [ARGS] (``--help``
 says what each does). The authors' commands are ``python -m course_authoring``.
 """
 from __future__ import annotations
@@ -10,6 +10,7 @@ import json
 import math
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .checks import check_folder
@@ -140,9 +141,17 @@ def _tune(args: argparse.Namespace, fail: Callable[[str], int]) -> int:
     return 0
 
 
+def _is_function_target(target: str) -> bool:
+    """``MODULE:FUNCTION`` (the older way in), not a script path that happens to hold a colon."""
+    module, sep, function = target.rpartition(":")
+    return bool(sep and module and function.isidentifier()) and not Path(target).is_file()
+
+
 def _cmd_diagnose(args: argparse.Namespace) -> int:
-    """``diagnose``: one line and exit 2 on bad input, exit 130 on Ctrl-C."""
-    from .tools.diagnose import DiagnoseError, build_loop, diagnose, load_target  # only when it runs
+    """``diagnose``: one line and exit 2 on bad input, exit 130 on Ctrl-C; a script that fails
+    exits with its own status after what was measured."""
+    from .tools.diagnose import (DiagnoseError, build_loop, diagnose,  # only when it runs
+                                 diagnose_script, load_target, parse_try)
 
     def fail(message: str, code: int = 2) -> int:
         print(f"python -m course_utils diagnose: error: {message}", file=sys.stderr)
@@ -152,13 +161,28 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
         return fail(f"--budget {args.budget:g} must be more than 0 seconds; pass e.g. --budget 60.")
     if args.steps < 1:
         return fail(f"--steps {args.steps} must be 1 or more; pass e.g. --steps 200.")
+    target = args.module or args.target
+    if target is None:
+        return fail("name your training script (diagnose train.py [ARGS...]), a module "
+                    "(diagnose -m package.train [ARGS...]) or MODULE:FUNCTION.")
+    script_args = ([args.target] if args.module and args.target else []) + list(args.args)
     try:
+        if args.module or not _is_function_target(target):
+            tries = [parse_try(t) for t in args.tries] if args.tries else None
+            result = diagnose_script(target, script_args, module=bool(args.module),
+                                     budget_s=args.budget, tries=tries,
+                                     progress=not args.no_progress)
+            _print_and_save(result, args.json)
+            return _script_status(result)
+        if args.tries or script_args:
+            return fail("--try and script arguments are for a script (diagnose train.py ...), "
+                        "not for MODULE:FUNCTION.")
         t0 = time.perf_counter()
-        loader, step = build_loop(load_target(args.target), args.target.rpartition(":")[2])
+        loader, step = build_loop(load_target(target), target.rpartition(":")[2])
         built_s = time.perf_counter() - t0
         result = diagnose(loader, step, budget_s=args.budget, max_steps=args.steps,
-                          target=args.target, progress=not args.no_progress)
-        result.notes.append(f"importing the module and {args.target.rpartition(':')[2]}() took "
+                          target=target, progress=not args.no_progress)
+        result.notes.append(f"importing the module and {target.rpartition(':')[2]}() took "
                             f"{built_s:.1f} s before the --budget of {args.budget:g} s began; "
                             f"worker start-ups inside the runs may also overrun it a little.")
     except DiagnoseError as exc:
@@ -167,6 +191,21 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
         return fail("interrupted (Ctrl-C); no workers left running.", 130)
     _print_and_save(result, args.json)
     return 0
+
+
+def _script_status(result: Any) -> int:
+    """The script's own failure (after its traceback), 130 for Ctrl-C, 2 when nothing was timed
+    or it is out of scope, else 0."""
+    from .tools.diagnose.probe import OUT_OF_SCOPE   # only when diagnose runs
+    run = result.baseline
+    if run.end == OUT_OF_SCOPE:
+        print(f"python -m course_utils diagnose: {run.error}", file=sys.stderr)
+        return 2
+    if run.error:
+        print(run.error, file=sys.stderr, end="")
+    if run.status:
+        return run.status
+    return 2 if result.verdict is None else 0
 
 
 def _number_of(unit: str) -> Callable[[str], float]:
@@ -271,29 +310,72 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_tune)
 
     p = sub.add_parser(
-        "diagnose", help="is your training loop waiting for data, and why? (MODULE:FUNCTION)",
-        description="FUNCTION() must return (loader, step). diagnose times your loop within "
-                    "--budget seconds, the step alone and the loader alone; says data-bound or "
-                    "compute-bound and, when data-bound, times the cheap fixes on the same loop.",
-        epilog="examples: python -m course_utils diagnose train.py:make_loop --budget 60\n"
-               "          python -m course_utils diagnose course_utils.tools.examples.data_bound:make_loop",
+        "diagnose", help="is your training waiting for data, and what helps? (train.py [ARGS])",
+        description="Runs your training script unchanged, as python would (its own arguments, "
+                    "its __main__ block), timing every DataLoader batch it makes, for --budget "
+                    "seconds. Reports each loader (wait per batch, step, data-wait share, "
+                    "start-up, settings, workers), says data-bound or compute-bound, and re-runs "
+                    "the script with fixes (--try, or a default set when data-bound) to measure "
+                    "them. MODULE:FUNCTION (a function returning (loader, step)) also works.",
+        epilog="examples: python -m course_utils diagnose train.py --epochs 1\n"
+               "          python -m course_utils diagnose --budget 40 --try num_workers=4 train.py\n"
+               "          python -m course_utils diagnose -m mypackage.train --lr 0.1\n"
+               "          python -m course_utils diagnose course_utils.tools.examples.data_bound:make_loop\n"
+               "options go before the script; everything after it is the script's own.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("target", metavar="MODULE:FUNCTION",
-                   help="a .py file or importable module, a colon, and the function that returns "
-                        "(loader, step)")
+    p.add_argument("-m", dest="module", metavar="MODULE", default=None,
+                   help="run a module as a script (like python -m MODULE)")
+    p.add_argument("target", nargs="?", metavar="SCRIPT",
+                   help="your training script (train.py), or MODULE:FUNCTION")
+    p.add_argument("args", nargs="*", metavar="ARGS", help="the script's own arguments")
     p.add_argument("--budget", type=float, default=60.0, metavar="SECONDS",
-                   help="wall-clock seconds for the measurements (default 60); building your "
-                        "loader comes before it")
-    p.add_argument("--steps", type=int, default=200, help="at most this many timed steps per run "
-                                                          "(default 200)")
+                   help="wall-clock seconds in all (default 60); half runs the script as it is, "
+                        "the rest is shared by the fixes")
+    p.add_argument("--try", dest="tries", action="append", metavar="KEY=VALUE[,...]",
+                   help="a fix to measure on the script's busiest loader, e.g. num_workers=4 or "
+                        "num_workers=4,pin_memory=true (repeat for several; keys: num_workers, "
+                        "batch_size, prefetch_factor, pin_memory, persistent_workers)")
+    p.add_argument("--steps", type=int, default=200, help="MODULE:FUNCTION only: at most this "
+                                                          "many timed steps per run (default 200)")
     p.add_argument("--json", metavar="PATH", help="also write the result as JSON")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true", help="no progress messages")
     p.set_defaults(func=_cmd_diagnose)
     return parser
 
 
+#: diagnose's own options that take a value (the script's arguments start after them)
+_DIAGNOSE_VALUED = {"--budget", "--try", "--steps", "--json"}
+
+
+def split_diagnose_argv(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``diagnose``'s own arguments (up to the script, or ``-m MODULE``) and the script's: after
+    the script everything is the script's, even what looks like diagnose's options. After a
+    ``MODULE:FUNCTION`` target, options are still diagnose's."""
+    k = 1
+    while k < len(argv):
+        token = argv[k]
+        if token == "-m":
+            return argv[:k + 2], argv[k + 2:]
+        if token in _DIAGNOSE_VALUED:
+            k += 2
+        elif token.startswith("-") and (token.split("=")[0] in _DIAGNOSE_VALUED
+                                        or token in ("--no-progress", "-h", "--help")):
+            k += 1
+        elif token.startswith("-") or _is_function_target(token):
+            return argv, []          # an unknown option (argparse says so), or MODULE:FUNCTION
+        else:
+            return argv[:k + 1], argv[k + 1:]
+    return argv, []
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    script_args: list[str] = []
+    if argv[:1] == ["diagnose"]:
+        argv, script_args = split_diagnose_argv(argv)
     args = build_parser().parse_args(argv)
+    if script_args:
+        args.args = list(getattr(args, "args", []) or []) + script_args
     return args.func(args)
 
 

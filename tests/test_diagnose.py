@@ -10,8 +10,10 @@ import textwrap
 
 import psutil
 import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
 
-import course_utils.tools.diagnose as d
+import course_utils.tools.diagnose.loop as d
 from course_utils.__main__ import main
 from course_utils.tools.diagnose import (DATA_BOUND_FRACTION, LOADER_ALONE_FACTOR, POOL_THREADS,
                                          STEP_SLOWDOWN_FACTOR, DiagnoseError, LoopTiming,
@@ -121,7 +123,7 @@ def test_a_file_target_with_its_own_dataset_runs_under_spawn(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("target, message", [
-    ("no_colon", "is not MODULE:FUNCTION"),
+    ("no_colon", "no such script; pass your training script"),
     ("surely_not_a_module_xyz:make", "cannot be imported"),
     ("{script}:missing", "has no 'missing'"),
     ("{script}:not_a_pair", "must return (loader, step)"),
@@ -401,3 +403,14 @@ def test_a_folder_named_like_the_module_is_not_a_file_target(tmp_path, monkeypat
     err = capsys.readouterr().err.strip()
     assert "no such file" not in err, err
     assert len(err.splitlines()) == 1 and "is a str, not a function" in err, err
+
+
+def test_persistent_workers_across_an_epoch_end_do_not_crash_the_loop():
+    """The loop used to shut the iterator down at each epoch end; a persistent-workers loader
+    then handed the dead iterator back (``ValueError: Queue ... is closed``)."""
+    data = TensorDataset(torch.arange(16.0))
+    loader = DataLoader(data, batch_size=4, num_workers=1, persistent_workers=True)
+    first = d.time_loop(loader, lambda batch: None, max_steps=10, seconds=30, label="x")
+    assert first.steps == 10                           # 4 batches an epoch: crossed two ends
+    again = d.time_loop(loader, lambda batch: None, max_steps=3, seconds=30, label="y")
+    assert again.steps == 3                            # and the loader still works afterwards

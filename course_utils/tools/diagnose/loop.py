@@ -1,4 +1,4 @@
-"""``python -m course_utils diagnose MODULE:FUNCTION``: is *your* training loop waiting for data?
+"""``diagnose MODULE:FUNCTION``: is a training loop handed over as ``(loader, step)`` waiting for data?
 
 ``FUNCTION()`` (from a file, ``train.py:make``, or a module, ``mypkg.train:make``) returns
 ``(loader, step)``. Within a wall-clock budget :func:`diagnose` times the real loop per step
@@ -33,46 +33,10 @@ from course_utils.start_methods import start_method
 from course_utils.threads import make_worker_init
 from course_utils.timing import batch_size_of, time_op
 
-#: The loop is data-bound when it waited for data more than this fraction of its time.
-DATA_BOUND_FRACTION = 0.10
-#: a worker with more OS threads than this runs thread pools of its own (OpenCV, BLAS, OpenMP)
-POOL_THREADS = 3
-#: the loader alone under this many times the loop's samples/s is "barely faster": decode-bound
-LOADER_ALONE_FACTOR = 1.2
-#: a fix whose step (without the wait) took over this many times the loop's step gets a note
-STEP_SLOWDOWN_FACTOR = 1.5
-
+from .rules import DiagnoseError, loader_barely_faster, runs_own_pools, step_slowed, verdict
 
 # The clock of time_loop. Tests replace this module attribute with a fake clock.
 _now: Callable[[], float] = time.perf_counter
-
-
-class DiagnoseError(ValueError):
-    """Bad input to ``diagnose``: the message is one line that says what to do."""
-
-
-# ---- the rules, each a pure function of measured figures and one threshold above ----
-def verdict(wait_fraction: float) -> str:
-    """``"data-bound"`` when the loop waited more than :data:`DATA_BOUND_FRACTION` of its
-    time, else ``"compute-bound"``."""
-    return "data-bound" if wait_fraction > DATA_BOUND_FRACTION else "compute-bound"
-
-
-def runs_own_pools(worker_threads: list[int]) -> bool:
-    """True when a worker has more than :data:`POOL_THREADS` OS threads."""
-    return bool(worker_threads) and max(worker_threads) > POOL_THREADS
-
-
-def loader_barely_faster(loader_samples_per_s: float, loop_samples_per_s: float) -> bool:
-    """True when the loader alone delivers under :data:`LOADER_ALONE_FACTOR` times the loop's
-    samples/s: loading itself (decode, augment) is the limit, not the step."""
-    return loader_samples_per_s < LOADER_ALONE_FACTOR * loop_samples_per_s
-
-
-def step_slowed(base_step_s: float, fixed_step_s: float) -> bool:
-    """True when a fix made the step itself (no wait) over :data:`STEP_SLOWDOWN_FACTOR` times
-    as long (workers and the step's threads sharing the CPUs)."""
-    return base_step_s > 0 and fixed_step_s > STEP_SLOWDOWN_FACTOR * base_step_s
 
 
 def load_target(target: str) -> Callable[[], Any]:
@@ -179,10 +143,14 @@ class LoopTiming:
 
 
 
-def _shutdown(it: Any) -> None:
+def _shutdown(it: Any, loader: Any) -> None:
+    """Stop the iterator's workers. A persistent-workers loader keeps its iterator for the next
+    ``iter()``, which cannot restart a shut one, so the loader forgets it too."""
     stop = getattr(it, "_shutdown_workers", None)
     if stop is not None:
         stop()
+    if getattr(loader, "_iterator", None) is it:
+        loader._iterator = None
 
 
 def _worker_threads(it: Any) -> list[int]:
@@ -273,8 +241,9 @@ def time_loop(loader: Any, step: Callable | None, *, max_steps: int, seconds: fl
                 threads = _worker_threads(it)
             try:
                 batch = _next(it, "loader")
-            except StopIteration:
-                _shutdown(it)
+            except StopIteration:       # a new epoch; persistent workers carry on
+                if not getattr(loader, "persistent_workers", False):
+                    _shutdown(it, loader)
                 it = iter(loader)
                 batch = _next(it, "loader")
             arrived = _now()
@@ -284,7 +253,7 @@ def time_loop(loader: Any, step: Callable | None, *, max_steps: int, seconds: fl
             if tick is not None:
                 tick()
     finally:
-        _shutdown(it)
+        _shutdown(it, loader)
         del it
     return LoopTiming(label, wait, stepped, samples, startup, warmup, threads)
 

@@ -1,0 +1,350 @@
+"""Inside ``diagnose train.py``: run the learner's script unchanged and time every DataLoader batch.
+
+:func:`run_probe` runs the script as ``__main__`` with its own ``sys.argv`` in this process,
+after three class-level wraps that the script never sees: ``DataLoader.__init__`` (records the
+loader's settings and where it was made, and applies ``--try`` overrides), ``DataLoader.__iter__``
+(an epoch starts) and the iterator's ``__next__`` (the wait for each batch, and the time between
+batches: the step). Past its deadline the next ``__next__`` shuts every loader's workers down and
+raises :class:`BudgetSpent`, a ``BaseException`` that the script's ``except Exception`` lets through.
+What was measured goes to a JSON file for :mod:`course_utils.tools.diagnose.script`.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import runpy
+import sys
+import threading
+import time
+import traceback
+import weakref
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as tmp
+from torch.utils.data import DataLoader
+from torch.utils.data import dataloader as dataloader_module
+
+from course_utils.start_methods import start_method
+from course_utils.timing import batch_size_of
+
+#: seconds between two samples of the workers' CPU time and threads, per loader
+SAMPLE_EVERY_S = 0.5
+#: how a run that the probe refused ends (``end`` in its JSON)
+OUT_OF_SCOPE = "out of scope"
+#: the settings recorded for each loader (and the ones ``--try`` may override)
+SETTINGS = ("num_workers", "batch_size", "pin_memory", "persistent_workers", "prefetch_factor")
+
+
+class BudgetSpent(BaseException):
+    """Raised from a DataLoader's ``next`` once the budget is spent (a batch boundary)."""
+
+
+class OutOfScope(BaseException):
+    """The script starts processes of its own that train (ranks); diagnose does not follow them."""
+
+
+def _now() -> float:
+    return time.perf_counter()
+
+
+def _where(frame_depth: int = 2) -> str:
+    """``file:line`` of the first caller outside torch and this module (where the loader is made)."""
+    for info in inspect.stack(0)[frame_depth:]:
+        name = info.filename
+        if "torch" + os.sep not in name and not name.endswith("probe.py") and "<frozen" not in name:
+            return f"{name}:{info.lineno}"
+    return "unknown"
+
+
+def _type_name(obj: Any) -> str:
+    return type(obj).__name__ if obj is not None else "None"
+
+
+def _transform_of(dataset: Any) -> str:
+    """The type of the dataset's ``transform`` (through ``Subset``-style ``.dataset``), or None."""
+    for _ in range(4):
+        for attr in ("transform", "transforms"):
+            found = getattr(dataset, attr, None)
+            if found is not None and callable(found):
+                return _type_name(found)
+        dataset = getattr(dataset, "dataset", None)
+        if dataset is None:
+            break
+    return "None"
+
+
+def _describe_batch(batch: Any) -> str:
+    images = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
+    if isinstance(images, dict) and images:
+        images = next(iter(images.values()))
+    if torch.is_tensor(images):
+        return f"{str(images.dtype).replace('torch.', '')} {tuple(images.shape)}"
+    return type(images).__name__
+
+
+class LoaderRecord:
+    """One DataLoader's settings and timings (seconds). The first epoch's first batch is the
+    start-up; its next ``num_workers x prefetch_factor`` batches (made ahead, they look free)
+    are warm-up; every later batch adds its wait in ``next`` and the step that followed it."""
+
+    def __init__(self, index: int, loader: DataLoader, where: str, overridden: dict) -> None:
+        self.index, self.where, self.overridden = index, where, overridden
+        settings = {k: getattr(loader, k, None) for k in SETTINGS}
+        ctx = loader.multiprocessing_context
+        settings["start_method"] = ((ctx if isinstance(ctx, str) else ctx.get_start_method())
+                                    if ctx is not None else start_method()
+                                    if loader.num_workers else "main process")
+        settings["dataset"] = _type_name(loader.dataset)
+        settings["transform"] = _transform_of(loader.dataset)
+        settings["iterable_dataset"] = isinstance(loader.dataset, torch.utils.data.IterableDataset)
+        self.settings = settings
+        workers = loader.num_workers
+        self.warmup = workers * (loader.prefetch_factor or 2) if workers else 1
+        self.startup_s: float | None = None
+        self.waits: list[float] = []
+        self.steps: list[float] = []
+        self.samples = self.batches = self.epochs = 0
+        self.batch: str | None = None
+        self.worker_cpu: dict[int, list[float]] = {}     # pid -> [first seen, last seen] CPU-s
+        self.worker_threads: dict[int, int] = {}
+        self.gpu_busy: list[float] = []
+        self.t_iter: float | None = None
+        self.last: float | None = None                   # when the last batch came back
+        self.last_counted = False
+        self.next_sample = 0.0
+        self._procs: dict[int, psutil.Process] = {}
+
+    def epoch_starts(self, t: float) -> None:
+        """``iter(loader)`` was called at ``t`` (workers start here unless they persist)."""
+        self.t_iter, self.epochs, self.last = t, self.epochs + 1, None
+
+    def step_ends(self, t: float) -> None:
+        """The loop body on the last batch ended at ``t`` (the next ``next`` call)."""
+        if self.last is not None and self.last_counted:
+            self.steps.append(t - self.last)
+
+    def arrived(self, t0: float, t1: float, batch: Any) -> bool:
+        """Record a batch that ``next`` returned at ``t1`` (called at ``t0``); True when it is
+        the first of its epoch."""
+        first_of_epoch = self.last is None
+        if self.batches == 0:
+            self.startup_s = t1 - (self.t_iter if self.t_iter is not None else t0)
+            self.batch = _describe_batch(batch)
+        counted = self.batches > self.warmup
+        if counted:
+            since_iter = first_of_epoch and self.t_iter is not None
+            self.waits.append(t1 - (self.t_iter if since_iter else t0))
+            self.samples += batch_size_of(batch)
+        self.batches += 1
+        self.last, self.last_counted = t1, counted
+        return first_of_epoch
+
+    def epoch_ends(self) -> None:
+        self.last, self.t_iter = None, None
+
+    def sample(self, iterator: Any, t: float, force: bool = False) -> None:
+        """Every :data:`SAMPLE_EVERY_S` and at each epoch's first batch (new workers): each
+        worker's CPU seconds and OS threads (psutil), and the GPU's busy share where torch can
+        read it (NVML). A worker's CPU after its last sample is not seen: a lower bound."""
+        if t < self.next_sample and not force:
+            return
+        self.next_sample = t + SAMPLE_EVERY_S
+        for worker in getattr(iterator, "_workers", None) or []:
+            pid = getattr(worker, "pid", None)
+            try:
+                proc = self._procs.setdefault(pid, psutil.Process(pid))
+                cpu = proc.cpu_times()
+                self.worker_threads[pid] = max(self.worker_threads.get(pid, 0), proc.num_threads())
+            except (psutil.Error, TypeError, ValueError):
+                continue
+            seen = self.worker_cpu.setdefault(pid, [cpu.user + cpu.system] * 2)
+            seen[1] = cpu.user + cpu.system
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            try:
+                self.gpu_busy.append(float(torch.cuda.utilization()) / 100)
+            except Exception:                 # no NVML here: the share stays unmeasured
+                pass
+
+    def to_dict(self) -> dict:
+        return {"index": self.index, "where": self.where, "settings": self.settings,
+                "overridden": self.overridden, "startup_s": self.startup_s,
+                "warmup_batches": self.warmup, "batches": self.batches, "epochs": self.epochs,
+                "samples": self.samples, "waits_s": self.waits, "steps_s": self.steps,
+                "batch": self.batch,
+                "worker_cpu_s": sum(last - first for first, last in self.worker_cpu.values()),
+                "workers_seen": len(self.worker_cpu),
+                "worker_threads": sorted(self.worker_threads.values()),
+                "gpu_busy": (sum(self.gpu_busy) / len(self.gpu_busy)) if self.gpu_busy else None}
+
+
+class Probe:
+    """The wraps, the records, and the deadline; :meth:`install` once, :meth:`uninstall` after."""
+
+    def __init__(self, budget_s: float, overrides: dict[int, dict] | None = None) -> None:
+        self.deadline = _now() + budget_s
+        self.overrides = overrides or {}
+        self.records: list[LoaderRecord] = []
+        self.iterators: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self.stopped = False
+        self._saved: dict[tuple[type, str], Any] = {}
+
+    def install(self) -> None:
+        base = dataloader_module._BaseDataLoaderIter
+        for owner, name, wrap in ((DataLoader, "__init__", self._wrap_init),
+                                  (DataLoader, "__iter__", self._wrap_iter),
+                                  (base, "__next__", self._wrap_next)):
+            original = owner.__dict__[name]
+            self._saved[owner, name] = original
+            setattr(owner, name, wrap(original))
+        self._wrap_ranks()
+
+    def uninstall(self) -> None:
+        for (owner, name), original in self._saved.items():
+            setattr(owner, name, original)
+        self._saved.clear()
+
+    def _wrap_ranks(self) -> None:
+        def refuse(*_a: Any, **_k: Any) -> None:
+            raise OutOfScope("the script starts training ranks of its own (torch.distributed / "
+                             "torch.multiprocessing.spawn); diagnose times one process: run it on "
+                             "one rank's loop without the launcher")
+        for owner, name in ((dist, "init_process_group"), (tmp, "spawn"), (tmp, "start_processes")):
+            if hasattr(owner, name):
+                self._saved[owner, name] = getattr(owner, name)
+                setattr(owner, name, refuse)
+
+    def _wrap_init(self, original: Any) -> Any:
+        probe, signature = self, inspect.signature(original)
+
+        def __init__(loader: DataLoader, *args: Any, **kwargs: Any) -> None:
+            index = len(probe.records)
+            changes = probe.overrides.get(index, {})
+            if changes:
+                bound = signature.bind(loader, *args, **kwargs)
+                arguments = dict(bound.arguments)
+                arguments.pop(next(iter(signature.parameters)))       # self
+                extra = arguments.pop("kwargs", {}) if "kwargs" in signature.parameters else {}
+                arguments.update(extra)
+                arguments.update(changes)
+                if arguments.get("num_workers", 0) == 0:
+                    arguments.update(prefetch_factor=None, persistent_workers=False)
+                args, kwargs = (), arguments
+            original(loader, *args, **kwargs)
+            if not getattr(loader, "_course_probe", None):     # a subclass calls super() once
+                record = LoaderRecord(index, loader, _where(), changes)
+                probe.records.append(record)
+                loader._course_probe = record
+        return __init__
+
+    def _wrap_iter(self, original: Any) -> Any:
+        def __iter__(loader: DataLoader) -> Any:
+            t = _now()
+            iterator = original(loader)
+            record = getattr(loader, "_course_probe", None)
+            if record is not None:
+                record.epoch_starts(t)
+                iterator._course_probe = record
+                self.iterators.add(iterator)
+            return iterator
+        return __iter__
+
+    def _wrap_next(self, original: Any) -> Any:
+        def __next__(iterator: Any) -> Any:
+            record = getattr(iterator, "_course_probe", None)
+            if record is None:
+                return original(iterator)
+            t0 = _now()
+            record.step_ends(t0)
+            if t0 >= self.deadline:
+                self.stop()
+                raise BudgetSpent()
+            try:
+                batch = original(iterator)
+            except StopIteration:
+                record.epoch_ends()
+                raise
+            t1 = _now()
+            record.sample(iterator, t1, force=record.arrived(t0, t1, batch))
+            return batch
+        return __next__
+
+    def stop(self) -> None:
+        """Shut every loader's workers down (persistent ones too)."""
+        self.stopped = True
+        for iterator in list(self.iterators):
+            shutdown = getattr(iterator, "_shutdown_workers", None)
+            if shutdown is not None:
+                try:
+                    shutdown()
+                except Exception:
+                    pass
+
+
+def run_probe(config: dict) -> int:
+    """Run the script of ``config`` (``script`` or ``module``, ``argv``, ``budget_s``,
+    ``overrides``, ``out``) under a :class:`Probe`; write what was measured to ``out``; return
+    the exit status (0: budget spent or the script ended; the script's own; 1: it raised;
+    130: Ctrl-C; 2: out of scope)."""
+    probe = Probe(float(config["budget_s"]), {int(k): v for k, v in config.get("overrides", {}).items()})
+    end, status, error = "the script ended", 0, None
+    t_start = _now()
+    sys.argv = [config.get("script") or config["module"], *config.get("argv", [])]
+    watchdog = threading.Timer(float(config["budget_s"]) + float(config.get("grace_s", 10)),
+                               lambda: _write_and_exit(config, probe, t_start))
+    watchdog.daemon = True
+    probe.install()
+    watchdog.start()
+    try:
+        if config.get("script"):
+            sys.path.insert(0, str(Path(config["script"]).resolve().parent))
+            runpy.run_path(config["script"], run_name="__main__")
+        else:
+            sys.path.insert(0, os.getcwd())
+            runpy.run_module(config["module"], run_name="__main__", alter_sys=True)
+    except BudgetSpent:
+        end = "the budget was spent"
+    except SystemExit as exc:
+        code = exc.code
+        status = code if isinstance(code, int) else (0 if code is None else 1)
+        end = f"the script called sys.exit({code!r})"
+    except KeyboardInterrupt:
+        end, status = "interrupted (Ctrl-C)", 130
+    except OutOfScope as exc:
+        end, status, error = OUT_OF_SCOPE, 2, str(exc)
+    except Exception:
+        end, status, error = "the script raised", 1, traceback.format_exc()
+    finally:
+        watchdog.cancel()
+        probe.stop()
+        probe.uninstall()
+    _write(config, probe, end, status, error, _now() - t_start)
+    return status
+
+
+def _write(config: dict, probe: Probe, end: str, status: int, error: str | None,
+           elapsed_s: float) -> None:
+    data = {"end": end, "status": status, "error": error, "elapsed_s": elapsed_s,
+            "cuda": torch.cuda.is_available() and torch.cuda.is_initialized(),
+            "loaders": [r.to_dict() for r in probe.records]}
+    Path(config["out"]).write_text(json.dumps(data))
+
+
+def _write_and_exit(config: dict, probe: Probe, t_start: float) -> None:
+    """The watchdog: the script reached no batch boundary long after the budget (a long step,
+    or no DataLoader at all). Write what was measured and end the process."""
+    _write(config, probe, "no batch boundary after the budget", 0, None, _now() - t_start)
+    os._exit(0)
+
+
+def main() -> int:
+    """``python -m course_utils.tools.diagnose.probe CONFIG.json`` (started by ``diagnose``)."""
+    return run_probe(json.loads(Path(sys.argv[1]).read_text()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

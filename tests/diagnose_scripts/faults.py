@@ -1,0 +1,34 @@
+"""A script that goes wrong in one of several ways (--fault), after a few batches."""
+import argparse
+import sys
+import time
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--fault", choices=["raise", "exit", "no-loader", "ranks", "hang"],
+                        required=True)
+    parser.add_argument("--code", type=int, default=3)
+    args = parser.parse_args()
+    if args.fault == "no-loader":
+        time.sleep(0.2)
+        print("trained without a DataLoader")
+        return
+    if args.fault == "ranks":
+        torch.multiprocessing.spawn(print, nprocs=2)
+    loader = DataLoader(TensorDataset(torch.zeros(64, 4)), batch_size=2, num_workers=1)
+    for k, (batch,) in enumerate(loader):
+        time.sleep(0.01)
+        if k == 5 and args.fault == "raise":
+            raise RuntimeError("the model diverged (a loss of nan)")
+        if k == 5 and args.fault == "exit":
+            sys.exit(args.code)
+    if args.fault == "hang":
+        time.sleep(3600)
+
+
+if __name__ == "__main__":
+    main()

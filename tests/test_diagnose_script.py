@@ -1,0 +1,95 @@
+"""``diagnose train.py``: learner scripts of each common shape, run unchanged, timed right.
+
+Each script lives in tests/diagnose_scripts/ and knows nothing of the course. Each run is a
+child process of a couple of seconds (see the budgets), so the shapes share runs where they can.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from course_utils.tools.diagnose import DATA_BOUND_FRACTION
+from course_utils.tools.diagnose.script import ScriptDiagnosis, run_script
+
+SCRIPTS = Path(__file__).parent / "diagnose_scripts"
+
+
+def _run(name, *argv, budget=2.0, **kw):
+    return run_script(str(SCRIPTS / name), list(argv), module=False, budget_s=budget, **kw)
+
+
+@pytest.fixture(scope="module")
+def plain():
+    """A plain loop with argparse, main(), training and validation loaders, no workers."""
+    return _run("plain_loop.py", "--sample-ms", "3")
+
+
+def test_a_plain_script_with_a_validation_loader(plain):
+    assert plain.end == "the budget was spent" and plain.status == 0
+    train, val = plain.loaders
+    assert plain.main_loader() is train
+    s = train.raw["settings"]
+    assert (s["num_workers"], s["batch_size"], s["dataset"], s["start_method"]) == (
+        0, 8, "SlowSamples", "main process")
+    assert train.raw["where"].endswith("plain_loop.py:32")
+    assert val.raw["where"].endswith("plain_loop.py:35") and val.raw["settings"]["batch_size"] == 8
+    assert train.raw["epochs"] > 1 and train.timed_batches == train.raw["batches"] - 2
+    assert train.raw["batch"] == "float32 (8, 3, 8, 8)"
+    # 8 samples x 3 ms to load, about 1 ms of step: the wait is most of the loop
+    assert train.wait_fraction > 0.6
+    assert ScriptDiagnosis("plain", plain, "data-bound", []).main() is train
+
+
+def test_a_fix_is_applied_where_the_loader_is_made_and_measured(plain):
+    fixed = _run("plain_loop.py", "--sample-ms", "3", overrides={0: {"num_workers": 2}},
+                 label="num_workers=2")
+    train, val = fixed.loaders
+    assert train.raw["settings"]["num_workers"] == 2 and train.raw["overridden"] == {"num_workers": 2}
+    assert val.raw["settings"]["num_workers"] == 0 and val.raw["overridden"] == {}
+    # not persistent: every epoch starts two new workers
+    assert 2 * (train.raw["epochs"] - 1) <= train.raw["workers_seen"] <= 2 * train.raw["epochs"]
+    # the samples sleep: two workers load about twice as fast even on a busy machine
+    gain = ScriptDiagnosis("plain", plain, "data-bound", [], fixes=[fixed]).gain(fixed)
+    assert gain > 1.3
+
+
+def test_a_trainer_class_with_persistent_workers_across_epochs_is_compute_bound():
+    run = _run("trainer_class.py")
+    [loader] = run.loaders
+    assert loader.raw["settings"]["persistent_workers"] is True
+    assert loader.raw["epochs"] > 2 and loader.raw["workers_seen"] == 1   # the same worker
+    assert loader.wait_fraction < DATA_BOUND_FRACTION
+    assert 0.025 < loader.mean_step_s() < 0.2                               # its 30 ms step
+
+
+def test_an_iterable_dataset_is_timed():
+    run = _run("iterable_stream.py")
+    [loader] = run.loaders
+    assert loader.raw["settings"]["iterable_dataset"] is True
+    assert loader.raw["settings"]["dataset"] == "Stream"
+    assert loader.timed_batches > 10 and loader.wait_fraction > 0.6
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_workers_import_the_scripts_classes_under(method):
+    run = _run("plain_loop.py", "--workers", "1", "--start", method, "--persistent", budget=3.0)
+    train = run.main_loader()
+    assert run.status == 0 and train.raw["settings"]["start_method"] == method
+    assert train.timed_batches > 5 and train.raw["workers_seen"] == 1
+    assert train.wait_fraction > DATA_BOUND_FRACTION
+
+
+def test_the_wait_agrees_with_the_scripts_own_data_time_meter(tmp_path):
+    """pytorch/examples' ImageNet script keeps ``data_time``: the time before each batch came."""
+    meter = tmp_path / "meter.json"
+    run = _run("data_time_meter.py", "--meter", str(meter))
+    loader = run.main_loader()
+    ours = np.asarray(loader.raw["waits_s"])
+    theirs = np.asarray(json.loads(meter.read_text()))
+    skip = loader.raw["warmup_batches"] + 1
+    theirs = theirs[skip:skip + len(ours)]
+    assert len(ours) > 20 and len(theirs) == len(ours)
+    assert abs(ours.mean() - theirs.mean()) <= max(0.10 * theirs.mean(), 1e-3)
