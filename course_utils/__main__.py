@@ -311,12 +311,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "diagnose", help="is your training waiting for data, and what helps? (train.py [ARGS])",
-        description="Runs your training script unchanged, as python would (its own arguments, "
-                    "its __main__ block), timing every DataLoader batch it makes, for --budget "
-                    "seconds. Reports each loader (wait per batch, step, data-wait share, "
-                    "start-up, settings, workers), says data-bound or compute-bound, and re-runs "
-                    "the script with fixes (--try, or a default set when data-bound) to measure "
-                    "them. MODULE:FUNCTION (a function returning (loader, step)) also works.",
+        description="Runs your training script unchanged, as python would (its own arguments,\n"
+                    "its __main__ block), and times every DataLoader batch it makes. It reports\n"
+                    "each loader (wait per batch, step, data-wait share, start-up, settings,\n"
+                    "workers), says data-bound or compute-bound, and re-runs the script with\n"
+                    "fixes (--try, or a default set when data-bound) to measure them.\n"
+                    "MODULE:FUNCTION (a function returning (loader, step)) also works.",
         epilog="examples: python -m course_utils diagnose train.py --epochs 1\n"
                "          python -m course_utils diagnose --budget 40 --try num_workers=4 train.py\n"
                "          python -m course_utils diagnose -m mypackage.train --lr 0.1\n"
@@ -329,8 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="your training script (train.py), or MODULE:FUNCTION")
     p.add_argument("args", nargs="*", metavar="ARGS", help="the script's own arguments")
     p.add_argument("--budget", type=float, default=60.0, metavar="SECONDS",
-                   help="wall-clock seconds in all (default 60); half runs the script as it is, "
-                        "the rest is shared by the fixes")
+                   help="seconds of measuring (default 60): half runs the script as it is, the "
+                        "fixes share the rest; each run's Python start-up comes on top")
     p.add_argument("--try", dest="tries", action="append", metavar="KEY=VALUE[,...]",
                    help="a fix to measure on the script's busiest loader, e.g. num_workers=4 or "
                         "num_workers=4,pin_memory=true (repeat for several; keys: num_workers, "

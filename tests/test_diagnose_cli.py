@@ -108,8 +108,11 @@ def test_a_fix_counts_when_it_gains_more_than_five_percent(rate, best):
 def test_default_fixes_and_causes_follow_the_settings(monkeypatch):
     monkeypatch.setattr(ds, "usable_cpus", lambda: 4)
     stats = _stats(num_workers=1)
-    assert ds.default_tries(stats, cuda=False) == [
-        {"num_workers": 2}, {"num_workers": 4}, {"persistent_workers": True}]
+    assert ds.default_tries(stats, cuda=False) == [      # its 3 epochs restarted the workers
+        {"persistent_workers": True}, {"num_workers": 2, "persistent_workers": True},
+        {"num_workers": 4, "persistent_workers": True}]
+    assert ds.default_tries(_stats(num_workers=0, persistent_workers=False), cuda=False)[0] == {
+        "num_workers": 1, "persistent_workers": True}
     assert {"pin_memory": True} in ds.default_tries(_stats(num_workers=4), cuda=True)
     assert ds.default_tries(_stats(num_workers=8, persistent_workers=True), cuda=False) == []
     causes = " ".join(ds.likely_causes(stats, cuda=True))
@@ -158,31 +161,37 @@ def test_a_script_stuck_after_its_loop_is_ended_with_what_was_measured(monkeypat
     assert run.main_loader().raw["batches"] == 32
 
 
-def _probes():
+def _alive_in_group(pgid):
+    """Live processes of the process group ``pgid`` (a diagnose run's probe and the workers
+    forked from it); a zombie is dead, waiting only for its adopter to collect its status."""
     found = []
-    for p in psutil.process_iter(["cmdline"]):
+    for p in psutil.process_iter(["status"]):
         try:
-            if "faults.py" in " ".join(p.info["cmdline"] or []) or any(
-                    "course_utils.tools.diagnose.probe" in a for a in p.info["cmdline"] or []):
-                found.append(p)
-        except psutil.Error:
+            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(p.pid)
+        except (ProcessLookupError, PermissionError):
             pass
     return found
 
 
 def test_ctrl_c_ends_in_one_line_with_no_process_left():
     proc = subprocess.Popen([sys.executable, "-m", "course_utils", "diagnose", "--budget", "60",
-                             str(SCRIPTS / "faults.py"), "--fault", "hang"],
+                             str(SCRIPTS / "faults.py"), "--fault", "forever"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not any(
-            "probe" in " ".join(c.cmdline()) for c in psutil.Process(proc.pid).children()):
-        time.sleep(0.2)
-    time.sleep(2.0)                       # the script is in its loop, its worker running
+    deadline, probe = time.monotonic() + 60, None
+    while time.monotonic() < deadline and (probe is None or len(_alive_in_group(probe)) < 2):
+        time.sleep(0.2)                   # until the script is in its loop, its worker running
+        children = psutil.Process(proc.pid).children()
+        probe = children[0].pid if children else None
+    assert probe is not None and len(_alive_in_group(probe)) >= 2   # the probe and the worker
+    time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
-    assert err.strip().splitlines()[-1].endswith("interrupted (Ctrl-C); no workers left running.")
-    time.sleep(0.5)
-    assert not [p for p in _probes() if p.pid != os.getpid()]
+    assert err.strip().splitlines()[-1].endswith("interrupted (Ctrl-C); no workers left running."), err
+    for _ in range(30):                   # SIGKILL is not instant
+        if not (left := _alive_in_group(probe)):
+            break
+        time.sleep(0.1)
+    assert not left, (left, err)

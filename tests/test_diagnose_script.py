@@ -44,25 +44,25 @@ def test_a_plain_script_with_a_validation_loader(plain):
 
 
 def test_a_fix_is_applied_where_the_loader_is_made_and_measured(plain):
-    fixed = _run("plain_loop.py", "--sample-ms", "3", overrides={0: {"num_workers": 2}},
-                 label="num_workers=2")
+    changes = {"num_workers": 2, "persistent_workers": True}
+    fixed = _run("plain_loop.py", "--sample-ms", "3", overrides={0: changes}, label="2 workers")
     train, val = fixed.loaders
-    assert train.raw["settings"]["num_workers"] == 2 and train.raw["overridden"] == {"num_workers": 2}
+    s = train.raw["settings"]
+    assert (s["num_workers"], s["persistent_workers"]) == (2, True) and train.raw["overridden"] == changes
     assert val.raw["settings"]["num_workers"] == 0 and val.raw["overridden"] == {}
-    # not persistent: every epoch starts two new workers
-    assert 2 * (train.raw["epochs"] - 1) <= train.raw["workers_seen"] <= 2 * train.raw["epochs"]
+    assert train.raw["workers_seen"] == 2 and train.raw["epochs"] > 1       # kept across epochs
     # the samples sleep: two workers load about twice as fast even on a busy machine
     gain = ScriptDiagnosis("plain", plain, "data-bound", [], fixes=[fixed]).gain(fixed)
     assert gain > 1.3
 
 
 def test_a_trainer_class_with_persistent_workers_across_epochs_is_compute_bound():
-    run = _run("trainer_class.py")
+    run = _run("trainer_class.py", budget=4.0)
     [loader] = run.loaders
     assert loader.raw["settings"]["persistent_workers"] is True
-    assert loader.raw["epochs"] > 2 and loader.raw["workers_seen"] == 1   # the same worker
+    assert loader.raw["epochs"] >= 2 and loader.raw["workers_seen"] == 1  # the same worker
     assert loader.wait_fraction < DATA_BOUND_FRACTION
-    assert 0.025 < loader.mean_step_s() < 0.2                               # its 30 ms step
+    assert 0.095 < loader.mean_step_s() < 0.5                               # its 100 ms step
 
 
 def test_an_iterable_dataset_is_timed():

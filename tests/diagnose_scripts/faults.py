@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--fault", choices=["raise", "exit", "no-loader", "ranks", "hang"],
+    parser.add_argument("--fault", choices=["raise", "exit", "no-loader", "ranks", "hang", "forever"],
                         required=True)
     parser.add_argument("--code", type=int, default=3)
     args = parser.parse_args()
@@ -19,7 +19,11 @@ def main():
         return
     if args.fault == "ranks":
         torch.multiprocessing.spawn(print, nprocs=2)
-    loader = DataLoader(TensorDataset(torch.zeros(64, 4)), batch_size=2, num_workers=1)
+    loader = DataLoader(TensorDataset(torch.zeros(64, 4)), batch_size=2, num_workers=1,
+                        persistent_workers=True)
+    while args.fault == "forever":            # epochs until stopped, its worker alive throughout
+        for (batch,) in loader:
+            time.sleep(0.01)
     for k, (batch,) in enumerate(loader):
         time.sleep(0.01)
         if k == 5 and args.fault == "raise":

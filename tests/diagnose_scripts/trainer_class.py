@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 class Trainer:
     def __init__(self, step_ms):
-        data = TensorDataset(torch.randn(64, 3, 8, 8), torch.arange(64) % 10)
+        data = TensorDataset(torch.randn(128, 3, 8, 8), torch.arange(128) % 10)
         self.loader = DataLoader(data, batch_size=8, shuffle=True, num_workers=1,
                                  persistent_workers=True)
         self.model = torch.nn.Linear(3 * 8 * 8, 10)
@@ -29,5 +29,5 @@ class Trainer:
 
 if __name__ == "__main__":
     epochs = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
-    Trainer(step_ms=30).fit(epochs)
+    Trainer(step_ms=100).fit(epochs)
     sys.exit(0)

@@ -176,15 +176,19 @@ def _signal_group(child: subprocess.Popen, sig: int) -> None:
 
 
 def default_tries(main: LoaderStats, cuda: bool) -> list[dict[str, Any]]:
-    """The cheap fixes worth a re-run for a data-bound loader: more workers (twice as many,
-    and one per usable CPU, at most twice the CPUs), persistent workers when its epochs restarted
-    them, pinned memory on CUDA. At most three."""
+    """The cheap fixes worth a re-run for a data-bound loader: more workers (twice as many, and
+    one per usable CPU, at most twice the CPUs; kept across epochs when the script's epochs
+    restarted them), persistent workers alone when it has workers, pinned memory on CUDA. At
+    most three."""
     s, usable = main.raw["settings"], usable_cpus()
     workers = s["num_workers"] or 0
-    tries: list[dict[str, Any]] = [{"num_workers": n} for n in sorted({max(1, 2 * workers), usable})
+    restarts = not s["persistent_workers"] and main.raw["epochs"] > 1
+    keep = {"persistent_workers": True} if restarts else {}
+    tries: list[dict[str, Any]] = [{"num_workers": n, **keep}
+                                   for n in sorted({max(1, 2 * workers), usable})
                                    if workers < n <= 2 * usable]
-    if workers and not s["persistent_workers"] and main.raw["epochs"] > 1:
-        tries.append({"persistent_workers": True})
+    if workers and restarts:
+        tries.insert(0, {"persistent_workers": True})
     if cuda and not s["pin_memory"]:
         tries.append({"pin_memory": True})
     return tries[:3]
@@ -322,7 +326,6 @@ def diagnose_script(target: str, argv: list[str] | None = None, *, module: bool 
     if not budget_s > 0:
         raise DiagnoseError(f"--budget must be a positive number of seconds, got {budget_s!r}.")
     command = " ".join([("-m " if module else "") + target, *argv])
-    t_end = time.perf_counter() + budget_s
     share = BASELINE_SHARE if tries != [] else 1.0
     say = print if progress else (lambda *_a, **_k: None)
     say(f"diagnose: running {command} as it is for {share * budget_s:.0f} s ...", file=sys.stderr)
@@ -342,16 +345,16 @@ def diagnose_script(target: str, argv: list[str] | None = None, *, module: bool 
     result = ScriptDiagnosis(command, baseline, bound, causes)
     if baseline.status != 0:
         return result
-    for k, changes in enumerate(tries):
-        slice_s = (t_end - time.perf_counter()) / (len(tries) - k) - overhead_s
+    slice_s = (1 - share) * budget_s / max(1, len(tries))
+    for changes in tries:
         if slice_s < MIN_SLICE_S:
-            result.notes.append(f"not tried: {change_label(changes)} (under {MIN_SLICE_S:g} s of "
-                                f"the budget was left for it; raise --budget)")
+            result.notes.append(f"not tried: {change_label(changes)} ({slice_s:.1f} s each is "
+                                f"under {MIN_SLICE_S:g} s; raise --budget)")
             continue
         say(f"diagnose: re-running with {change_label(changes)} for {slice_s:.0f} s ...",
             file=sys.stderr)
         result.fixes.append(run_script(target, argv, module=module, budget_s=slice_s,
                                        overrides={main.index: changes}, label=change_label(changes)))
-    result.notes.append(f"each run's Python and torch start-up ({overhead_s:.1f} s) comes before "
-                        f"its budget; the whole diagnosis aims at --budget {budget_s:g} s")
+    result.notes.append(f"each run also spent {overhead_s:.1f} s starting Python and torch before "
+                        f"its share of --budget {budget_s:g} s began")
     return result
