@@ -194,10 +194,11 @@ def check_steps(out_dir: str | os.PathLike, *, python: str = sys.executable,
                       max_cpus=QUICK_CPUS))
     steps.append(Step("lesson 07: one torchrun rank (quick)", [py, "-c", _DDP], 25, env=quick,
                       max_cpus=QUICK_CPUS))
-    steps.append(Step("lesson 08: diagnose (quick)",
-                      [py, "-m", "course_utils", "diagnose", "course_utils.tools.examples.data_bound:make_loop",
-                       "--budget", "10", "--no-progress", "--json", f"{out}/diagnose_cuda.json"],
-                      25, env=quick, max_cpus=QUICK_CPUS))
+    steps.append(Step("lesson 08: diagnose the example script, unchanged (quick)",
+                      [py, "-m", "course_utils", "diagnose", "--budget", "8", "--no-progress",
+                       "--json", f"{out}/diagnose_cuda.json",
+                       "course_utils/tools/examples/data_bound.py", "--epochs", "1000"],
+                      33, env=quick, max_cpus=QUICK_CPUS))
     for step in steps:
         step.cwd = str(ROOT)
     return steps

@@ -173,7 +173,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
                                      budget_s=args.budget, tries=tries,
                                      progress=not args.no_progress)
             _print_and_save(result, args.json)
-            return _script_status(result)
+            return script_exit_status(result)
         if args.tries or script_args:
             return fail("--try and script arguments are for a script (diagnose train.py ...), "
                         "not for MODULE:FUNCTION.")
@@ -193,7 +193,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     return 0
 
 
-def _script_status(result: Any) -> int:
+def script_exit_status(result: Any) -> int:
     """The script's own failure (after its traceback), 130 for Ctrl-C, 2 when nothing was timed
     or it is out of scope, else 0."""
     from .tools.diagnose.probe import OUT_OF_SCOPE   # only when diagnose runs

@@ -12,9 +12,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from course_utils.__main__ import split_diagnose_argv
+from course_utils.__main__ import script_exit_status, split_diagnose_argv
 from course_utils.tools.diagnose import DiagnoseError
 from course_utils.tools.diagnose import script as ds
+from course_utils.tools.diagnose.probe import OUT_OF_SCOPE
 
 SCRIPTS = Path(__file__).parent / "diagnose_scripts"
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,19 +138,36 @@ def test_a_module_that_calls_sys_exit_keeps_its_status_and_its_arguments(tmp_pat
     data = json.loads(report.read_text())
     assert data["baseline"]["end"] == "the script called sys.exit(0)"
     assert data["verdict"] in ("data-bound", "compute-bound") and data["main_loader"] == 0
-    out = _cli("--budget", "3", str(SCRIPTS / "faults.py"), "--fault", "exit", "--code", "3")
-    assert out.returncode == 3 and "sys.exit(3)" in out.stdout
+    run = ds.run_script(str(SCRIPTS / "faults.py"), ["--fault", "exit", "--code", "3"],
+                        module=False, budget_s=3)
+    assert (run.status, run.end) == (3, "the script called sys.exit(3)")
+    assert script_exit_status(ds.ScriptDiagnosis("faults.py", run, "compute-bound", [])) == 3
 
 
-@pytest.mark.parametrize("fault, says", [
-    ("no-loader", "iterated no DataLoader batch"),
-    ("ranks", "starts training ranks of its own"),
-])
-def test_nothing_to_time_is_said_in_one_line(fault, says):
-    out = _cli("--budget", "4", str(SCRIPTS / "faults.py"), "--fault", fault)
-    assert out.returncode == 2 and says in (out.stdout + out.stderr)
-    if fault == "ranks":
-        assert len(out.stderr.strip().splitlines()) == 1
+def test_a_script_that_iterates_no_loader_is_said_in_one_line():
+    run = ds.run_script(str(SCRIPTS / "faults.py"), ["--fault", "no-loader"], module=False,
+                        budget_s=3)
+    assert run.loaders == [] and run.end == "the script ended"
+    assert script_exit_status(ds.ScriptDiagnosis("faults.py", run, None, [])) == 2
+
+
+def test_a_script_that_starts_ranks_is_out_of_scope(capsys):
+    run = ds.run_script(str(SCRIPTS / "faults.py"), ["--fault", "ranks"], module=False, budget_s=3)
+    assert run.end == OUT_OF_SCOPE and "starts training ranks of its own" in run.error
+    assert script_exit_status(ds.ScriptDiagnosis("faults.py", run, None, [])) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "diagnose times one process" in err
+
+
+def test_the_exit_status_follows_how_the_run_ended(capsys):
+    def status(end, code, error=None, verdict="data-bound"):
+        run = ds.ScriptRun("as it is", {}, end, code, error, 1.0, False, [])
+        return script_exit_status(ds.ScriptDiagnosis("t.py", run, verdict, []))
+    assert status("the budget was spent", 0) == 0 and status("the script ended", 0) == 0
+    assert status("the script ended", 0, verdict=None) == 2          # nothing was timed
+    assert status("interrupted (Ctrl-C)", 130) == 130
+    assert status("the script raised", 1, "Traceback ...\nValueError: x\n") == 1
+    assert capsys.readouterr().err.endswith("ValueError: x\n")       # the script's own traceback
 
 
 def test_a_script_stuck_after_its_loop_is_ended_with_what_was_measured(monkeypatch):

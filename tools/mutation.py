@@ -40,7 +40,9 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "datasets": (["course_utils/lessons/l03_num_workers.py"], ["tests/test_grader03.py"]),
     "graders": (["course_utils/grading/ex00_measure_first.py", "course_utils/grading/ex03_num_workers.py"],
                 ["tests/test_grader00.py", "tests/test_grading.py", "tests/test_grader03.py"]),
-    "diagnose": (["course_utils/tools/diagnose.py"], ["tests/test_diagnose.py"]),
+    "diagnose": (["course_utils/tools/diagnose/rules.py", "course_utils/tools/diagnose/loop.py",
+                  "course_utils/tools/diagnose/script.py"],
+                 ["tests/test_diagnose.py", "tests/test_diagnose_cli.py"]),
 }
 #: Where a module of :data:`GROUPS` lived before the three-layer layout, so that ``--rev`` can
 #: score a commit from before it with the same group.
@@ -49,7 +51,7 @@ OLD_PATHS = {
     "course_utils/lessons/l03_num_workers.py": "course_utils/lessons/l03_memory.py",
     "course_utils/grading/ex00_measure_first.py": "course_utils/graders/ex00_timing.py",
     "course_utils/grading/ex03_num_workers.py": "course_utils/graders/ex03_scaling.py",
-    "course_utils/tools/diagnose.py": "course_utils/diagnose.py",
+    "course_utils/tools/diagnose/loop.py": "course_utils/diagnose.py",
 }
 MUTANT_RE = re.compile(r"^\s*(?P<name>\S+): (?P<status>.+)$")
 
