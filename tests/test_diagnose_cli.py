@@ -21,10 +21,11 @@ SCRIPTS = Path(__file__).parent / "diagnose_scripts"
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _cli(*args, cwd=None, timeout=120):
+def _cli(*args, path=(), timeout=120):
+    """The command, with ``path`` on PYTHONPATH beside the course (for ``-m MODULE``)."""
     return subprocess.run([sys.executable, "-m", "course_utils", "diagnose", "--no-progress", *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *path])})
 
 
 # ---- the command line --------------------------------------------------------------------
@@ -133,7 +134,7 @@ def test_a_script_that_raises_reports_then_shows_its_traceback():
 def test_a_module_that_calls_sys_exit_keeps_its_status_and_its_arguments(tmp_path):
     report = tmp_path / "d.json"
     out = _cli("--budget", "3", "--json", str(report), "-m", "faults", "--fault", "exit",
-               "--code", "0", cwd=SCRIPTS)
+               "--code", "0", path=[str(SCRIPTS)])
     assert out.returncode == 0, out.stderr
     data = json.loads(report.read_text())
     assert data["baseline"]["end"] == "the script called sys.exit(0)"

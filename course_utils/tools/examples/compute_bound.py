@@ -29,7 +29,7 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: tuple,
     loss = nn.functional.cross_entropy(model(images.float().div_(255)), labels.long() % 10)
     loss.backward()
     optimizer.step()
-    return float(loss)
+    return loss.item()
 
 
 def make_loop() -> tuple[DataLoader, object]:

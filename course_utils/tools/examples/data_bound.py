@@ -48,7 +48,7 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: tuple,
     loss = nn.functional.cross_entropy(model(images), labels)
     loss.backward()
     optimizer.step()
-    return float(loss)
+    return loss.item()
 
 
 def make_loop() -> tuple[DataLoader, object]:
