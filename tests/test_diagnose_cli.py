@@ -214,3 +214,119 @@ def test_ctrl_c_ends_in_one_line_with_no_process_left():
             break
         time.sleep(0.1)
     assert not left, (left, err)
+
+
+# ---- the whole diagnosis, with its runs faked ---------------------------------------------
+class FakeRuns:
+    """Stands in for run_script: the baseline's loaders, then one faster run per fix."""
+
+    def __init__(self, baseline, status=0, fix_rate=2.0):
+        self.baseline, self.status, self.fix_rate, self.calls = baseline, status, fix_rate, []
+
+    def __call__(self, target, argv, *, module, budget_s, overrides=None, label="as it is"):
+        self.calls.append({"budget_s": budget_s, "overrides": overrides, "label": label})
+        if overrides is None:
+            return ds.ScriptRun(label, {}, "the budget was spent", self.status,
+                                "Traceback\nValueError: x\n" if self.status else None, 1.0, False,
+                                list(self.baseline))
+        index, changes = next(iter(overrides.items()))
+        r = self.fix_rate
+        faster = _stats(index, waits=(0.02 / r - 0.01 * (1 - 1 / r),) * 10, steps=(0.01,) * 10)
+        return ds.ScriptRun(label, changes, "the budget was spent", 0, None, 1.0, False, [faster])
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text("print('training')\n")
+    return str(path)
+
+
+def test_a_compute_bound_script_is_run_once(monkeypatch, script):
+    runs = FakeRuns([_stats(0, waits=(0.001,) * 10, steps=(0.05,) * 10)])
+    monkeypatch.setattr(ds, "run_script", runs)
+    d = ds.diagnose_script(script, ["--epochs", "1"], budget_s=20, progress=False)
+    assert d.verdict == "compute-bound" and d.causes == [] and d.fixes == []
+    assert [c["budget_s"] for c in runs.calls] == [10.0]       # half, the other half kept for fixes
+    assert d.command == f"{script} --epochs 1"
+    runs.calls.clear()
+    ds.diagnose_script(script, budget_s=20, tries=[], progress=False)
+    assert [c["budget_s"] for c in runs.calls] == [20.0]       # no fixes asked for: all of it
+
+
+def test_a_data_bound_script_tries_the_default_fixes_on_its_busiest_loader(monkeypatch, script):
+    monkeypatch.setattr(ds, "usable_cpus", lambda: 4)
+    runs = FakeRuns([_stats(0, waits=(0.001,) * 3, steps=(0.001,) * 3), _stats(1, num_workers=1)])
+    monkeypatch.setattr(ds, "run_script", runs)
+    d = ds.diagnose_script(script, budget_s=30, progress=False)
+    assert d.verdict == "data-bound" and d.main().index == 1
+    assert [c["overrides"] for c in runs.calls[1:]] == [{1: t} for t in ds.default_tries(d.main(), False)]
+    assert [c["budget_s"] for c in runs.calls] == [15.0, 5.0, 5.0, 5.0]
+    assert all(d.gain(r) == pytest.approx(2.0) for r in d.fixes)
+    assert d.best_fix() is d.fixes[0]
+    text = str(d)
+    assert text.startswith(f"diagnose {script}: DATA-BOUND (loader 1 waited 67% of its loop)")
+    assert "change: train.py:9: DataLoader(..., persistent_workers=True)  (2.00x samples/s)" in text
+    assert "too few workers: num_workers=1 on 4 usable CPUs" in text
+    data = json.loads(json.dumps(d.to_dict()))
+    assert (data["main_loader"], data["best_fix"], data["verdict"]) == (1, {"persistent_workers": True},
+                                                                         "data-bound")
+    assert data["data_wait_fraction"] == pytest.approx(2 / 3)
+    assert [f["gain"] for f in data["fixes"]] == pytest.approx([2.0, 2.0, 2.0])
+    assert "waits_s" not in data["baseline"]["loaders"][1]
+    assert data["baseline"]["loaders"][1]["timed_batches"] == 10
+
+
+def test_fixes_that_do_not_help_are_said_and_not_recommended(monkeypatch, script):
+    monkeypatch.setattr(ds, "run_script", FakeRuns([_stats(0)], fix_rate=1.0))
+    d = ds.diagnose_script(script, budget_s=30, tries=[{"num_workers": 2}], progress=False)
+    assert d.best_fix() is None and d.gain(d.fixes[0]) == pytest.approx(1.0)
+    assert "none of the fixes gave more than 1.05x here." in str(d)
+
+
+@pytest.mark.parametrize("budget, tried", [(2 * ds.MIN_SLICE_S * 2, 2), (2 * ds.MIN_SLICE_S * 2 - 0.1, 0)])
+def test_a_fix_gets_a_run_only_with_enough_of_the_budget(monkeypatch, script, budget, tried):
+    monkeypatch.setattr(ds, "run_script", FakeRuns([_stats(0)]))
+    d = ds.diagnose_script(script, budget_s=budget, tries=[{"num_workers": 2}, {"num_workers": 3}],
+                           progress=False)
+    assert len(d.fixes) == tried
+    assert sum(n.startswith("not tried: num_workers=") for n in d.notes) == 2 - tried
+
+
+def test_a_failed_run_tries_no_fix_and_no_loader_gives_no_verdict(monkeypatch, script):
+    monkeypatch.setattr(ds, "run_script", FakeRuns([_stats(0)], status=1))
+    d = ds.diagnose_script(script, budget_s=30, progress=False)
+    assert d.verdict == "data-bound" and d.fixes == [] and script_exit_status(d) == 1
+    monkeypatch.setattr(ds, "run_script", FakeRuns([]))
+    d = ds.diagnose_script(script, budget_s=30, progress=False)
+    assert d.verdict is None and d.main() is None and "iterated no DataLoader batch" in d.notes[0]
+    assert str(d).startswith(f"diagnose {script}: NO VERDICT")
+
+
+@pytest.mark.parametrize("budget", [0, -1, float("nan")])
+def test_a_budget_must_be_positive(script, budget):
+    with pytest.raises(DiagnoseError, match="--budget must be a positive number"):
+        ds.diagnose_script(script, budget_s=budget, progress=False)
+
+
+@pytest.mark.parametrize("threads, batch, epochs, says", [
+    ([4], "uint8 (8, 3)", 1, "thread pools inside the workers: up to 4"),
+    ([3], "uint8 (8, 3)", 1, None),
+    ([2], "float32 (8, 3, 8, 8)", 1, "float32 batches"),
+    ([2], "float32 (8, 10)", 1, None),
+    ([2], "uint8 (8, 3)", 2, "restart every epoch (2 epochs"),
+])
+def test_each_cause_comes_from_a_figure(threads, batch, epochs, says):
+    stats = _stats(num_workers=8, pin_memory=True)
+    stats.raw.update(worker_threads=threads, batch=batch, epochs=epochs)
+    causes = [c for c in ds.likely_causes(stats, cuda=False) if not c.startswith("too few")]
+    assert (causes == []) if says is None else (len(causes) == 1 and says in causes[0])
+
+
+def test_a_loader_with_no_timed_batch_has_no_figures():
+    empty = _stats(waits=(), steps=())
+    assert (empty.wait_fraction, empty.samples_per_s, empty.mean_step_s()) == (None, None, None)
+    assert empty.tail_s() == {"p50": None, "p95": None, "p99": None}
+    lines = ds.ScriptDiagnosis("t.py", _run(_stats(1), empty), "data-bound", []).__str__()
+    assert "13 batch(es), none timed (the first 3 are start-up and warm-up)" in lines
+    assert _stats(waits=(0.01, 0.03), steps=(0.01, 0.01)).tail_s()["p50"] == pytest.approx(0.02)

@@ -10,8 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
 
 from course_utils.tools.diagnose import DATA_BOUND_FRACTION
+from course_utils.tools.diagnose.probe import BudgetSpent, LoaderRecord, Probe
 from course_utils.tools.diagnose.script import ScriptDiagnosis, run_script
 
 SCRIPTS = Path(__file__).parent / "diagnose_scripts"
@@ -93,3 +96,59 @@ def test_the_wait_agrees_with_the_scripts_own_data_time_meter(tmp_path):
     theirs = theirs[skip:skip + len(ours)]
     assert len(ours) > 20 and len(theirs) == len(ours)
     assert abs(ours.mean() - theirs.mean()) <= max(0.10 * theirs.mean(), 1e-3)
+
+
+# ---- the probe in this process: what it counts, what it changes ---------------------------
+def _loader(**kw):
+    return DataLoader(TensorDataset(torch.zeros(8, 2)), batch_size=2, **kw)
+
+
+def test_the_record_counts_after_start_up_and_warm_up():
+    r = LoaderRecord(0, _loader(), "t.py:1", {})           # no workers: 1 warm-up batch
+    r.epoch_starts(0.0)
+    for t0, t1 in ((0.0, 0.5), (0.6, 0.7), (0.8, 0.85)):    # start-up, warm-up, the first timed
+        r.step_ends(t0)
+        r.arrived(t0, t1, (torch.zeros(2, 2),))
+    r.step_ends(1.0)                                        # the loop body on the timed batch
+    r.epoch_ends()
+    r.epoch_starts(1.1)
+    r.step_ends(1.2)                                        # nothing was in flight: no step
+    assert r.arrived(1.2, 1.5, (torch.zeros(2, 2),)) is True    # an epoch's first batch
+    assert r.startup_s == pytest.approx(0.5) and r.epochs == 2 and r.batches == 4
+    assert r.waits == pytest.approx([0.05, 0.4])            # an epoch's first wait runs from iter()
+    assert r.steps == pytest.approx([0.15]) and r.samples == 4
+    assert LoaderRecord(1, _loader(num_workers=2, prefetch_factor=3), "", {}).warmup == 6
+
+
+def test_overrides_apply_where_the_loader_is_made_and_are_undone():
+    class MyLoader(DataLoader):                             # a subclass is recorded once
+        def __init__(self, data, **kw):
+            super().__init__(data, batch_size=2, **kw)
+
+    probe = Probe(budget_s=60, overrides={1: {"num_workers": 0}})
+    probe.install()
+    try:
+        first = MyLoader(TensorDataset(torch.zeros(8, 2)))
+        second = _loader(num_workers=2, prefetch_factor=4, persistent_workers=True)
+        assert second.num_workers == 0 and second.prefetch_factor is None
+        assert not second.persistent_workers                  # what num_workers=0 requires
+        assert [len(list(loader)) for loader in (first, second, second)] == [4, 4, 4]
+    finally:
+        probe.stop()
+        probe.uninstall()
+    assert [r.overridden for r in probe.records] == [{}, {"num_workers": 0}]
+    assert probe.records[0].settings["dataset"] == "TensorDataset"
+    assert [r.epochs for r in probe.records] == [1, 2] and probe.records[1].batches == 8
+    assert _loader(num_workers=2).num_workers == 2 and not hasattr(_loader(), "_course_probe")
+
+
+def test_past_the_deadline_the_next_batch_ends_the_run():
+    probe = Probe(budget_s=0)
+    probe.install()
+    try:
+        it = iter(_loader(num_workers=1))
+        with pytest.raises(BudgetSpent):
+            next(it)
+    finally:
+        probe.uninstall()
+    assert probe.stopped and probe.records[0].batches == 0

@@ -40,9 +40,10 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "datasets": (["course_utils/lessons/l03_num_workers.py"], ["tests/test_grader03.py"]),
     "graders": (["course_utils/grading/ex00_measure_first.py", "course_utils/grading/ex03_num_workers.py"],
                 ["tests/test_grader00.py", "tests/test_grading.py", "tests/test_grader03.py"]),
-    "diagnose": (["course_utils/tools/diagnose/rules.py", "course_utils/tools/diagnose/loop.py",
-                  "course_utils/tools/diagnose/script.py"],
-                 ["tests/test_diagnose.py", "tests/test_diagnose_cli.py"]),
+    "diagnose": (["course_utils/tools/diagnose/rules.py", "course_utils/tools/diagnose/loop.py"],
+                 ["tests/test_diagnose.py"]),
+    "diagnose_script": (["course_utils/tools/diagnose/script.py", "course_utils/tools/diagnose/probe.py"],
+                        ["tests/test_diagnose_cli.py", "tests/test_diagnose_script.py"]),
 }
 #: Where a module of :data:`GROUPS` lived before the three-layer layout, so that ``--rev`` can
 #: score a commit from before it with the same group.
