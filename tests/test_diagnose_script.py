@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from course_utils.tools.diagnose import DATA_BOUND_FRACTION
-from course_utils.tools.diagnose.probe import BudgetSpent, LoaderRecord, Probe
+from course_utils.tools.diagnose.probe import BudgetSpent, GpuSteps, LoaderRecord, Probe
 from course_utils.tools.diagnose.script import ScriptDiagnosis, run_script
 
 SCRIPTS = Path(__file__).parent / "diagnose_scripts"
@@ -152,3 +152,31 @@ def test_past_the_deadline_the_next_batch_ends_the_run():
     finally:
         probe.uninstall()
     assert probe.stopped and probe.records[0].batches == 0
+
+
+class FakeEvent:
+    """A CUDA event stand-in: stamped from a list of times (ms) when recorded."""
+    clock: list = []
+
+    def __init__(self):
+        self.at = FakeEvent.clock.pop(0)
+
+    def elapsed_time(self, other):
+        return other.at - self.at
+
+
+@pytest.mark.parametrize("stamps, share", [
+    ([0, 8, 10, 18], 16 / 18),        # two 8 ms steps with a 2 ms wait between them
+    ([0, 8], None),                   # one step: no share
+])
+def test_the_gpu_busy_share_from_events_around_each_step(monkeypatch, stamps, share):
+    monkeypatch.setattr(GpuSteps, "active", staticmethod(lambda: True))
+    monkeypatch.setattr(GpuSteps, "event", staticmethod(FakeEvent))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    FakeEvent.clock = list(stamps)
+    steps = GpuSteps()
+    for _ in range(len(stamps) // 2):
+        steps.started()
+        steps.ended()
+    steps.ended()                     # no open step: nothing recorded
+    assert steps.busy_share() == (None if share is None else pytest.approx(share))

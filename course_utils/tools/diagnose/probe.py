@@ -87,6 +87,49 @@ def _describe_batch(batch: Any) -> str:
     return type(images).__name__
 
 
+#: at most this many steps' CUDA events are kept per loader (two events each)
+MAX_EVENT_STEPS = 4096
+
+
+class GpuSteps:
+    """CUDA events on the current stream around each timed step (a batch's arrival to the next
+    ``next``). The GPU's busy share is its time inside the steps over the time from the first
+    step's start to the last step's end, read once at the end: no sync in the loop."""
+
+    def __init__(self) -> None:
+        self.pairs: list[tuple[Any, Any]] = []
+        self.open: Any = None
+
+    @staticmethod
+    def active() -> bool:
+        return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+    @staticmethod
+    def event() -> Any:
+        """A CUDA event recorded now on the current stream."""
+        found = torch.cuda.Event(enable_timing=True)
+        found.record()
+        return found
+
+    def started(self) -> None:
+        if len(self.pairs) < MAX_EVENT_STEPS and self.active():
+            self.open = self.event()
+
+    def ended(self) -> None:
+        if self.open is not None:
+            self.pairs.append((self.open, self.event()))
+            self.open = None
+
+    def busy_share(self) -> float | None:
+        """Busy share in [0, 1] over at least two steps; None when not measured."""
+        if len(self.pairs) < 2:
+            return None
+        torch.cuda.synchronize()
+        whole = self.pairs[0][0].elapsed_time(self.pairs[-1][1])
+        busy = sum(start.elapsed_time(end) for start, end in self.pairs)
+        return min(1.0, busy / whole) if whole > 0 else None
+
+
 class LoaderRecord:
     """One DataLoader's settings and timings (seconds). The first epoch's first batch is the
     start-up; its next ``num_workers x prefetch_factor`` batches (made ahead, they look free)
@@ -112,7 +155,8 @@ class LoaderRecord:
         self.batch: str | None = None
         self.worker_cpu: dict[int, list[float]] = {}     # pid -> [first seen, last seen] CPU-s
         self.worker_threads: dict[int, int] = {}
-        self.gpu_busy: list[float] = []
+        self.gpu_busy: list[float] = []                  # NVML samples, where torch reads them
+        self.gpu_steps = GpuSteps()
         self.t_iter: float | None = None
         self.last: float | None = None                   # when the last batch came back
         self.last_counted = False
@@ -127,6 +171,7 @@ class LoaderRecord:
         """The loop body on the last batch ended at ``t`` (the next ``next`` call)."""
         if self.last is not None and self.last_counted:
             self.steps.append(t - self.last)
+            self.gpu_steps.ended()
 
     def arrived(self, t0: float, t1: float, batch: Any) -> bool:
         """Record a batch that ``next`` returned at ``t1`` (called at ``t0``); True when it is
@@ -142,6 +187,8 @@ class LoaderRecord:
             self.samples += batch_size_of(batch)
         self.batches += 1
         self.last, self.last_counted = t1, counted
+        if counted:
+            self.gpu_steps.started()
         return first_of_epoch
 
     def epoch_ends(self) -> None:
@@ -179,7 +226,17 @@ class LoaderRecord:
                 "worker_cpu_s": sum(last - first for first, last in self.worker_cpu.values()),
                 "workers_seen": len(self.worker_cpu),
                 "worker_threads": sorted(self.worker_threads.values()),
-                "gpu_busy": (sum(self.gpu_busy) / len(self.gpu_busy)) if self.gpu_busy else None}
+                **self._gpu_busy()}
+
+    def _gpu_busy(self) -> dict:
+        """The GPU's busy share over the timed steps: CUDA events first, else NVML's samples."""
+        share = self.gpu_steps.busy_share()
+        if share is not None:
+            return {"gpu_busy": share, "gpu_busy_source": "CUDA events around each step"}
+        if self.gpu_busy:
+            return {"gpu_busy": sum(self.gpu_busy) / len(self.gpu_busy),
+                    "gpu_busy_source": "NVML utilization samples"}
+        return {"gpu_busy": None, "gpu_busy_source": None}
 
 
 class Probe:

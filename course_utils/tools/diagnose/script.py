@@ -310,7 +310,8 @@ def _loader_lines(stats: LoaderStats, main: bool) -> list[str]:
               f"batches) {ms(stats.mean_step_s())} mean",
               f"  workers: {raw['workers_seen']} seen, {raw['worker_cpu_s']:.2f} CPU-s sampled, OS threads "
               f"{raw['worker_threads'] or '-'}; GPU busy: "
-              + ("not measured (no CUDA, or no NVML)" if gpu is None else f"{gpu:.0%}")]
+              + ("not measured (no CUDA here)" if gpu is None else
+                 f"{gpu:.0%} of the loop ({raw.get('gpu_busy_source')})")]
     return lines
 
 
