@@ -53,12 +53,14 @@ def _now() -> float:
 
 
 def _where(frame_depth: int = 2) -> str:
-    """``file:line`` of the first caller outside torch and this module (where the loader is made)."""
-    for info in inspect.stack(0)[frame_depth:]:
-        name = info.filename
-        if "torch" + os.sep not in name and not name.endswith("probe.py") and "<frozen" not in name:
-            return f"{name}:{info.lineno}"
-    return "unknown"
+    """``file:line`` where the loader is made: the first caller outside torch, this package and
+    installed packages (else the first outside torch and this module)."""
+    frames = [info for info in inspect.stack(0)[frame_depth:] if "<frozen" not in info.filename
+              and "torch" + os.sep not in info.filename and not info.filename.endswith("probe.py")]
+    own = [info for info in frames if not any(part in info.filename for part in (
+        "site-packages", "dist-packages", os.path.join("course_utils", "tools", "diagnose")))]
+    found = (own or frames)[:1]
+    return f"{found[0].filename}:{found[0].lineno}" if found else "unknown"
 
 
 def _type_name(obj: Any) -> str:
