@@ -11,7 +11,7 @@ import textwrap
 
 import numpy as np
 
-__all__ = ["AdviceTable", "verdict_word"]
+__all__ = ["AdviceTable", "reveal", "verdict_word"]
 
 #: Column widths of the text table (characters); longer cells wrap onto more lines.
 WIDTHS = (30, 58, 14)
@@ -79,3 +79,13 @@ class AdviceTable:
         head = "".join(f'<th style="text-align:left">{x}</th>'
                        for x in ("advice", "measured here", "verdict"))
         return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def reveal(guess: object, measured: object, what: str) -> str | None:
+    """The line answering a "Predict first" guess right after its measurement: printed, and
+    returned, only when the learner made the guess (``guess`` is not None)."""
+    if guess is None:
+        return None
+    line = f"your guess, {what}: {guess}; measured here: {measured}"
+    print(line)
+    return line

@@ -50,3 +50,11 @@ def test_html_escapes_what_it_shows():
     page = AdviceTable().add("batch <64>", "a & b", None)._repr_html_()
     assert "<table>" in page and "batch &lt;64&gt;" in page and "a &amp; b" in page
     assert page.count("<tr>") == 2 and "not measured" in page
+
+
+def test_a_guess_is_answered_only_when_made(capsys):
+    from course_utils.advice import reveal
+    assert reveal(None, 3.2, "speed-up") is None and capsys.readouterr().out == ""
+    assert reveal(2.0, "3.20x", "speed-up") == "your guess, speed-up: 2.0; measured here: 3.20x"
+    assert capsys.readouterr().out == "your guess, speed-up: 2.0; measured here: 3.20x\n"
+    assert reveal(0, 1, "zero is a guess") is not None
