@@ -48,6 +48,8 @@ def test_everything_after_the_script_is_the_scripts(argv, ours, theirs):
     ("num_workers=4", {"num_workers": 4}),
     ("num_workers=0,pin_memory=true", {"num_workers": 0, "pin_memory": True}),
     ("persistent_workers=False, prefetch_factor=4", {"persistent_workers": False, "prefetch_factor": 4}),
+    ("pin_memory=1,persistent_workers=0", {"pin_memory": True, "persistent_workers": False}),
+    ("prefetch_factor=1", {"prefetch_factor": 1}),
 ])
 def test_try_reads_key_value_changes(text, expected):
     assert ds.parse_try(text) == expected
@@ -56,6 +58,7 @@ def test_try_reads_key_value_changes(text, expected):
 @pytest.mark.parametrize("text, says", [
     ("workers=4", "KEY=VALUE"), ("num_workers", "KEY=VALUE"), ("num_workers=four", "whole number"),
     ("pin_memory=yes", "true or false"), ("batch_size=0", "too small"), ("num_workers=-1", "too small"),
+    ("num_workers=4=5", "whole number"), ("lr=0.1", "num_workers, batch_size, prefetch_factor"),
 ])
 def test_a_bad_try_says_what_to_write(text, says):
     with pytest.raises(DiagnoseError, match=says):
@@ -117,8 +120,18 @@ def test_default_fixes_and_causes_follow_the_settings(monkeypatch):
         "num_workers": 1, "persistent_workers": True}
     assert {"pin_memory": True} in ds.default_tries(_stats(num_workers=4), cuda=True)
     assert ds.default_tries(_stats(num_workers=8, persistent_workers=True), cuda=False) == []
+    assert ds.default_tries(_stats(num_workers=4, persistent_workers=True), cuda=False) == [
+        {"num_workers": 8}]                                  # up to twice the CPUs, no more
+    assert ds.default_tries(_stats(num_workers=5, persistent_workers=True), cuda=False) == []
+    one_epoch, two = _stats(num_workers=0), _stats(num_workers=0)
+    one_epoch.raw["epochs"], two.raw["epochs"] = 1, 2
+    assert ds.default_tries(one_epoch, cuda=False)[0] == {"num_workers": 1}      # no restarts
+    assert ds.default_tries(two, cuda=False)[0] == {"num_workers": 1, "persistent_workers": True}
+    assert len(ds.default_tries(stats, cuda=True)) == 3                         # at most three
     causes = " ".join(ds.likely_causes(stats, cuda=True))
-    assert "num_workers=1 on 4" in causes and "restart every epoch" in causes and "unpinned" in causes
+    assert "num_workers=1 on 4" in causes and "restart every epoch" in causes
+    assert "unpinned memory: the copy to the GPU cannot overlap" in causes
+    assert "num_workers=0 on 4" in " ".join(ds.likely_causes(_stats(num_workers=0), cuda=False))
     assert ds.likely_causes(_stats(num_workers=4, persistent_workers=True, pin_memory=True),
                             cuda=True) == []
 
@@ -321,6 +334,14 @@ def test_each_cause_comes_from_a_figure(threads, batch, epochs, says):
     stats.raw.update(worker_threads=threads, batch=batch, epochs=epochs)
     causes = [c for c in ds.likely_causes(stats, cuda=False) if not c.startswith("too few")]
     assert (causes == []) if says is None else (len(causes) == 1 and says in causes[0])
+
+
+def test_a_gain_needs_timed_batches_on_both_sides():
+    base, empty = _stats(0), _stats(0, waits=(), steps=())
+    d = ds.ScriptDiagnosis("t.py", _run(base), "data-bound", [])
+    assert d.gain(_run(_stats(1))) is None                  # the fix's run lacks the loop's loader
+    assert d.gain(_run(empty)) is None
+    assert ds.ScriptDiagnosis("t.py", _run(empty, _stats(1)), "data-bound", []).gain(_run(base)) is None
 
 
 def test_a_loader_with_no_timed_batch_has_no_figures():

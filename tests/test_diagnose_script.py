@@ -105,16 +105,17 @@ def _loader(**kw):
 
 def test_the_record_counts_after_start_up_and_warm_up():
     r = LoaderRecord(0, _loader(), "t.py:1", {})           # no workers: 1 warm-up batch
-    r.epoch_starts(0.0)
-    for t0, t1 in ((0.0, 0.5), (0.6, 0.7), (0.8, 0.85)):    # start-up, warm-up, the first timed
+    r.epoch_starts(9.9)                                     # iter(): the start-up runs from here
+    for t0, t1 in ((10.0, 10.5), (10.6, 10.7), (10.8, 10.85)):  # start-up, warm-up, first timed
         r.step_ends(t0)
         r.arrived(t0, t1, (torch.zeros(2, 2),))
-    r.step_ends(1.0)                                        # the loop body on the timed batch
+    r.step_ends(11.0)                                       # the loop body on the timed batch
     r.epoch_ends()
-    r.epoch_starts(1.1)
-    r.step_ends(1.2)                                        # nothing was in flight: no step
-    assert r.arrived(1.2, 1.5, (torch.zeros(2, 2),)) is True    # an epoch's first batch
-    assert r.startup_s == pytest.approx(0.5) and r.epochs == 2 and r.batches == 4
+    r.epoch_starts(11.1)
+    r.step_ends(11.2)                                       # nothing was in flight: no step
+    assert r.arrived(11.2, 11.5, (torch.zeros(2, 2),)) is True  # an epoch's first batch
+    assert r.startup_s == pytest.approx(0.6) and r.epochs == 2 and r.batches == 4
+    assert r.batch == "float32 (2, 2)"
     assert r.waits == pytest.approx([0.05, 0.4])            # an epoch's first wait runs from iter()
     assert r.steps == pytest.approx([0.15]) and r.samples == 4
     assert LoaderRecord(1, _loader(num_workers=2, prefetch_factor=3), "", {}).warmup == 6
@@ -142,6 +143,26 @@ def test_overrides_apply_where_the_loader_is_made_and_are_undone():
     assert _loader(num_workers=2).num_workers == 2 and not hasattr(_loader(), "_course_probe")
 
 
+def test_the_probe_samples_each_workers_cpu_and_threads_and_leaves_older_loaders_alone():
+    before = _loader()                                      # made before the probe: not timed
+    probe = Probe(budget_s=60)
+    probe.install()
+    try:
+        assert len(list(before)) == 4 and probe.records == []
+        loader = _loader(num_workers=1, persistent_workers=True)
+        for _ in range(2):
+            assert len(list(loader)) == 4
+    finally:
+        probe.stop()
+        probe.uninstall()
+    [r] = probe.records
+    data = r.to_dict()
+    assert data["workers_seen"] == 1 and len(data["worker_threads"]) == 1   # the same worker, twice
+    assert data["worker_threads"][0] >= 1 and data["worker_cpu_s"] >= 0
+    assert (data["gpu_busy"], data["gpu_busy_source"]) == (None, None)
+    assert data["settings"]["start_method"] not in ("main process", None)
+
+
 def test_past_the_deadline_the_next_batch_ends_the_run():
     probe = Probe(budget_s=0)
     probe.install()
@@ -167,6 +188,10 @@ class FakeEvent:
 
 @pytest.mark.parametrize("stamps, share", [
     ([0, 8, 10, 18], 16 / 18),        # two 8 ms steps with a 2 ms wait between them
+    ([0, 8, 10, 18, 20, 28], 24 / 28),
+    ([0, 0.2, 0.3, 0.5], 0.8),        # short steps count too
+    ([0, 10, 5, 8], 1.0),             # overlapping stamps never read above 1
+    ([5, 5, 5, 5], None),             # no time passed: no share
     ([0, 8], None),                   # one step: no share
 ])
 def test_the_gpu_busy_share_from_events_around_each_step(monkeypatch, stamps, share):
@@ -178,5 +203,6 @@ def test_the_gpu_busy_share_from_events_around_each_step(monkeypatch, stamps, sh
     for _ in range(len(stamps) // 2):
         steps.started()
         steps.ended()
+    assert len(steps.pairs) == len(stamps) // 2
     steps.ended()                     # no open step: nothing recorded
     assert steps.busy_share() == (None if share is None else pytest.approx(share))
