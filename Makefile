@@ -5,6 +5,7 @@
 #   make browser-check   run lesson 00 in JupyterLab in headless Chromium (tools/browser_check.py)
 #   make runtimes        time every lesson, quick and full mode, into README.md (tools/lesson_runtimes.py)
 #   make mutation        mutation score of the code that computes figures and verdicts (tools/mutation.py)
+#   make core-paths      run every lesson with its deep dives skipped (build/core_paths/, a few minutes)
 #
 # Knobs (make VAR=value ...):
 #   PYTHON           interpreter that creates the venv (default: python3, needs >= 3.10)
@@ -47,7 +48,7 @@ RUNTIMES_ARGS ?=
 MUTATION_ARGS ?=
 MUTATION_STAMP := $(VENV)/.installed-mutation
 
-.PHONY: install lab test exercises doctor bench clean browser-check runtimes mutation
+.PHONY: install lab test exercises doctor bench clean browser-check runtimes mutation core-paths
 
 $(PY):
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 is needed; run make PYTHON=python3.11 ..."'
@@ -114,6 +115,11 @@ $(MUTATION_STAMP): pyproject.toml $(STAMP)
 
 mutation: $(MUTATION_STAMP)
 	$(PY) tools/mutation.py $(MUTATION_ARGS)
+
+# Each lesson's core path run for real, deep dives skipped, in quick mode (the suite checks the
+# same statically, in tests/test_core_paths.py).
+core-paths: install
+	$(PY) -m course_authoring core-paths --run
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

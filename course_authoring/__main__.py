@@ -4,15 +4,18 @@ Commands:
   make-exercises   write exercises/ from solutions/ (--check: only report differences)
   hosted-cell      write the Colab/Kaggle install cell into every notebook (--check: only report)
   gpu-check        on a CUDA machine: the whole GPU check as steps (--rehearse: on the CPU)
+  core-paths       each lesson's core and deep-dive minutes; --run: run every core path for real
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Sequence
 
 from . import gpu_check
+from .core_paths import parts, skipped_uses, stated_minutes
 from .exercises import ExerciseFormatError, make_exercises
 from .hosted import REPOSITORY_URL, sync_install_cells
 
@@ -67,6 +70,46 @@ def _cmd_hosted_cell(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_core_paths(args: argparse.Namespace) -> int:
+    """Report each lesson's minutes and where skipping its deep dives would break it; with --run,
+    run each core path in a kernel. Exit 1 when any is broken, 2 on a bad path."""
+    paths = [Path(p) for p in args.notebooks] or sorted(Path("notebooks").glob("[0-9][0-9]_*.ipynb"))
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing or not paths:
+        print(f"python -m course_authoring core-paths: error: no such notebook: "
+              f"{', '.join(missing) or 'notebooks/NN_*.ipynb'}; run from the course root or name "
+              f"the notebooks.", file=sys.stderr)
+        return 2
+    if args.run:
+        # nbclient is imported only here: the bare GPU machine that runs gpu-check has no Jupyter
+        from .core_path_runner import run_core_path
+    broken = 0
+    for path in paths:
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        try:
+            core, deep, exercise = stated_minutes(cells)
+        except ValueError as exc:
+            print(f"{path.name}: {exc}")
+            broken += 1
+            continue
+        dives = sum(part.deep for part in parts(cells))
+        problems = skipped_uses(cells)
+        line = f"{path.name}: core {core} min, {dives} deep dive(s) {deep} min, exercise {exercise} min"
+        if args.run and not problems:
+            run = run_core_path(path)
+            out = Path("build") / "core_paths" / path.name
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(run.executed, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+            line += (f"; core path ran ({run.cells_run} code cells, {run.seconds:.0f} s)" if run.ok
+                     else f"; core path FAILED after {run.cells_run} code cells: {run.error}") + f" -> {out}"
+            broken += not run.ok
+        print(line)
+        for problem in problems:
+            print(f"  {problem}")
+        broken += bool(problems)
+    return 1 if broken else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m course_authoring",
@@ -106,6 +149,17 @@ def build_parser() -> argparse.ArgumentParser:
                                    "without CUDA, except with --rehearse (every step on the CPU).")
     gpu_check.add_arguments(p)
     p.set_defaults(func=gpu_check.cli)
+
+    p = sub.add_parser("core-paths", help="each lesson's core path and deep dives; --run runs them",
+                       description="For each lesson: its core-path, deep-dive and exercise minutes, "
+                                   "and any cell of the core path that would break with the deep "
+                                   "dives skipped. --run also runs each core path (the notebook "
+                                   "without its deep dives) in a Jupyter kernel, in quick mode, "
+                                   "and writes it with its outputs to build/core_paths/.")
+    p.add_argument("notebooks", nargs="*", metavar="NOTEBOOK",
+                   help="lesson notebooks (default: notebooks/NN_*.ipynb)")
+    p.add_argument("--run", action="store_true", help="run each core path in a kernel (minutes)")
+    p.set_defaults(func=_cmd_core_paths)
 
     return parser
 

@@ -50,6 +50,14 @@ class AdviceTable:
         self.rows.append((claim, measured, verdict_word(held)))
         return self
 
+    def skipped(self, claim: str, where: str) -> "AdviceTable":
+        """Add the row of a claim that a skipped deep dive measures: "not measured", and where
+        to measure it (``where`` names the deep dive, e.g. ``"deep dive 4"``)."""
+        if not isinstance(where, str) or not where.strip():
+            raise ValueError(f"AdviceTable.skipped: where must name the deep dive that measures "
+                             f"{claim!r}, got {where!r}.")
+        return self.add(claim, f"{where.strip()} measures this; run it to check", None)
+
     def verdict(self, claim: str) -> str:
         """The verdict recorded for ``claim`` (KeyError, naming the claims, if there is none)."""
         for row in self.rows:

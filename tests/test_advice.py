@@ -58,3 +58,12 @@ def test_a_guess_is_answered_only_when_made(capsys):
     assert reveal(2.0, "3.20x", "speed-up") == "your guess, speed-up: 2.0; measured here: 3.20x"
     assert capsys.readouterr().out == "your guess, speed-up: 2.0; measured here: 3.20x\n"
     assert reveal(0, 1, "zero is a guess") is not None
+
+
+def test_a_skipped_deep_dive_leaves_its_claim_not_measured_and_says_where():
+    table = AdviceTable().skipped("in_order=False makes loading faster", " deep dive 6 ")
+    assert table.rows == [("in_order=False makes loading faster",
+                           "deep dive 6 measures this; run it to check", "not measured")]
+    for bad in ("", "  ", None):
+        with pytest.raises(ValueError, match="where must name the deep dive"):
+            AdviceTable().skipped("a claim", bad)

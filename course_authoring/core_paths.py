@@ -1,0 +1,238 @@
+"""A lesson's core path and its optional deep dives, read from the notebook's own headings.
+
+A deep dive is a section whose heading reads ``## Deep dive (optional, ~N min): title`` (or
+``###`` for part of a section); it ends at the next heading of the same or a higher level. The
+first cell states ``Core path: about C minutes. Deep dives (optional): about D minutes.``, and D
+is the sum of the deep dives' N. Everything outside the deep dives is the core path, and it must
+run with every deep dive skipped: a core cell may use what a deep dive defines only under
+``if "name" in globals():`` where ``name`` is one of that deep dive's names (the test says "this
+deep dive ran"). ``core_only`` gives the notebook a learner who skips them runs.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+from typing import Iterable
+
+DEEP_DIVE = re.compile(r"^(#{2,3}) Deep dive \(optional, ~(\d+) min\): \S")
+HEADING = re.compile(r"^(#{2,3}) \S")
+MINUTES = re.compile(r"Core path: about (\d+) minutes\. "
+                     r"(?:Deep dives \(optional\): about (\d+) minutes\. )?"
+                     r"Exercises?: about (\d+) minutes")
+WORDS_PER_MINUTE = 150
+CODE_LINES_PER_MINUTE = 10
+
+
+def cell_text(cell: dict) -> str:
+    """A cell's source as one string (notebooks store it as a string or a list of lines)."""
+    source = cell["source"]
+    return source if isinstance(source, str) else "".join(source)
+
+
+@dataclass
+class Part:
+    """One run of cells: the core path's, or one deep dive's (``minutes`` is its stated N)."""
+    title: str
+    deep: bool
+    minutes: int = 0
+    cells: list[int] = field(default_factory=list)
+
+
+def parts(cells: list[dict]) -> list[Part]:
+    """Split a notebook's cells into core parts and deep dives, in order.
+
+    A markdown cell whose heading opens or closes a deep dive belongs to the part that heading
+    opens (text above the heading in the same cell is a few lines of the part before; keep the
+    heading first in its cell where that matters)."""
+    found = [Part("core", deep=False)]
+    level = 0                                   # heading level of the open deep dive, 0 if none
+    for index, cell in enumerate(cells):
+        if cell["cell_type"] == "markdown":
+            for line in cell_text(cell).splitlines():
+                dive, heading = DEEP_DIVE.match(line), HEADING.match(line)
+                if dive:
+                    found.append(Part(line.lstrip("# "), deep=True, minutes=int(dive.group(2))))
+                    level = len(dive.group(1))
+                    break
+                if heading and level and len(heading.group(1)) <= level:
+                    found.append(Part("core", deep=False))
+                    level = 0
+                    break
+        found[-1].cells.append(index)
+    return [part for part in found if part.cells]
+
+
+def stated_minutes(cells: list[dict]) -> tuple[int, int, int]:
+    """(core, deep dives, exercise) minutes from the first cell; ValueError if it lacks them."""
+    match = MINUTES.search(cell_text(cells[0]))
+    if not match:
+        raise ValueError("the first cell lacks 'Core path: about C minutes. Deep dives (optional): "
+                         "about D minutes. Exercise: about E minutes.'")
+    core, deep, exercise = match.groups()
+    return int(core), int(deep or 0), int(exercise)
+
+
+def estimated_minutes(cells: Iterable[dict]) -> float:
+    """Reading time in minutes: words of text at 150 a minute, code lines at 10 a minute."""
+    words = code = 0
+    for cell in cells:
+        text = cell_text(cell)
+        if cell["cell_type"] == "markdown":
+            words += len(re.findall(r"\w+", text))
+        else:
+            code += sum(1 for line in text.splitlines() if line.strip())
+    return words / WORDS_PER_MINUTE + code / CODE_LINES_PER_MINUTE
+
+
+def _python(text: str) -> ast.Module | None:
+    """The cell as Python, IPython's magics and shell lines dropped; None for %%writefile."""
+    if text.lstrip().startswith("%%"):
+        return None
+    lines = [line[:len(line) - len(line.lstrip())] + "pass" if line.lstrip().startswith(("%", "!"))
+             else line for line in text.splitlines()]
+    return ast.parse("\n".join(lines))
+
+
+def written_module(text: str) -> str | None:
+    """The module name a ``%%writefile NAME.py`` cell writes, else None."""
+    match = re.match(r"\s*%%writefile\s+(?:-a\s+)?(\S+)\.py\b", text)
+    return match.group(1).rsplit("/", 1)[-1] if match else None
+
+
+def _guarded(node: ast.If | ast.IfExp) -> set[str]:
+    """Names an ``if "a" in globals() [and "b" in globals()]:`` test guards."""
+    tests = node.test.values if isinstance(node.test, ast.BoolOp) else [node.test]
+    names = set()
+    for test in tests:
+        if (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.In)
+                and isinstance(test.left, ast.Constant) and isinstance(test.left.value, str)
+                and isinstance(test.comparators[0], ast.Call)
+                and getattr(test.comparators[0].func, "id", None) == "globals"):
+            names.add(test.left.value)
+    return names
+
+
+class _Names(ast.NodeVisitor):
+    """Names a cell binds anywhere, and each name it reads with the names guarding the read."""
+
+    def __init__(self) -> None:
+        self.bound: set[str] = set()
+        self.reads: set[tuple[str, frozenset[str]]] = set()
+        self.imported: set[str] = set()
+        self._guards: list[set[str]] = []
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if isinstance(node.ctx, ast.Load):
+            self.reads.add((node.id, frozenset().union(*self._guards)))
+        else:
+            self.bound.add(node.id)
+
+    def visit_BoolOp(self, node: ast.BoolOp) -> None:
+        """In ``"a" in globals() and a``, the operands after a guard read under it."""
+        pushed = 0
+        for value in node.values:
+            self.visit(value)
+            if isinstance(node.op, ast.And) and isinstance(value, ast.Compare):
+                self._guards.append(_guarded(ast.If(test=value, body=[], orelse=[])))
+                pushed += 1
+        del self._guards[len(self._guards) - pushed:]
+
+    def visit_IfExp(self, node: ast.IfExp) -> None:
+        self.visit(node.test)
+        self._guards.append(_guarded(node))
+        self.visit(node.body)
+        self._guards.pop()
+        self.visit(node.orelse)
+
+    def visit_If(self, node: ast.If) -> None:
+        self.visit(node.test)
+        self._guards.append(_guarded(node))
+        for child in node.body:
+            self.visit(child)
+        self._guards.pop()
+        for child in node.orelse:
+            self.visit(child)
+
+    def _function(self, node: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> None:
+        for arg in ast.walk(node.args):
+            if isinstance(arg, ast.arg):
+                self.bound.add(arg.arg)
+        if not isinstance(node, ast.Lambda):
+            self.bound.add(node.name)
+        self.generic_visit(node)
+
+    visit_FunctionDef = visit_AsyncFunctionDef = visit_Lambda = _function
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        self.bound.add(node.name)
+        self.generic_visit(node)
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self.bound.add((alias.asname or alias.name).split(".")[0])
+            self.imported.add(alias.name.split(".")[0])
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        for alias in node.names:
+            self.bound.add(alias.asname or alias.name)
+        if node.module and not node.level:
+            self.imported.add(node.module.split(".")[0])
+
+    def visit_ExceptHandler(self, node: ast.ExceptHandler) -> None:
+        if node.name:
+            self.bound.add(node.name)
+        self.generic_visit(node)
+
+
+def _unguarded(name: str, guards: frozenset[str], deep_bound: Iterable[set[str]]) -> bool:
+    """Whether a deep dive defines ``name`` and no guard names anything that deep dive defines."""
+    defining = [bound for bound in deep_bound if name in bound]
+    return bool(defining) and not any(guards & bound for bound in defining)
+
+
+def skipped_uses(cells: list[dict]) -> list[str]:
+    """Where the core path breaks with every deep dive skipped: one line per core cell that reads
+    a name (or imports a ``%%writefile`` module) that only a deep dive before it defines, outside
+    a guard naming one of that deep dive's own names."""
+    owner = {i: k for k, part in enumerate(parts(cells)) if part.deep for i in part.cells}
+    deep_cells = set(owner)
+    core_bound: set[str] = set()
+    deep_bound: dict[int, set[str]] = {}            # deep dive -> the names its cells bind
+    core_files: set[str] = set()
+    deep_files: set[str] = set()
+    problems = []
+    for index, cell in enumerate(cells):
+        if cell["cell_type"] != "code":
+            continue
+        text = cell_text(cell)
+        module = written_module(text)
+        if module:
+            (deep_files if index in deep_cells else core_files).add(module)
+            continue
+        tree = _python(text)
+        if tree is None:
+            continue
+        names = _Names()
+        names.visit(tree)
+        if index in deep_cells:
+            deep_bound.setdefault(owner[index], set()).update(names.bound)
+            continue
+        missing = sorted({name for name, guards in names.reads
+                          if name not in names.bound and name not in core_bound
+                          and _unguarded(name, guards, deep_bound.values())})
+        files = sorted((names.imported & deep_files) - core_files)
+        if missing or files:
+            what = ", ".join(missing + [f"{name}.py" for name in files])
+            problems.append(f"cell {index} uses {what}, which only a deep dive defines; "
+                            f"guard it with if \"name\" in globals(): (a name that deep dive defines) or "
+                            f"define it in the core path")
+        core_bound |= names.bound
+    return problems
+
+
+def core_only(notebook: dict) -> dict:
+    """A copy of the notebook without its deep dives' cells: what a learner who skips them runs."""
+    cells = notebook["cells"]
+    deep = {i for part in parts(cells) if part.deep for i in part.cells}
+    return {**notebook, "cells": [cell for i, cell in enumerate(cells) if i not in deep]}
