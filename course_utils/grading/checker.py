@@ -46,6 +46,11 @@ class ExerciseFailed(AssertionError):
             ("expected", expected), ("seen", seen), ("hint", hint)) if v]
         super().__init__("\n".join(lines))
 
+    def as_exercise(self, exercise: str) -> "ExerciseFailed":
+        """The same failure, reported for ``exercise`` (a step that reuses another's checks)."""
+        return ExerciseFailed(exercise, self.problem, expected=self.expected, seen=self.seen,
+                              hint=self.hint)
+
 
 @dataclass
 class CheckResult:

@@ -2,7 +2,8 @@
 order, values, placement and dtypes (also on 'meta' when the device is the CPU), epochs, and
 that batch k+1 is requested before batch k is handed out. On CUDA only: that copies overlap
 compute and that no batch is read mid-copy or after its memory was reused (``wait_stream``,
-``record_stream``). The course's ``DevicePrefetcher`` is refused.
+``record_stream``). The course's ``DevicePrefetcher`` is refused. Step 1, ``04.copy``, checks the
+class's ``copy`` alone (:func:`grade_copy`).
 """
 from __future__ import annotations
 
@@ -424,3 +425,60 @@ def grade_prefetcher(answer: Any, *, device: Any = None, n_batches: int = 6, bat
         summary += " NOT checked on this device: " + "; ".join(not_checked) + "."
     details["checked"], details["not_checked"] = checked, not_checked
     return CheckResult(EXERCISE, summary, details)
+
+
+# --------------------------------------------------------------------------------------
+# step 1: copy() alone
+# --------------------------------------------------------------------------------------
+COPY = "04.copy"
+
+
+def _copied(prefetcher: Any, batch: tuple[torch.Tensor, torch.Tensor], target: torch.device) -> Any:
+    stream = torch.cuda.Stream(target) if target.type == "cuda" else None
+    out = call_answer(COPY, prefetcher.copy, batch, stream, what="prefetcher.copy(batch, stream)",
+                      hint=lambda exc: _iteration_hint(exc, target))
+    if stream is not None:
+        stream.synchronize()                    # the check reads the values: let the copy finish
+    return out
+
+
+@grader(COPY)
+def grade_copy(answer: Any, *, device: Any = None) -> CheckResult:
+    """Step 1: ``Prefetcher(loader, device).copy((images, labels), stream)`` returns the pair on
+    the device, dtypes and values kept. On a CPU-only machine also on PyTorch's 'meta' device,
+    where a copy() that returns the batch unchanged shows (on the CPU it would look right)."""
+    dev = resolve_device(device)
+    images = torch.arange(2 * 3 * 4 * 4, dtype=torch.uint8).reshape(2, 3, 4, 4)
+    labels = torch.tensor([3, 7], dtype=torch.int64)
+    targets = [dev] + ([torch.device("meta")] if dev.type == "cpu" else [])
+    for target in targets:
+        try:
+            prefetcher = _build(answer, [(images, labels)], target)
+        except ExerciseFailed as exc:
+            raise exc.as_exercise(COPY) from None
+        out = _copied(prefetcher, (images, labels), target)
+        want = f"(images, labels) on {target}: torch.uint8 {tuple(images.shape)}, torch.int64 (2,)"
+        if not isinstance(out, (tuple, list)) or len(out) != 2 \
+                or not all(isinstance(t, torch.Tensor) for t in out):
+            raise ExerciseFailed(COPY, "copy() did not return the (images, labels) pair.",
+                                 expected=want, seen=describe(out, 200),
+                                 hint="return both moved tensors, as a tuple, from copy().")
+        for name, got, sent in (("images", out[0], images), ("labels", out[1], labels)):
+            if got.device.type != target.type:
+                raise ExerciseFailed(COPY, f"the {name} stayed on {got.device}.", expected=want,
+                                     seen=describe(got),
+                                     hint="move each tensor with .to(self.device) (on CUDA with "
+                                          "non_blocking=True, inside the side stream's block).")
+            if got.dtype != sent.dtype or tuple(got.shape) != tuple(sent.shape):
+                raise ExerciseFailed(COPY, f"the {name} changed on the way.", expected=want,
+                                     seen=describe(got),
+                                     hint="copy only: keep the dtype (uint8 images stay uint8; "
+                                          "the training step converts them on the device).")
+            if target.type != "meta" and not torch.equal(got.cpu(), sent):
+                raise ExerciseFailed(COPY, f"the {name} arrived with other values.", expected=want,
+                                     seen=f"{int((got.cpu() != sent).sum())} values differ",
+                                     hint="on CUDA, read a copy only after its stream has "
+                                          "finished it; copy() itself should only queue it.")
+    where = " and on 'meta' (placement)" if dev.type == "cpu" else ""
+    return CheckResult(COPY, f"copy() moved images and labels to {dev}{where}, dtypes and values "
+                             f"kept. Now __iter__: check(\"04.prefetcher\", Prefetcher).")

@@ -4,7 +4,8 @@ and is made by one dataset call per batch; it uses at most ``cpu_budget`` worker
 and reaches :data:`PASS_RATIO` of :func:`~course_utils.pipelines.tuned_loader`'s samples/s in
 interleaved rounds (:func:`speed_verdict`; between :data:`SLOW_RATIO` and :data:`PASS_RATIO` the
 result is noise-level and the check asks for a re-run on a quiet machine). The course's pipeline
-is refused, in the answer and in its loader.
+is refused, in the answer and in its loader. Step 1, ``06.batched_fetch``, checks the dataset's
+``__getitems__`` alone, on indices out of order (:func:`grade_batched_fetch`).
 """
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ from course_utils.pipelines import BatchedJpegDataset, keep_batch, tuned_loader
 from course_utils.timing import measure_loader
 from course_utils.tools.tune.search import WORKER_TIMEOUT_S
 
-from .checker import (CheckResult, ExerciseFailed, describe, grader, refuse_course_helper,
-                      require_callable)
+from .checker import (CheckResult, ExerciseFailed, call_answer, describe, grader,
+                      refuse_course_helper, require_callable)
 
 FAST = "06.fast_pipeline"
 
@@ -123,8 +124,10 @@ def _fetch(loader: DataLoader, indices: list[int]) -> tuple[Any, Any]:
     return fetched, batch
 
 
-def _check_batch(batch: Any, dataset: JpegDataset, batch_size: int, size: int) -> None:
-    """The first batch is (uint8 images equal to the reference's, int64 labels)."""
+def _check_batch(batch: Any, dataset: JpegDataset, indices: Sequence[int], size: int) -> None:
+    """The batch of ``indices`` is (uint8 images equal to the reference's, int64 labels), in
+    the order of the indices."""
+    batch_size = len(indices)
     shape = (batch_size, 3, size, size)
     want = (f"a tuple (images, labels): images a torch.uint8 tensor of shape {shape}, labels a "
             f"torch.int64 tensor of shape ({batch_size},)")
@@ -147,7 +150,7 @@ def _check_batch(batch: Any, dataset: JpegDataset, batch_size: int, size: int) -
                     hint=f"every image resized to {size}x{size}, channels first. A decoded "
                          f"image is (H, W, C): which tensor method reorders dimensions "
                          f"without copying?")
-    ref = torch.stack([ToTensorUint8(size)(dataset[i][0]) for i in range(batch_size)])
+    ref = torch.stack([ToTensorUint8(size)(dataset[i][0]) for i in indices])
     if not torch.equal(images, ref):
         diff = (images.int() - ref.int()).abs()
         hint = ("the colour channels are in BGR order: OpenCV decodes to BGR; the check "
@@ -159,7 +162,7 @@ def _check_batch(batch: Any, dataset: JpegDataset, batch_size: int, size: int) -
                     expected="images equal to ToTensorUint8(size)(dataset[i][0]) for sample i",
                     seen=f"{int((diff > 0).sum()):,} of {diff.numel():,} values differ (largest "
                          f"difference {int(diff.max())})", hint=hint)
-    want_labels = torch.as_tensor(np.asarray(dataset.labels[:batch_size]), dtype=torch.int64)
+    want_labels = torch.as_tensor(np.asarray(dataset.labels)[list(indices)], dtype=torch.int64)
     if not isinstance(labels, torch.Tensor) or labels.dtype != torch.int64 \
             or not torch.equal(labels, want_labels):
         raise _fail("the labels differ from the dataset's.", expected=f"{want_labels.tolist()}",
@@ -319,7 +322,7 @@ def grade_fast_pipeline(build_loader: Callable[..., Any], *, cpu_budget: int | N
     loader = build_loader(dataset, batch_size=batch_size, size=size, cpu_budget=k)
     _check_loader(loader, batch_size)
     fetched, batch = _fetch(loader, _first_indices(loader, batch_size))
-    _check_batch(batch, dataset, batch_size, size)
+    _check_batch(batch, dataset, range(batch_size), size)
     _check_one_fetch(loader, fetched, batch[0], batch_size)
     if loader.num_workers > k:
         raise _fail(f"{loader.num_workers} workers is over the CPU budget of {k} core(s).",
@@ -367,3 +370,40 @@ def grade_fast_pipeline(build_loader: Callable[..., Any], *, cpu_budget: int | N
     return CheckResult(FAST, f"right samples, one fetch per batch; {ratio:.2f}x the reference's "
                              f"samples/s ({mine.samples_per_s:,.0f} vs {ref.samples_per_s:,.0f}) "
                              f"using {cores:.2f} cores of a budget of {k}.", details)
+
+
+# --------------------------------------------------------------------------------------
+# step 1: the batched fetch alone
+# --------------------------------------------------------------------------------------
+BATCHED = "06.batched_fetch"
+#: indices out of order and not from 0, so that a fetch ignoring them shows
+STEP_INDICES = (5, 0, 9, 3)
+
+
+@grader(BATCHED)
+def grade_batched_fetch(answer: Callable[..., Any], *, size: int = 96) -> CheckResult:
+    """Step 1: ``JpegBatches(dataset, size).__getitems__(indices)`` returns ``(images, labels)``
+    for exactly those indices, in their order: uint8 images equal to the reference pipeline's,
+    int64 labels. No DataLoader, no workers: the fetch on its own, in this process."""
+    require_callable(BATCHED, answer, "the class JpegBatches(dataset, size)",
+                     hint="pass the class itself: check(\"06.batched_fetch\", JpegBatches).")
+    refuse_course_helper(BATCHED, answer, COURSE_HELPERS, write=_WRITE)
+    dataset = JpegDataset(n=12, min_side=200, max_side=480, seed=6)
+    batches = call_answer(BATCHED, answer, dataset, size, what=f"JpegBatches(dataset, {size})",
+                          signature="JpegBatches(dataset, size)")
+    if not callable(getattr(batches, "__getitems__", None)):
+        raise ExerciseFailed(BATCHED, "JpegBatches has no __getitems__ method.",
+                             expected="def __getitems__(self, indices): return images, labels",
+                             seen=describe(batches),
+                             hint="the DataLoader's fetcher calls dataset.__getitems__(indices) "
+                                  "once per batch when the dataset has that method.")
+    indices = list(STEP_INDICES)
+    batch = call_answer(BATCHED, batches.__getitems__, indices, what=f"__getitems__({indices})")
+    try:
+        _check_batch(batch, dataset, indices, size)
+    except ExerciseFailed as exc:
+        raise exc.as_exercise(BATCHED) from None
+    return CheckResult(BATCHED, f"__getitems__({indices}) gave those {len(indices)} samples, in "
+                                f"that order: uint8 images equal to the reference pipeline's, "
+                                f"int64 labels. Now the loader: check(\"06.fast_pipeline\", "
+                                f"build_loader).")

@@ -22,6 +22,10 @@ from ..checker import (CheckResult, ExerciseFailed, call_answer, grader, refuse_
                        require_callable)
 from .workers import EXERCISE, Hung, run_in_workers, stuck_frames, use_parent_pools, with_code
 
+from .share import SHARE, grade_share      # step 1: the share alone (importing registers it)
+
+__all__ = ["EXERCISE", "SHARE", "grade_share", "grade_worker_init"]
+
 #: The graded runs: (start method, cpu_budget, num_workers); "fresh" is forkserver, or spawn
 #: where there is no forkserver. A forked worker must run 1 thread per pool whatever its share.
 RUNS = (("fork", 7, 2), ("fresh", 7, 2), ("fresh", 1, 2))

@@ -1,0 +1,71 @@
+"""Step 1 of exercise 02: ``thread_share(cpu_budget, num_workers, forked)``, the number of threads
+each pool of one worker gets. A pure function, checked on cases in and just outside each rule:
+the share is whole threads (integer division), never below 1, and 1 in a forked worker."""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+from ..checker import CheckResult, ExerciseFailed, call_answer, grader, require_callable
+
+SHARE = "02.share"
+
+#: (cpu_budget, num_workers, forked) -> threads per pool, each case next to the rule it tests
+CASES = (
+    ((8, 2, False), 4),      # an even split
+    ((7, 2, False), 3),      # whole threads: 7 // 2, not 3.5
+    ((3, 1, False), 3),      # one worker gets the whole budget
+    ((2, 2, False), 1),      # exactly one each
+    ((1, 2, False), 1),      # never below one thread (1 // 2 is 0)
+    ((16, 4, True), 1),      # a forked worker: 1, whatever its share
+    ((1, 1, True), 1),
+)
+
+_RULES = {
+    "whole": "a pool runs whole threads: the share is the budget divided by the workers, rounded "
+             "down (integer division)",
+    "floor": "every worker needs at least one thread, even when the budget is smaller than the "
+             "number of workers",
+    "fork": "a forked worker must keep 1 thread per pool whatever its share: growing a pool it "
+            "inherited can hang it (lesson 02, section 4)",
+}
+
+
+def _rule(args: tuple[int, int, bool], want: int, got: Any) -> str:
+    """Which rule a wrong answer broke, from the case it failed."""
+    budget, workers, forked = args
+    if forked:
+        return _RULES["fork"]
+    if budget < workers:
+        return _RULES["floor"]
+    if isinstance(got, float) or budget % workers:
+        return _RULES["whole"]
+    return f"{budget} CPUs shared by {workers} workers is {want} threads each"
+
+
+@grader(SHARE)
+def grade_share(answer: Callable[[int, int, bool], int]) -> CheckResult:
+    """Call ``answer(cpu_budget, num_workers, forked)`` on :data:`CASES`; each must return the
+    expected int."""
+    require_callable(SHARE, answer, "a function thread_share(cpu_budget, num_workers, forked)")
+    try:
+        inspect.signature(answer).bind(1, 1, False)
+    except TypeError:
+        raise ExerciseFailed(SHARE, "thread_share takes three arguments.",
+                             expected="def thread_share(cpu_budget, num_workers, forked): ...",
+                             seen=f"the signature {inspect.signature(answer)}") from None
+    except ValueError:
+        pass                                    # no signature to read: let the call decide
+    for args, want in CASES:
+        call = f"thread_share({', '.join(map(repr, args))})"
+        got = call_answer(SHARE, answer, *args, what=call)
+        if type(got) is not int:                # bool is an int too, and not a thread count
+            raise ExerciseFailed(SHARE, f"{call} returned {type(got).__name__} {got!r}, not an int.",
+                                 expected=f"{want}", seen=repr(got),
+                                 hint="a thread count is a whole number: use // rather than /, "
+                                      "and return it (a function without return gives None).")
+        if got != want:
+            raise ExerciseFailed(SHARE, f"{call} returned {got}.", expected=str(want), seen=str(got),
+                                 hint=_rule(args, want, got) + ".")
+    return CheckResult(SHARE, f"the right share in all {len(CASES)} cases: whole threads, at least "
+                              f"1, and 1 in a forked worker.")
