@@ -55,10 +55,13 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # torch and torchvision come first, together, as a matched pair from one index
-# (tools/install_torch.py says why): a pair already in the venv that loads is kept.
+# (tools/install_torch.py says why): a pair already in the venv that loads is kept. Then the
+# optional extras (NVIDIA DALI, TorchCodec): where a platform has no wheel the install goes on
+# without them, and the lessons' DALI and TorchCodec cells say why they are skipped.
 $(STAMP): pyproject.toml tools/install_torch.py | $(PY)
 	$(PY) tools/install_torch.py --spec "$(TORCH_SPEC)" $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
 	$(PIP) install -e ".[test]"
+	$(PIP) install -e ".[dali,codec]" || echo "make: the optional DALI / TorchCodec wheels did not install here; their cells will say so"
 	@touch $@
 
 install: $(STAMP)

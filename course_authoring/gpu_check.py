@@ -31,8 +31,10 @@ from typing import Any, Callable, Mapping, Sequence
 import psutil
 
 from course_utils.config import QUICK_ENV
+from course_utils.jpeg_decoders import tensor_decoder
 from course_utils.reference import (LESSON04, LESSON05, REFERENCE_DIR, REFERENCE_NAMES, SUMMARY,
                                     describe_machine, load_reference, save_reference)
+from course_utils.tools.bench.dali import dali_missing
 
 from .notebook_runner import run_notebook_cells
 from .step_runner import Step, StepResult, echo_to, run_steps, summary_block, worst_case_s
@@ -51,7 +53,7 @@ IN_PROCESS_S = 10
 QUICK_CPUS = 8
 #: The notebooks the check runs, in quick mode, each a step of its own with its timeout.
 NOTEBOOKS = {"04_host_to_device.ipynb": 30, "05_gpu_augmentation.ipynb": 50,
-             "08_find_the_stall.ipynb": 30}
+             "08_find_the_stall.ipynb": 40}
 #: Unit tests whose CUDA paths only a GPU runs.
 UNIT_TESTS = ("tests/test_transfer.py", "tests/test_augment.py", "tests/test_grader04.py",
               "tests/test_grader05.py")
@@ -173,8 +175,8 @@ def check_steps(out_dir: str | os.PathLike, *, python: str = sys.executable,
     quick = {QUICK_ENV: "1", "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1"}
     me = [py, "-m", "course_authoring", "gpu-check"] + (["--rehearse"] if rehearse else [])
     short = shm_free_bytes is not None and shm_free_bytes < SHM_NEED_BYTES
-    steps = [Step("nvidia-smi", ["nvidia-smi"], 10, required=False),
-             Step("doctor", [py, "-m", "course_utils", "doctor"], 15)]
+    steps = [Step("nvidia-smi", ["nvidia-smi"], 5, required=False),      # an info step: < 1 s
+             Step("doctor", [py, "-m", "course_utils", "doctor"], 10)]      # 3 s on 2 CPUs
     for part, (timeout, budget) in PARTS.items():
         argv = me + ["--part", part, "--out", out, "--budget", str(budget)]
         if part == "lesson05" and shm_free_bytes is not None:
@@ -333,6 +335,16 @@ def _files_lines(out: Path, rehearse: bool) -> list[str]:
     return lines
 
 
+def optional_library_notes() -> list[str]:
+    """One line each on the optional extras this machine has: NVIDIA DALI (its wheel, 0.4 GB, is
+    over what the device tool carries, so a bare GPU machine lacks it) and the JPEG decoder."""
+    why = dali_missing()
+    return ["NVIDIA DALI: installed; lesson 05's deep dive 11 runs its pipeline here" if why is None
+            else f"{why} Lesson 05's deep dive 11 skips here; the rehearsal runs its "
+                 f"CPU pipeline, and its 'mixed' path waits for a GPU machine with DALI installed.",
+            f"JPEG tensor decoder: {tensor_decoder()}"]
+
+
 def run_check(out_dir: str | os.PathLike, *, rehearse: bool = False, python: str = sys.executable,
               log_path: str | os.PathLike | None = None,
               steps: Callable[..., list[Step]] = check_steps) -> int:
@@ -351,8 +363,11 @@ def run_check(out_dir: str | os.PathLike, *, rehearse: bool = False, python: str
                                      remount=_remount)
         notes, _ = memory_notes(memory)
         notes += shm_lines
+        optional = optional_library_notes()
         echo(f"== gpu-check{' --rehearse (every step, on the CPU)' if rehearse else ''}; "
-             f"python {python}; out {out}\n" + "".join(f"== memory: {n}\n" for n in notes))
+             f"python {python}; out {out}\n" + "".join(f"== memory: {n}\n" for n in notes)
+             + "".join(f"== optional: {n}\n" for n in optional))
+        notes += optional
         todo = steps(out, python=python, rehearse=rehearse,
                      shm_free_bytes=memory.get("shm_free_bytes"))
         results = run_steps(todo, echo)

@@ -8,7 +8,8 @@ import pytest
 
 from course_utils.__main__ import main
 from course_utils.measurement import Measurement, compare
-from course_utils.tools.bench.run import (COLD, DECODE_ONLY, IMAGENET, MEMMAP, RAM_BYTES,
+from course_utils.tools.bench.dali import dali_missing
+from course_utils.tools.bench.run import (COLD, DALI, DECODE_ONLY, IMAGENET, MEMMAP, RAM_BYTES,
                                           RAM_GATHER, SEED, SHIPPING, TARGETS, TUNED,
                                           BenchmarkResult, min_batches, run_benchmark)
 
@@ -17,7 +18,9 @@ from course_utils.tools.bench.run import (COLD, DECODE_ONLY, IMAGENET, MEMMAP, R
 def test_benchmark_measures_every_row_side_by_side(tmp_path, capsys):
     n = min_batches() * 4            # every row's batches in flight and 10 timed, at batch_size=4
     result = run_benchmark(n=n, batch_size=4, repeats=1, progress=False)
-    assert [m.label for m in result.loaders.rows] == [SEED, IMAGENET, TUNED, DECODE_ONLY, SHIPPING]
+    with_dali = dali_missing() is None                    # make test installs it where it can
+    assert [m.label for m in result.loaders.rows] == [SEED, IMAGENET, TUNED, DECODE_ONLY, SHIPPING] + (
+        [DALI] if with_dali else [])
     storage = [m.label for m in result.storage.rows]
     assert storage[:2] == [RAM_BYTES, TUNED] and storage[-2:] == [MEMMAP, RAM_GATHER]
     assert (COLD in storage) == ("dropped" in result.cold_cache)
@@ -26,6 +29,11 @@ def test_benchmark_measures_every_row_side_by_side(tmp_path, capsys):
     assert result.speedup == pytest.approx(rate[TUNED] / rate[IMAGENET])
     assert result.decode_share == pytest.approx(rate[TUNED] / rate[DECODE_ONLY])
     assert result.memmap_share == pytest.approx(rate[MEMMAP] / rate[RAM_GATHER])
+    if with_dali:
+        assert result.dali_speedup == pytest.approx(rate[DALI] / rate[IMAGENET])
+        assert "DALI ran the ImageNet recipe at" in str(result) and "num_threads=" in result.dali
+    else:
+        assert result.dali_speedup is None and result.dali == dali_missing()
     # CPU time comes in 10 ms ticks: a run this small can read 0 s for the recipe, and then
     # the ratio is inf (or nan for 0 / 0), never a number
     cpu = {m.label: m.cpu_s_per_sample for m in result.loaders.rows}
@@ -85,3 +93,17 @@ def test_shipping_share_is_none_where_the_cpu_clock_read_nothing(shipping_cpu, s
     result = BenchmarkResult(compare(rows, baseline=IMAGENET), None, "m", "d", "f", "c")
     assert result.shipping_share == pytest.approx(share) if share else result.shipping_share is None
     assert ("sending its pixels alone" in str(result)) == (share is not None)
+
+
+def test_the_dali_row_by_hand():
+    """DALI 0.4 s (160/s, 2 ms CPU per sample) against the recipe's 0.8 s (80/s, 4 ms)."""
+    rows = [_row(SEED, 5e-3, 1.6), _row(IMAGENET, 4e-3, 0.8), _row(TUNED, 1e-3, 0.25),
+            _row(DECODE_ONLY, 8e-4, 0.16), _row(SHIPPING, 3e-4, 0.1), _row(DALI, 2e-3, 0.4)]
+    result = BenchmarkResult(compare(rows, baseline=IMAGENET), None, "m", "d", "f", "c", "cpu, 2 threads")
+    assert result.dali_speedup == pytest.approx(2.0)
+    text = str(result)
+    assert "DALI:    cpu, 2 threads" in text
+    assert "DALI ran the ImageNet recipe at 2.00x its DataLoader's samples/s, and at 0.50x its CPU-s/sample." in text
+    assert result.to_dict()["dali_speedup"] == pytest.approx(2.0)
+    without = BenchmarkResult(compare(rows[:5], baseline=IMAGENET), None, "m", "d", "f", "c")
+    assert without.dali_speedup is None and "DALI ran" not in str(without)

@@ -14,8 +14,7 @@ from course_authoring.core_paths import (core_only, estimated_minutes, parts, sk
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-CORE_TARGET_MIN = 45      # the "at most ~45 minutes"
-CORE_CEILING_MIN = 50     # what a lesson may state today (04, 05 and 07 sit there; only ever lower it)
+CORE_TARGET_MIN = 45      # the "at most ~45 minutes": every lesson's core path holds it
 
 
 def cells_of(path: Path) -> list[dict]:
@@ -51,7 +50,7 @@ def test_each_lesson_states_its_core_and_deep_dive_minutes_and_they_fit_what_it_
     estimate = estimated_minutes(cells[i] for p in found if not p.deep for i in p.cells)
     assert close_enough(core, estimate), \
         f"{path.name}: the core path states {core} minutes; its text and code read in ~{estimate:.0f}"
-    assert core <= CORE_CEILING_MIN, f"{path.name}: a core path of {core} minutes; mark more deep dives"
+    assert core <= CORE_TARGET_MIN, f"{path.name}: a core path of {core} minutes; mark more deep dives"
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name[:2])
@@ -67,8 +66,7 @@ def test_the_core_paths_report():
     print("\nlesson  core  deep dives  exercise (minutes)")
     for row in rows:
         print("  {}    {:>4}  {:>10}  {:>8}".format(*row))
-    at_target = sum(core <= CORE_TARGET_MIN for _, core, _, _ in rows)
-    assert at_target >= 6, f"only {at_target} of {len(rows)} core paths are at {CORE_TARGET_MIN} minutes or less"
+    assert len(rows) == 9 and all(core <= CORE_TARGET_MIN for _, core, _, _ in rows)
 
 
 def test_each_exercise_states_the_minutes_its_lesson_gives_it():

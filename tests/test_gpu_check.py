@@ -402,3 +402,13 @@ def test_the_script_is_valid_bash_and_hands_over_to_gpu_check(tmp_path):
     assert proc.returncode == 7                                 # its exit status is the check's
     assert proc.stdout.startswith(f"stub python: -m course_authoring gpu-check --out {tmp_path}/o "
                                   f"--log {tmp_path}/o/gpu_check_log.txt --rehearse (PYTHONPATH={ROOT}")
+
+
+def test_the_optional_libraries_are_named_and_a_missing_dali_says_what_skips(monkeypatch):
+    from course_authoring import gpu_check as G
+    monkeypatch.setattr(G, "dali_missing", lambda: "NVIDIA DALI is not installed: pip install -e .[dali] (make lab and make test do).")
+    dali, decoder = G.optional_library_notes()
+    assert dali.startswith("NVIDIA DALI is not installed") and "deep dive 11 skips here" in dali
+    assert "'mixed' path waits for a GPU machine" in dali and decoder.startswith("JPEG tensor decoder: ")
+    monkeypatch.setattr(G, "dali_missing", lambda: None)
+    assert G.optional_library_notes()[0] == "NVIDIA DALI: installed; lesson 05's deep dive 11 runs its pipeline here"

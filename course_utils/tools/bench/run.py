@@ -2,10 +2,12 @@
 
 Every row is measured in one run on the same JPEG files, repeats interleaved (a slow drift of a
 shared machine hits every row alike): the recipes as written (:mod:`course_utils.tools.bench.recipes`), the
-tuned pipeline, a decode-only pass (the ceiling) and the tuned batches sent with nothing decoded
-(what shipping the pixels costs alone); then storage: JPEG bytes in RAM, warm and cold page
-cache, and a :class:`~course_utils.tools.bench.storage.PackedStore` through ``np.memmap`` vs RAM. The targets
-are :data:`TARGETS`, ratios to the ImageNet training recipe (memmap: to RAM).
+tuned pipeline, a decode-only pass (the ceiling), the tuned batches sent with nothing decoded
+(what shipping the pixels costs alone) and, where NVIDIA DALI is installed, the ImageNet recipe
+as a DALI pipeline (:mod:`course_utils.tools.bench.dali`: ``cpu`` here, ``mixed`` on CUDA); then
+storage: JPEG bytes in RAM, warm and cold page cache, and a
+:class:`~course_utils.tools.bench.storage.PackedStore` through ``np.memmap`` vs RAM. The targets are
+:data:`TARGETS`, ratios to the ImageNet training recipe (memmap: to RAM).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from course_utils.pipelines import BatchedJpegDataset, recipe_process_settings
 from course_utils.timing import MIN_TIMED_BATCHES, measure_loader
 
 from ..batch_buffers import ReusedSegments, shared_uint8, slot_batch
+from .dali import DaliLoader, dali_missing, folder_files_and_labels
 from .recipes import (DecodeOnlyFiles, files_loader, imagenet_recipe_loader, seed_recipe_loader,
                       tuned_files_loader)
 from .storage import PackedStore, evict_from_page_cache, image_files, write_image_folder
@@ -37,6 +40,7 @@ IMAGENET = "ImageNet training recipe"
 TUNED = "tuned (files)"
 DECODE_ONLY = "decode only (files)"
 SHIPPING = "shipping only (no decode)"
+DALI = "DALI, ImageNet recipe"
 RAM_BYTES = "tuned, JPEG bytes in RAM"
 COLD = "tuned, files, cold page cache"
 MEMMAP = "packed uint8 store, np.memmap"
@@ -107,6 +111,7 @@ class BenchmarkResult:
     dataset: str
     folder: str
     cold_cache: str
+    dali: str = "not measured"
     targets: dict[str, float] = field(default_factory=lambda: dict(TARGETS))
 
     @property
@@ -123,6 +128,13 @@ class BenchmarkResult:
     def decode_share(self) -> float:
         """Tuned samples/s divided by the decode-only samples/s of the same files."""
         return self.loaders.ratio(TUNED) / self.loaders.ratio(DECODE_ONLY)
+
+    @property
+    def dali_speedup(self) -> float | None:
+        """DALI's samples/s divided by the ImageNet training recipe's DataLoader's (None where
+        DALI did not run)."""
+        return (self.loaders.ratio(DALI, "samples_per_s")
+                if any(m.label == DALI for m in self.loaders.rows) else None)
 
     @property
     def memmap_share(self) -> float | None:
@@ -154,12 +166,16 @@ class BenchmarkResult:
         lines = ["Benchmark: the recipes learners run vs the course's pipeline, on JPEG files, "
                  "side by side in one run",
                  f"machine: {self.machine}", f"data:    {self.dataset}", f"files:   {self.folder}",
-                 "", str(self.loaders)]
+                 "", str(self.loaders), f"DALI:    {self.dali}"]
         if self.storage is not None:
             lines += ["", "Storage (the tuned pipeline's reads; packed store = decoded once, "
                           "resized, one uint8 file):", str(self.storage), f"cold cache: {self.cold_cache}"]
         lines += [""] + [f"{what}: {value:.2f}x (target {op} {target}x: {'met' if met else 'NOT met'})"
                          for what, value, op, target, met in self.checks()]
+        if self.dali_speedup is not None:
+            lines.append(f"DALI ran the ImageNet recipe at {self.dali_speedup:.2f}x its DataLoader's "
+                         f"samples/s, and at {self.loaders.ratio(DALI, 'cpu_s_per_sample'):.2f}x its "
+                         f"CPU-s/sample.")
         share = self.shipping_share
         if share is not None:
             tuned, shipping = (self.loaders.row(k).cpu_s_per_sample for k in (TUNED, SHIPPING))
@@ -173,7 +189,8 @@ class BenchmarkResult:
                 "cold_cache": self.cold_cache, "targets": self.targets,
                 "speedup": self.speedup, "cpu_ratio": self.cpu_ratio,
                 "decode_share": self.decode_share, "memmap_share": self.memmap_share,
-                "shipping_share": self.shipping_share,
+                "shipping_share": self.shipping_share, "dali": self.dali,
+                "dali_speedup": self.dali_speedup,
                 "loaders": self.loaders.to_dict(),
                 "storage": None if self.storage is None else self.storage.to_dict()}
 
@@ -215,6 +232,13 @@ def run_benchmark(*, n: int | None = None, batch_size: int | None = None,
         (TUNED, tuned_files_loader(folder, batch_size=batch_size, size=size), nothing),
         (DECODE_ONLY, files_loader(DecodeOnlyFiles(folder), batch_size=batch_size), nothing),
         (SHIPPING, files_loader(ShippingOnly(n, size), batch_size=batch_size), nothing)]
+    dali_note = dali_missing()
+    if dali_note is None:
+        device = "mixed" if torch.cuda.is_available() else "cpu"
+        files_, labels_ = folder_files_and_labels(folder)
+        rows.append((DALI, DaliLoader(files_, labels_, batch_size=batch_size, size=size,
+                                      num_threads=usable_cpus(), device=device), nothing))
+        dali_note = f"device={device!r}, num_threads={usable_cpus()} (one process, no workers)"
     cold_cache = "not measured (--no-storage)"
     if storage:
         store = _packed_store(base, folder, size)
@@ -244,11 +268,12 @@ def run_benchmark(*, n: int | None = None, batch_size: int | None = None,
                 with settings():
                     runs[label].append(measure_loader(loader, repeats=1, label=label, progress=progress))
     merged = {label: Measurement.merge(parts) for label, parts in runs.items()}
-    loaders = compare([merged[k] for k in (SEED, IMAGENET, TUNED, DECODE_ONLY, SHIPPING)], baseline=IMAGENET)
+    loaders = compare([merged[k] for k in (SEED, IMAGENET, TUNED, DECODE_ONLY, SHIPPING, DALI)
+                       if k in merged], baseline=IMAGENET)
     storage_table = None
     if storage:
         storage_table = compare([merged[k] for k in (RAM_BYTES, TUNED, COLD, MEMMAP, RAM_GATHER)
                                  if k in merged], baseline=RAM_BYTES)
     return BenchmarkResult(loaders, storage_table, machine_summary(), base.describe(), str(folder),
-                           cold_cache)
+                           cold_cache, dali_note)
 

@@ -1,0 +1,137 @@
+"""NVIDIA DALI beside the DataLoader: the ImageNet training recipe as a DALI pipeline.
+
+Lesson 05 (deep dive 11) writes this pipeline out and measures it; ``bench`` runs it as a row of
+its own. DALI runs one pipeline inside this process on a pool of ``num_threads`` C++ threads (no
+worker processes), reading the same ImageFolder JPEG files as the recipes: decode fused with the
+random resized crop, resize, random flip, normalise, channels first. ``device="cpu"`` runs every
+step on the CPU; ``device="mixed"`` decodes with nvJPEG (parsing and Huffman decoding on the
+CPU threads, the rest on the GPU) and resizes, flips and normalises on the GPU.
+
+DALI is an optional extra (``pip install .[dali]``; wheels for Linux x86_64 and aarch64 only):
+:func:`dali_missing` says why it cannot run here, and nothing here imports it before then.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import os
+import platform
+from pathlib import Path
+from typing import Any, Iterator, Sequence, Union
+
+import torch
+
+from course_utils.checks import check_int
+
+from .recipes import IMAGENET_MEAN, IMAGENET_STD
+from .storage import image_files
+
+__all__ = ["DALI_DEVICES", "DaliLoader", "dali_missing", "folder_files_and_labels"]
+
+PathLike = Union[str, os.PathLike]
+#: where the pipeline runs: everything on the CPU, or nvJPEG decode + GPU augmentation
+DALI_DEVICES = ("cpu", "mixed")
+#: the ImageNet recipe's RandomResizedCrop ranges, as DALI names them
+RANDOM_AREA = (0.08, 1.0)
+RANDOM_ASPECT_RATIO = (3 / 4, 4 / 3)
+
+
+def dali_missing() -> str | None:
+    """None when DALI can run here, else one sentence saying why not and what to do."""
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "aarch64"):
+        return (f"NVIDIA DALI has wheels for Linux x86_64 and aarch64 only; this is "
+                f"{platform.system()} {platform.machine()}.")
+    if importlib.util.find_spec("nvidia.dali") is None:
+        return "NVIDIA DALI is not installed: pip install -e .[dali] (make lab and make test do)."
+    return None
+
+
+def folder_files_and_labels(root: PathLike) -> tuple[list[str], list[int]]:
+    """The JPEG files of an ImageFolder tree and their labels, numbered as ``ImageFolder`` numbers
+    its classes (sorted sub-folder names)."""
+    files = [Path(f) for f in image_files(root)]
+    classes = sorted({f.parent.name for f in files})
+    index = {name: k for k, name in enumerate(classes)}
+    return [str(f) for f in files], [index[f.parent.name] for f in files]
+
+
+def _recipe_pipeline(files: Sequence[str], labels: Sequence[int], *, batch_size: int, size: int,
+                     num_threads: int, device: str, seed: int) -> Any:
+    """The ImageNet training recipe as a DALI pipeline (lesson 05 writes the same one out)."""
+    dali = importlib.import_module("nvidia.dali")
+    fn, types = dali.fn, dali.types
+    on_gpu = device == "mixed"
+
+    @dali.pipeline_def(batch_size=batch_size, num_threads=num_threads,
+                       device_id=0 if on_gpu else None, seed=seed)
+    def recipe() -> Any:
+        # pad_last_batch: the last batch of an epoch is filled with its last sample (the iterator
+        # drops the padding), so that the next epoch starts at a clean boundary, every file once
+        jpegs, label = fn.readers.file(files=list(files), labels=list(labels), random_shuffle=True,
+                                       pad_last_batch=True, name="reader")
+        images = fn.decoders.image_random_crop(jpegs, device=device, output_type=types.RGB,
+                                               random_area=list(RANDOM_AREA),
+                                               random_aspect_ratio=list(RANDOM_ASPECT_RATIO))
+        images = fn.resize(images, resize_x=size, resize_y=size)
+        images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
+                                          mean=[255 * m for m in IMAGENET_MEAN],
+                                          std=[255 * s for s in IMAGENET_STD],
+                                          mirror=fn.random.coin_flip(probability=0.5))
+        return images, label
+
+    return recipe()
+
+
+class DaliLoader:
+    """Batches of the ImageNet recipe from DALI, iterated like a DataLoader: ``(images, labels)``,
+    float32 ``(N, 3, size, size)`` and int64 ``(N,)`` torch tensors (on the GPU for ``mixed``).
+
+    The pipeline is built on the first ``iter()`` and kept (like ``persistent_workers=True``):
+    each ``iter()`` yields ``len(self)`` batches, carrying on where the last one stopped, as DALI
+    cannot restart an epoch half-way."""
+
+    def __init__(self, files: Sequence[str], labels: Sequence[int], *, batch_size: int = 64,
+                 size: int = 224, num_threads: int = 2, device: str = "cpu", seed: int = 0) -> None:
+        if len(files) != len(labels) or not files:
+            raise ValueError(f"DaliLoader: files and labels must be two lists of the same, "
+                             f"non-zero length; got {len(files)} files and {len(labels)} labels.")
+        if device not in DALI_DEVICES:
+            raise ValueError(f"DaliLoader: device={device!r}; use 'cpu' (everything on the CPU) "
+                             f"or 'mixed' (nvJPEG decode and GPU augmentation, needs CUDA).")
+        self.files, self.labels = list(files), list(labels)
+        self.batch_size = check_int("batch_size", batch_size, 1, "DaliLoader")
+        self.size = check_int("size", size, 8, "DaliLoader")
+        self.num_threads = check_int("num_threads", num_threads, 1, "DaliLoader")
+        self.device, self.seed = device, seed
+        self._iterator: Any = None
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.files) / self.batch_size)
+
+    def _start(self) -> Any:
+        why = dali_missing()
+        if why:
+            raise RuntimeError(why)
+        plugin = importlib.import_module("nvidia.dali.plugin.pytorch")
+        pipe = _recipe_pipeline(self.files, self.labels, batch_size=self.batch_size,
+                                size=self.size, num_threads=self.num_threads, device=self.device,
+                                seed=self.seed)
+        return plugin.DALIGenericIterator(pipe, ["images", "labels"], reader_name="reader",
+                                          last_batch_policy=plugin.LastBatchPolicy.PARTIAL,
+                                          auto_reset=True)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self._iterator is None:
+            self._iterator = self._start()
+        for _ in range(len(self)):
+            try:
+                out = next(self._iterator)
+            except StopIteration:                 # an epoch ended; auto_reset began the next
+                out = next(self._iterator)
+            batch = out[0]
+            yield batch["images"], batch["labels"].reshape(-1).long()
+
+    def __repr__(self) -> str:
+        return (f"DaliLoader({len(self.files)} files, batch_size={self.batch_size}, size={self.size}, "
+                f"num_threads={self.num_threads}, device={self.device!r})")
