@@ -176,3 +176,24 @@ def test_the_core_paths_command_names_a_broken_core_path(tmp_path, capsys):
     broken.write_text(json.dumps({"cells": cells}))
     assert main(["core-paths", str(broken)]) == 1
     assert "uses spread, which only a deep dive defines" in capsys.readouterr().out
+
+
+def test_a_name_two_deep_dives_define_is_usable_under_a_guard_naming_either():
+    cells = [md("# 09"), md("## Deep dive (optional, ~5 min): a"), code("shared = 1\nonly_a = 2"),
+             md("## Deep dive (optional, ~5 min): b"), code("shared = 3\nonly_b = 4"),
+             md("## 3. core"), code('if "only_b" in globals():\n    print(shared)')]
+    assert skipped_uses(cells) == []
+    cells[-1] = code('if "missing" in globals():\n    print(shared)')
+    assert skipped_uses(cells)
+
+
+def test_other_cell_magics_are_not_python_and_an_appended_module_is_still_a_deep_dives():
+    cells = lesson("%%writefile -a lesson09_more.py\nh = 2", core="%%bash\necho $((1 + 2)) > /dev/null")
+    assert skipped_uses(cells) == []
+    cells.append(code("from lesson09_more import h"))
+    assert "lesson09_more.py" in skipped_uses(cells)[0]
+
+
+def test_a_notebook_that_opens_on_a_deep_dive_has_no_empty_core_part():
+    found = parts([md("## Deep dive (optional, ~5 min): first"), code("x = 1"), md("## 2. core"), code("y")])
+    assert [(p.deep, p.cells) for p in found] == [(True, [0, 1]), (False, [2, 3])]

@@ -104,6 +104,18 @@ class ImagesOnly(RightPrefetcher):
         return super().copy(batch, stream)[0]
 
 
+class LabelsAsList(RightPrefetcher):
+    def copy(self, batch, stream):
+        images, labels = super().copy(batch, stream)
+        return images, labels.tolist()
+
+
+class Zeroed(RightPrefetcher):
+    def copy(self, batch, stream):
+        images, labels = super().copy(batch, stream)
+        return torch.zeros_like(images), labels
+
+
 class NotWritten(RightPrefetcher):
     def copy(self, batch, stream):
         raise NotImplementedError("Exercise: replace this line")
@@ -117,7 +129,7 @@ def test_the_right_copy_passes_and_is_checked_on_meta_without_a_gpu():
 
 @pytest.mark.parametrize("wrong, words", [
     (Unmoved, "stayed on cpu"), (ToFloat, "changed on the way"), (ImagesOnly, "did not return the"),
-    (NotWritten, "not done yet"),
+    (LabelsAsList, "did not return the"), (Zeroed, "arrived with other values"), (NotWritten, "not done yet"),
 ])
 def test_wrong_copies_fail(wrong, words):
     if wrong is Unmoved and torch.cuda.is_available():
