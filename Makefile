@@ -6,6 +6,8 @@
 #   make runtimes        time every lesson, quick and full mode, into README.md (tools/lesson_runtimes.py)
 #   make mutation        mutation score of the code that computes figures and verdicts (tools/mutation.py)
 #   make core-paths      run every lesson with its deep dives skipped (build/core_paths/, a few minutes)
+#   make site            the course as a website from the notebooks executed here (build/site; FULL=1: full mode)
+#   make site-check      open every page of build/site in headless Chromium (tools/site_check.py)
 #
 # Knobs (make VAR=value ...):
 #   PYTHON           interpreter that creates the venv (default: python3, needs >= 3.10)
@@ -48,7 +50,7 @@ RUNTIMES_ARGS ?=
 MUTATION_ARGS ?=
 MUTATION_STAMP := $(VENV)/.installed-mutation
 
-.PHONY: install lab test exercises doctor bench clean browser-check runtimes mutation core-paths
+.PHONY: install lab test exercises doctor bench clean browser-check runtimes mutation core-paths site site-check
 
 $(PY):
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 is needed; run make PYTHON=python3.11 ..."'
@@ -61,7 +63,7 @@ $(PY):
 $(STAMP): pyproject.toml tools/install_torch.py | $(PY)
 	$(PY) tools/install_torch.py --spec "$(TORCH_SPEC)" $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
 	$(PIP) install -e ".[test]"
-	$(PIP) install -e ".[dali,codec]" || echo "make: the optional DALI / TorchCodec wheels did not install here; their cells will say so"
+	$(PIP) install -e ".[dali,codec,site]" || echo "make: the optional DALI / TorchCodec / site packages did not install here; their cells and tests will say so"
 	@touch $@
 
 install: $(STAMP)
@@ -118,6 +120,22 @@ $(MUTATION_STAMP): pyproject.toml $(STAMP)
 
 mutation: $(MUTATION_STAMP)
 	$(PY) tools/mutation.py $(MUTATION_ARGS)
+
+# The course as a website (course_authoring/site.py): executed here, cached, offline; FULL=1 runs
+# the lessons in full mode. site-check opens every page in headless Chromium (installed with
+# apt-get when missing and we are root, as for browser-check).
+site: install
+	$(PY) -m course_authoring site $(if $(FULL),--full)
+
+site-check: install
+	@$(PY) tools/browser_check.py --find-chromium >/dev/null 2>&1 || \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "Chromium is missing: installing Debian's chromium package"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  else \
+	    $(PY) tools/browser_check.py --find-chromium; exit 1; \
+	  fi
+	$(PY) tools/site_check.py build/site
 
 # Each lesson's core path run for real, deep dives skipped, in quick mode (the suite checks the
 # same statically, in tests/test_core_paths.py).

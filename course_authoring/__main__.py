@@ -5,10 +5,12 @@ Commands:
   hosted-cell      write the Colab/Kaggle install cell into every notebook (--check: only report)
   gpu-check        on a CUDA machine: the whole GPU check as steps (--rehearse: on the CPU)
   core-paths       each lesson's core and deep-dive minutes; --run: run every core path for real
+  site             build the course website from the notebooks executed here (build/site)
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -18,6 +20,7 @@ from . import gpu_check
 from .core_paths import parts, skipped_uses, stated_minutes
 from .exercises import ExerciseFormatError, make_exercises
 from .hosted import REPOSITORY_URL, sync_install_cells
+from .site import SITE_OUT, build
 
 
 def _cmd_make_exercises(args: argparse.Namespace) -> int:
@@ -110,6 +113,23 @@ def _cmd_core_paths(args: argparse.Namespace) -> int:
     return 1 if broken else 0
 
 
+def _cmd_site(args: argparse.Namespace) -> int:
+    """Build the website; exit with sphinx-build's status (2: Sphinx or MyST-NB missing)."""
+    if importlib.util.find_spec("myst_nb") is None:         # the site extra: pip install -e .[site]
+        print("python -m course_authoring site: error: Sphinx and MyST-NB are not installed; run "
+              "make site (it installs them) or pip install -e .[site].", file=sys.stderr)
+        return 2
+    try:
+        status = build(Path(args.out) if args.out else SITE_OUT, full=args.full, lessons=args.lessons)
+    except ValueError as exc:
+        print(f"python -m course_authoring site: error: {exc}", file=sys.stderr)
+        return 2
+    if status == 0:
+        print(f"built {args.out or SITE_OUT}/index.html; serve it with: python -m http.server -d "
+              f"{args.out or SITE_OUT}")
+    return status
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m course_authoring",
@@ -160,6 +180,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="lesson notebooks (default: notebooks/NN_*.ipynb)")
     p.add_argument("--run", action="store_true", help="run each core path in a kernel (minutes)")
     p.set_defaults(func=_cmd_core_paths)
+
+    p = sub.add_parser("site", help="build the course website from the notebooks executed here",
+                       description="Execute the lessons on this machine (quick mode unless --full; "
+                                   "only notebooks whose code changed run again) and build a static "
+                                   "website: the README as home page, every lesson with its outputs, "
+                                   "the exercises (never the solutions), the instructor guide.")
+    p.add_argument("--full", action="store_true", help="execute in full mode (slow)")
+    p.add_argument("--lessons", nargs="+", metavar="NN", help="only these lessons (e.g. 00 06)")
+    p.add_argument("--out", help="output folder (default: build/site)")
+    p.set_defaults(func=_cmd_site)
 
     return parser
 
