@@ -50,7 +50,7 @@ RUNTIMES_ARGS ?=
 MUTATION_ARGS ?=
 MUTATION_STAMP := $(VENV)/.installed-mutation
 
-.PHONY: install lab test exercises doctor bench clean browser-check runtimes mutation core-paths site site-check
+.PHONY: install lab test exercises doctor bench clean browser-check chromium runtimes mutation core-paths site site-check
 
 $(PY):
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 is needed; run make PYTHON=python3.11 ..."'
@@ -98,7 +98,9 @@ $(BROWSER_STAMP): pyproject.toml $(STAMP)
 	$(PIP) install -e ".[test,browser]"
 	@touch $@
 
-browser-check: $(BROWSER_STAMP)
+# Chromium for browser-check and site-check: Debian's chromium package, installed with apt-get
+# when it is missing and we are root; otherwise the command that installs it, and a failure.
+chromium: | $(PY)
 	@$(PY) tools/browser_check.py --find-chromium >/dev/null 2>&1 || \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "Chromium is missing: installing Debian's chromium package"; \
@@ -106,6 +108,8 @@ browser-check: $(BROWSER_STAMP)
 	  else \
 	    $(PY) tools/browser_check.py --find-chromium; exit 1; \
 	  fi
+
+browser-check: $(BROWSER_STAMP) chromium
 	$(PY) tools/browser_check.py $(BROWSER_CHECK_ARGS)
 
 # Times every lesson in quick and full mode and rewrites the table in README.md (slow: run it
@@ -123,18 +127,11 @@ mutation: $(MUTATION_STAMP)
 
 # The course as a website (course_authoring/site.py): executed here, cached, offline; FULL=1 runs
 # the lessons in full mode. site-check opens every page in headless Chromium (installed with
-# apt-get when missing and we are root, as for browser-check).
+# apt-get when missing and we are root: the chromium target).
 site: install
 	$(PY) -m course_authoring site $(if $(FULL),--full)
 
-site-check: install
-	@$(PY) tools/browser_check.py --find-chromium >/dev/null 2>&1 || \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo "Chromium is missing: installing Debian's chromium package"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
-	  else \
-	    $(PY) tools/browser_check.py --find-chromium; exit 1; \
-	  fi
+site-check: install chromium
 	$(PY) tools/site_check.py build/site
 
 # Each lesson's core path run for real, deep dives skipped, in quick mode (the suite checks the
