@@ -14,7 +14,7 @@ it took, and links to download it, open it in Colab, and its exercise.
 """
 from __future__ import annotations
 
-import datetime as _dt
+import datetime
 import json
 import os
 import re
@@ -143,11 +143,14 @@ def lesson_banner(pagename: str, exec_data: dict | None, machine: str, mode: str
     """The HTML that opens a lesson page: where and how long it ran, and its links."""
     name = pagename.split("/", 1)[1]
     exercise = next((p.stem for p in (ROOT / "exercises").glob(f"{name[:2]}_*.ipynb")), None)
+    when = "" if not exec_data else f"{datetime.datetime.fromtimestamp(exec_data['mtime']):%Y-%m-%d %H:%M}"
     ran = ("not executed here" if not exec_data else
-           f"executed {_dt.datetime.fromtimestamp(exec_data['mtime']):%Y-%m-%d %H:%M} in "
-           f"{exec_data['runtime']:.0f} s ({mode}, {'from the cache' if exec_data['method'] == 'cache' else exec_data['method']})")
-    colab = f"https://colab.research.google.com/github/{REPOSITORY_URL.split('github.com/', 1)[1]}/blob/main/{pagename}.ipynb"
-    links = [f'<a href="{name}.ipynb" download>download the notebook</a>', f'<a href="{colab}">open in Colab</a>']
+           f"executed {when} in {exec_data['runtime']:.0f} s ({mode}; the build keeps the outputs "
+           f"until the notebook's code changes)")
+    repository = REPOSITORY_URL.split("github.com/", 1)[1]
+    colab = f"https://colab.research.google.com/github/{repository}/blob/main/{pagename}.ipynb"
+    links = [f'<a href="{name}.ipynb" download>download the notebook</a>',
+             f'<a href="{colab}">open in Colab</a>']
     if exercise:
         links.append(f'<a href="../exercises/{exercise}.html">its exercise</a>')
     return (f'<div class="admonition note course-run"><p>Every figure below was measured when this '
