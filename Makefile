@@ -5,7 +5,7 @@
 #   make browser-check   run lesson 00 in JupyterLab in headless Chromium (tools/browser_check.py)
 #   make runtimes        time every lesson, quick and full mode, into README.md (tools/lesson_runtimes.py)
 #   make mutation        mutation score of the code that computes figures and verdicts (tools/mutation.py)
-#   make core-paths      run every lesson with its deep dives skipped (build/core_paths/, a few minutes)
+#   make core-paths      run every lesson with its deep dives skipped (a few minutes)
 #   make site            the course as a website from the notebooks executed here (build/site; FULL=1: full mode)
 #   make site-check      open every page of build/site in headless Chromium (tools/site_check.py)
 #

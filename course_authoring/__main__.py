@@ -100,11 +100,15 @@ def _cmd_core_paths(args: argparse.Namespace) -> int:
         line = f"{path.name}: core {core} min, {dives} deep dive(s) {deep} min, exercise {exercise} min"
         if args.run and not problems:
             run = run_core_path(path)
-            out = Path("build") / "core_paths" / path.name
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(run.executed, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+            kept = ""
+            if args.keep:                  # executed notebooks carry outputs: only where asked
+                out = Path(args.keep) / path.name
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(json.dumps(run.executed, indent=1, ensure_ascii=False) + "\n",
+                               encoding="utf-8")
+                kept = f" -> {out}"
             line += (f"; core path ran ({run.cells_run} code cells, {run.seconds:.0f} s)" if run.ok
-                     else f"; core path FAILED after {run.cells_run} code cells: {run.error}") + f" -> {out}"
+                     else f"; core path FAILED after {run.cells_run} code cells: {run.error}") + kept
             broken += not run.ok
         print(line)
         for problem in problems:
@@ -174,11 +178,12 @@ def build_parser() -> argparse.ArgumentParser:
                        description="For each lesson: its core-path, deep-dive and exercise minutes, "
                                    "and any cell of the core path that would break with the deep "
                                    "dives skipped. --run also runs each core path (the notebook "
-                                   "without its deep dives) in a Jupyter kernel, in quick mode, "
-                                   "and writes it with its outputs to build/core_paths/.")
+                                   "without its deep dives) in a Jupyter kernel, in quick mode.")
     p.add_argument("notebooks", nargs="*", metavar="NOTEBOOK",
                    help="lesson notebooks (default: notebooks/NN_*.ipynb)")
     p.add_argument("--run", action="store_true", help="run each core path in a kernel (minutes)")
+    p.add_argument("--keep", metavar="DIR", help="with --run: write each executed core path, with "
+                                                 "its outputs, into DIR (outside the repository)")
     p.set_defaults(func=_cmd_core_paths)
 
     p = sub.add_parser("site", help="build the course website from the notebooks executed here",

@@ -136,7 +136,12 @@ def build(out: Path = SITE_OUT, *, full: bool = False, lessons: Sequence[str] | 
     env.pop("MPLBACKEND", None)                 # the kernel's inline backend draws the plots
     env.pop(QUICK_ENV, None) if full else env.update({QUICK_ENV: "1"})
     cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-q", str(src), str(out)]
-    return subprocess.run(cmd, env=env, cwd=str(ROOT)).returncode
+    status = subprocess.run(cmd, env=env, cwd=str(ROOT)).returncode
+    # MyST-NB leaves each executed notebook, outputs and all, beside the site (its pages and images
+    # are already in `out`, and the cache holds the outputs): notebooks are kept without outputs
+    for executed in (Path(out).resolve().parent / "jupyter_execute").rglob("*.ipynb"):
+        executed.unlink()
+    return status
 
 
 def lesson_banner(pagename: str, exec_data: dict | None, machine: str, mode: str) -> str:
