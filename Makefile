@@ -5,6 +5,7 @@
 #   make browser-check   run lesson 00 in JupyterLab in headless Chromium (tools/browser_check.py)
 #   make runtimes        time every lesson, quick and full mode, into README.md (tools/lesson_runtimes.py)
 #   make mutation        mutation score of the code that computes figures and verdicts (tools/mutation.py)
+#   make suite-cpu       where the quick suite's CPU time goes, per area, file and test (tools/suite_cpu.py)
 #   make core-paths      run every lesson with its deep dives skipped (a few minutes)
 #   make site            the course as a website from the notebooks executed here (build/site; FULL=1: full mode)
 #   make site-check      open every page of build/site in headless Chromium (tools/site_check.py)
@@ -50,7 +51,7 @@ RUNTIMES_ARGS ?=
 MUTATION_ARGS ?=
 MUTATION_STAMP := $(VENV)/.installed-mutation
 
-.PHONY: install lab test exercises doctor bench clean browser-check chromium runtimes mutation core-paths site site-check
+.PHONY: install lab test exercises doctor bench clean browser-check chromium runtimes mutation suite-cpu core-paths site site-check
 
 $(PY):
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 is needed; run make PYTHON=python3.11 ..."'
@@ -124,6 +125,15 @@ $(MUTATION_STAMP): pyproject.toml $(STAMP)
 
 mutation: $(MUTATION_STAMP)
 	$(PY) tools/mutation.py $(MUTATION_ARGS)
+
+# Opt-in: the main suite run one test at a time, each test charged with the machine's busy CPU
+# seconds (kernels, subprocesses, workers included), then the report (tools/suite_cpu.py says why:
+# on 2 cores the suite is bound by CPU, and wall time = CPU / cores at best). About 14 minutes.
+suite-cpu: install
+	COURSE_QUICK=1 MPLBACKEND=Agg PYTHONPATH="$(CURDIR)/tools$${PYTHONPATH:+:$$PYTHONPATH}" $(PY) -m pytest \
+	  notebooks solutions tests --nbval-lax --nbval-cell-timeout=$(CELL_TIMEOUT) \
+	  -p course_utils.grading._nbval_kernels -p suite_cpu -n 0 -q $(PYTEST_ARGS); \
+	  status=$$?; $(PY) tools/suite_cpu.py; exit $$status
 
 # The course as a website (course_authoring/site.py): executed here, cached, offline; FULL=1 runs
 # the lessons in full mode. site-check opens every page in headless Chromium (installed with
