@@ -38,8 +38,9 @@ LAB_ARGS ?=
 PYTEST_ARGS ?=
 CELL_TIMEOUT ?= 300
 # Two pytest processes; --dist loadscope keeps each notebook's cells in one kernel, in order.
-# The notebooks come first: they are the longest scopes, and the many short test files then
-# fill both processes to the end (a long notebook last would leave one process idle).
+# The longest scopes come first (the notebooks, then the longest test files: conftest.py), and
+# the many short test files then fill both processes to the end (a long one last would leave
+# one process idle).
 # Kernels start over IPC, not TCP ports (course_utils/grading/kernels.py says why).
 PYTEST_WORKERS ?= 2
 START_METHOD ?=
@@ -80,7 +81,7 @@ lab: install
 test: install
 	COURSE_QUICK=1 MPLBACKEND=Agg $(FORCE_START) $(PY) -m pytest notebooks solutions tests \
 	  --nbval-lax --nbval-cell-timeout=$(CELL_TIMEOUT) -p course_utils.grading._nbval_kernels \
-	  -n $(PYTEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
+	  -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 	COURSE_REHEARSAL=1 MPLBACKEND=Agg $(FORCE_START) $(PY) -m pytest tests/test_gpu_rehearsal.py \
 	  $(PYTEST_ARGS)
 

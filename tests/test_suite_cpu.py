@@ -111,3 +111,30 @@ def test_the_plugin_records_every_item_with_its_children(tmp_path):
     rows = dict((r[0].rsplit("::", 1)[1], r[1]) for r in suite_cpu.read_rows(out))
     assert set(rows) == {"test_busy_child", "test_idle"}
     assert rows["test_busy_child"] >= 0.4 and rows["test_busy_child"] > rows["test_idle"]
+
+
+def test_the_longest_scopes_go_first_and_each_keeps_its_order():
+    """conftest.py: the lessons, then the longest test files, then the rest, each file whole."""
+    spec = importlib.util.spec_from_file_location("root_conftest", ROOT / "conftest.py")
+    root_conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(root_conftest)
+
+    class Item:
+        def __init__(self, nodeid):
+            self.nodeid = nodeid
+
+    ids = ["solutions/00_measure_first.ipynb::Cell 0", "tests/test_advice.py::test_a",
+           "tests/test_tuning.py::test_x", "tests/test_advice.py::test_b",
+           "notebooks/07_scaling_out.ipynb::Cell 0", "tests/test_tuning.py::test_y",
+           "notebooks/00_measure_first.ipynb::Cell 0", "tests/test_notebooks.py::test_z"]
+    items = [Item(i) for i in ids]
+    root_conftest.pytest_collection_modifyitems(None, None, items)
+    assert [i.nodeid for i in items] == [
+        "notebooks/07_scaling_out.ipynb::Cell 0", "tests/test_notebooks.py::test_z",
+        "tests/test_tuning.py::test_x", "tests/test_tuning.py::test_y",
+        "notebooks/00_measure_first.ipynb::Cell 0", "solutions/00_measure_first.ipynb::Cell 0",
+        "tests/test_advice.py::test_a", "tests/test_advice.py::test_b"]
+    for prefix in root_conftest.LONGEST_FIRST:                    # every prefix names a real path
+        assert list(ROOT.glob(prefix.rstrip("/") + "*")), prefix
+    with open(ROOT / "Makefile", encoding="utf-8") as makefile:   # else xdist sorts by test count
+        assert "--dist loadscope --no-loadscope-reorder" in makefile.read()
