@@ -18,7 +18,7 @@
 #                    NVIDIA GPU or https://download.pytorch.org/whl/cpu for a small CPU build
 #   LAB_ARGS         extra JupyterLab arguments, e.g. LAB_ARGS="--no-browser --port 8899"
 #   PYTEST_ARGS      extra pytest arguments, e.g. PYTEST_ARGS="-x -k threads"
-#   PYTEST_WORKERS   parallel test processes (default 2; 0 runs everything in one process)
+#   PYTEST_WORKERS   parallel test processes (default 3; 0 runs everything in one process)
 #   START_METHOD     force the default multiprocessing start method of every process of the
 #                    test run (fork, forkserver or spawn), e.g. make test START_METHOD=forkserver
 #                    to test what Python >= 3.14 on Linux does (tools/start_method/sitecustomize.py)
@@ -37,12 +37,14 @@ TORCH_INDEX_URL ?=
 LAB_ARGS ?=
 PYTEST_ARGS ?=
 CELL_TIMEOUT ?= 300
-# Two pytest processes; --dist loadscope keeps each notebook's cells in one kernel, in order.
+# Three pytest processes on 2 cores: with two, a fifth of the CPU time sat idle while tests wait
+# (timeouts, slow-starting datasets, process start-up); three took 379 s where two took 456 s.
+# --dist loadscope keeps each notebook's cells in one kernel, in order.
 # The longest scopes come first (the notebooks, then the longest test files: conftest.py), and
 # the many short test files then fill both processes to the end (a long one last would leave
 # one process idle).
 # Kernels start over IPC, not TCP ports (course_utils/grading/kernels.py says why).
-PYTEST_WORKERS ?= 2
+PYTEST_WORKERS ?= 3
 START_METHOD ?=
 FORCE_START := $(if $(START_METHOD),COURSE_FORCE_START_METHOD=$(START_METHOD) PYTHONPATH="$(CURDIR)/tools/start_method$${PYTHONPATH:+:$$PYTHONPATH}")
 STAMP := $(VENV)/.installed

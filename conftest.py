@@ -1,6 +1,6 @@
 """pytest hooks for this repository's own suite (``make test``).
 
-The suite runs in two pytest processes (``-n 2 --dist loadscope``): each notebook and each test
+The suite runs in three pytest processes (``-n 3 --dist loadscope``): each notebook and each test
 file goes whole to one process, in collection order (``--no-loadscope-reorder``: pytest-xdist would
 otherwise put the scopes with the most tests first, and a 5-test file that takes 45 s last). A
 long scope near the end leaves the other process idle until it ends, so the longest lessons and
