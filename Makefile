@@ -26,7 +26,8 @@
 #                    (see .venv/bin/python tools/browser_check.py --help)
 #   RUNTIMES_ARGS    options for make runtimes, e.g. "--quick-only --lessons 00 03"
 #                    (see .venv/bin/python tools/lesson_runtimes.py --help)
-#   MUTATION_ARGS    groups for make mutation, e.g. "timing diagnose" (see tools/mutation.py --help)
+#   MUTATION_ARGS    groups for make mutation, e.g. "timing diagnose", or "--hand" for the 13 bugs of
+#                    issue 22 put in one at a time (see tools/mutation.py --help)
 
 PYTHON ?= python3
 VENV ?= .venv

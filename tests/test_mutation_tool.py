@@ -42,3 +42,23 @@ def test_a_module_in_neither_place_stops_with_one_line(tmp_path):
 ])
 def test_a_survivor_that_changes_only_a_message_is_told_apart(diff, only_text):
     assert mutation.text_only(diff) is only_text
+
+
+def test_every_hand_mutation_still_applies_to_this_checkout():
+    # the 13 bugs of issue 22 (make mutation MUTATION_ARGS=--hand): each edit finds its text
+    # exactly once, and each names test files that exist, so the list moves with the code
+    assert len(mutation.HAND_MUTATIONS) == 13
+    for m in mutation.HAND_MUTATIONS:
+        text = (ROOT / m.path).read_text(encoding="utf-8")
+        for old, new in m.edits:
+            assert text.count(old) == 1 and old != new, (m.what, old)
+        assert all((ROOT / t.split("::")[0]).is_file() for t in m.tests), m.what
+
+
+def test_the_hand_report_names_the_test_or_says_not_caught():
+    text = mutation.hand_report([
+        {"what": "a", "path": "p.py", "status": 1, "caught": True, "by": "tests/t.py::test_x"},
+        {"what": "b", "path": "q.py", "status": 0, "caught": False, "by": None}])
+    assert text.startswith("# Hand mutations: 1 of 2 caught")
+    assert "| a | `p.py` | `tests/t.py::test_x` |" in text
+    assert "| b | `q.py` | **not caught** (pytest exit status 0) |" in text

@@ -25,6 +25,7 @@ import sys
 import time
 import tokenize
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,6 +56,59 @@ OLD_PATHS = {
     "course_utils/tools/diagnose/loop.py": "course_utils/diagnose.py",
 }
 MUTANT_RE = re.compile(r"^\s*(?P<name>\S+): (?P<status>.+)$")
+#: mutmut stops a mutant's tests after (their baseline time + 1 s) x this in CPU seconds, and after
+#: half that in wall time: mutmut's default (15) let a mutant that deadlocks a worker wait minutes
+TIMEOUT_MULTIPLIER = 5.0
+
+
+@dataclass(frozen=True)
+class HandMutation:
+    """One bug put in on purpose by hand (``--hand``): in ``path``, each ``(old, new)`` of
+    ``edits`` replaces text found exactly once; one of ``tests`` (pytest files or node ids)
+    must then fail."""
+
+    what: str
+    path: str
+    edits: tuple[tuple[str, str], ...]
+    tests: tuple[str, ...]
+
+
+#: The 13 small bugs issue 22 put into the package, each of which a test must catch.
+HAND_MUTATIONS: tuple[HandMutation, ...] = (
+    HandMutation("median -> mean", "course_utils/measurement.py",
+                 (("float(np.median(times))", "float(np.mean(times))"),), ("tests/test_bench.py",)),
+    HandMutation("warm-up one batch short", "course_utils/timing.py",
+                 (("range(warmup_batches):", "range(warmup_batches - 1):"),), ("tests/test_bench.py",)),
+    HandMutation("CPU per sample over the first repeat's count, not the sum", "course_utils/timing.py",
+                 (("cpu_total / sum(counts),", "cpu_total / counts[0],"),), ("tests/test_bench.py",)),
+    HandMutation("threadpool_limits(n + 1)", "course_utils/threads.py",
+                 (("threadpoolctl.threadpool_limits(limits=n))",
+                   "threadpoolctl.threadpool_limits(limits=n + 1))"),), ("tests/test_threads.py",)),
+    HandMutation("NumPy seed ignores worker_id", "course_utils/threads.py",
+                 (("np.random.seed((self.seed + worker_id) % 2**32)", "np.random.seed(self.seed % 2**32)"),),
+                 ("tests/test_threads.py",)),
+    HandMutation("RecordArrayDataset reads its paths from a Python list",
+                 "course_utils/lessons/l03_num_workers.py",
+                 (("        encoded = [", "        self.paths = [r['path'] for r in records]\n        encoded = ["),
+                  ('path = self.path_bytes[start:end].tobytes().decode("utf-8")', "path = self.paths[i]")),
+                 ("tests/test_grader03.py",)),
+    HandMutation("grader 00's upper tolerance 1.6 -> 16", "course_utils/grading/ex00_measure_first.py",
+                 (("HIGH_TOLERANCE = 1.6", "HIGH_TOLERANCE = 16"),), ("tests/test_grader00.py",)),
+    HandMutation("grader 00's seconds-per-batch unit check removed",
+                 "course_utils/grading/ex00_measure_first.py",
+                 (('("seconds per batch", batch_size / honest, inverted),', ""),), ("tests/test_grader00.py",)),
+    HandMutation("choose_workers' window +1 -> +3", "course_utils/grading/ex03_num_workers.py",
+                 (("STEPS_PAST_SATURATED = 1", "STEPS_PAST_SATURATED = 3"),), ("tests/test_grader03.py",)),
+    HandMutation("ENOUGH_FRACTION 0.85 -> 0.6", "course_utils/grading/ex03_num_workers.py",
+                 (("ENOUGH_FRACTION = 0.85", "ENOUGH_FRACTION = 0.6"),), ("tests/test_grader03.py",)),
+    HandMutation("copy-on-read limit 0.15 -> 0.9", "course_utils/grading/ex03_num_workers.py",
+                 (("GROWTH_FRACTION = 0.15", "GROWTH_FRACTION = 0.9"),), ("tests/test_grader03.py",)),
+    HandMutation("DATA_BOUND_FRACTION 0.10 -> 0.50", "course_utils/tools/diagnose/rules.py",
+                 (("DATA_BOUND_FRACTION = 0.10", "DATA_BOUND_FRACTION = 0.50"),), ("tests/test_diagnose.py",)),
+    HandMutation("grade never passes", "course_utils/grading/grade.py",
+                 (('ok = row["outcome"] == "passed"', "ok = False"),),
+                 ("tests/test_notebooks.py::test_grade_passes_a_solved_notebook_and_fails_its_exercise",)),
+)
 
 
 def _copy_checkout(dest: Path, rev: str | None = None) -> None:
@@ -86,7 +140,8 @@ def _configure(dest: Path, modules: list[str], tests: list[str]) -> None:
              f"only_mutate = {json.dumps(modules)}\n"
              f"pytest_add_cli_args_test_selection = {json.dumps(tests)}\n"
              f"pytest_add_cli_args = [\"-p\", \"no:cacheprovider\", \"-q\", \"-x\"]\n"
-             f"also_copy = {json.dumps(also)}\n")
+             f"also_copy = {json.dumps(also)}\n"
+             f"timeout_multiplier = {TIMEOUT_MULTIPLIER}\n")
     with open(dest / "pyproject.toml", "a", encoding="utf-8") as fh:
         fh.write(table)
 
@@ -169,6 +224,54 @@ def run_group(group: str, timeout_s: float, rev: str | None = None) -> dict:
             "seconds": time.perf_counter() - t0, "survivors": survivors}
 
 
+def run_hand(mutations: tuple[HandMutation, ...] = HAND_MUTATIONS) -> list[dict]:
+    """Put each hand mutation into one scratch copy of this checkout, run its tests there (the
+    copy first on PYTHONPATH, so workers and subprocesses import it too), then undo it. A
+    mutation is caught when pytest reports a failed test (exit status 1), and the first failed
+    test is named; any other exit status (an error before any test ran) is reported as such."""
+    dest = WORK / "hand"
+    _copy_checkout(dest)
+    env = dict(os.environ, COURSE_QUICK="1", MPLBACKEND="Agg",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(dest), os.environ.get("PYTHONPATH")])))
+    results = []
+    for m in mutations:
+        target = dest / m.path
+        original = target.read_text(encoding="utf-8")
+        mutated = original
+        for old, new in m.edits:
+            if mutated.count(old) != 1:
+                raise SystemExit(f"mutation: --hand: {m.what!r}: {old!r} is not in {m.path} exactly "
+                                 f"once; update HAND_MUTATIONS in tools/mutation.py")
+            mutated = mutated.replace(old, new)
+        target.write_text(mutated, encoding="utf-8")
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-rf", "-p", "no:cacheprovider",
+                                   *m.tests], cwd=dest, env=env, capture_output=True, text=True)
+        finally:
+            target.write_text(original, encoding="utf-8")
+        failed = re.findall(r"^FAILED (\S+)", proc.stdout, flags=re.MULTILINE)
+        results.append({"what": m.what, "path": m.path, "status": proc.returncode,
+                        "caught": proc.returncode == 1 and bool(failed),
+                        "by": failed[0] if failed else None, "seconds": time.perf_counter() - t0,
+                        "tail": "" if failed else proc.stdout[-2000:]})
+        print(f"mutation: hand: {m.what}: "
+              + (f"caught by {failed[0]}" if results[-1]["caught"] else
+                 f"NOT caught (pytest exit status {proc.returncode})"), flush=True)
+    return results
+
+
+def hand_report(results: list[dict]) -> str:
+    """The hand mutations as a table: what was put in, where, and the test that caught it."""
+    caught = sum(r["caught"] for r in results)
+    lines = [f"# Hand mutations: {caught} of {len(results)} caught", "",
+             "| mutation | module | caught by |", "|---|---|---|"]
+    for r in results:
+        by = f"`{r['by']}`" if r["caught"] else f"**not caught** (pytest exit status {r['status']})"
+        lines.append(f"| {r['what']} | `{r['path']}` | {by} |")
+    return "\n".join(lines) + "\n"
+
+
 def report(results: list[dict]) -> str:
     """The groups' scores, and the survivors that change more than a message's text."""
     lines = ["# Mutation score (mutmut)", "",
@@ -202,7 +305,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="stop a group's run after this long (default 1800)")
     parser.add_argument("--rev", default=None, metavar="COMMIT",
                         help="mutate that commit's files instead of the working tree (a 'before' score)")
+    parser.add_argument("--hand", action="store_true",
+                        help="instead: put in each of the hand mutations (HAND_MUTATIONS, the 13 "
+                             "of issue 22) one at a time and say which test caught it")
     args = parser.parse_args(argv)
+    if args.hand:
+        WORK.mkdir(parents=True, exist_ok=True)
+        text = hand_report(run_hand())
+        (WORK / "hand_report.md").write_text(text, encoding="utf-8")
+        print(text)
+        return 0 if "not caught" not in text else 1
     unknown = [g for g in args.groups if g not in GROUPS]
     if unknown:
         parser.error(f"GROUP {unknown[0]!r} is not one of {', '.join(GROUPS)}")
