@@ -62,3 +62,10 @@ def test_the_hand_report_names_the_test_or_says_not_caught():
     assert text.startswith("# Hand mutations: 1 of 2 caught")
     assert "| a | `p.py` | `tests/t.py::test_x` |" in text
     assert "| b | `q.py` | **not caught** (pytest exit status 0) |" in text
+
+
+def test_the_score_counts_only_mutants_that_ran_and_timeouts_as_caught():
+    stats = {"total": 20, "killed": 10, "timeout": 2, "survived": 3, "no_tests": 1, "skipped": 0}
+    row = mutation.score_line("g", ["course_utils/a.py"], stats, text_only=2)
+    # 4 not run; caught 12 of the 16 that ran (75 %); without 2 text-only misses 12 of 14 (86 %)
+    assert row == "| g | a.py | 20 | 4 | 10 | 2 | 3 | 1 | 75% | 86% |"

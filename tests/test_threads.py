@@ -540,3 +540,11 @@ def test_set_opencv_threads_leaves_a_sequential_opencv_alone(monkeypatch):
         threads._set_opencv_threads(2)
         assert calls == [2]
         monkeypatch.undo()
+
+
+def test_thread_pools_print_where_they_were_read_and_every_pool():
+    blas = [{"internal_api": "openblas", "prefix": "libopenblas", "num_threads": 3}]
+    main = ThreadPools(torch_intra=4, torch_interop=2, opencv=None, blas=blas, pid=17)
+    assert str(main) == "[pid 17] torch intra-op 4, openblas (libopenblas) 3; torch inter-op 2"
+    worker = ThreadPools(torch_intra=1, torch_interop=1, opencv=0, pid=18, worker_id=0)
+    assert str(worker) == "[pid 18, worker 0] torch intra-op 1, OpenCV 0; torch inter-op 1"
