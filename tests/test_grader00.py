@@ -157,3 +157,16 @@ def test_seconds_per_batch_fails_with_the_unit_message():
     err = info.value
     assert "wrong unit: this looks like seconds per batch" in err.problem, str(err)
     assert "samples per second" in err.expected and "samples on top" in err.hint
+
+
+# ---- exactly at a tolerance: both ends belong to "near" (mutation: <= vs <) --------------------
+
+@pytest.mark.parametrize("factor", [G.LOW_TOLERANCE, G.HIGH_TOLERANCE], ids=["low", "high"])
+def test_a_rate_exactly_at_a_tolerance_is_near(factor):
+    target = 10.0
+    assert factor * target / target == factor        # the ratio is the tolerance itself
+    assert G.near(factor * target, target)
+
+
+def test_nothing_is_near_a_target_of_zero():
+    assert not G.near(0.0, 0.0) and not G.near(1.0, 0.0)   # and no ZeroDivisionError

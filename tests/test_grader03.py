@@ -514,3 +514,53 @@ def test_the_course_packed_dataset_keeps_no_python_object_per_record():
         f"RecordArrayDataset should keep only NumPy arrays of numbers or bytes; it keeps {storage}"
     assert G.object_holders(dataset, len(records)) == []
     assert [dataset[i][2] for i in (0, 1999)] == [records[0]["path"], records[1999]["path"]]
+
+
+# ---- exactly at a threshold (mutation: >= vs >), and the curves themselves -----------------------
+
+def test_a_rate_exactly_at_enough_and_at_saturated_counts_as_reaching_them():
+    assert G.ENOUGH_FRACTION * BEST == 850.0 and G.SATURATED_FRACTION * BEST == 970.0
+    # 2 workers reach exactly 85 % (enough), 3 exactly 97 % (the first saturated count)
+    truth = [100, 500, 850.0, 970.0, 990, BEST, BEST, BEST]
+    assert G.STEPS_PAST_SATURATED == 1
+    assert acceptable(range(8), truth) == [2, 3, 4]     # from 2 (enough) to 3 + 1 (saturated)
+
+
+def test_growth_exactly_at_the_limits():
+    ref = G.MIN_LIST_GROWTH_BYTES
+    assert G.growth_verdict([ref, ref], [ref]) == "fail"          # exactly enough list growth
+    limit = G.GROWTH_FRACTION * 80e6
+    assert G.growth_verdict([80e6], [limit]) == "pass"           # exactly the allowed growth
+
+
+def test_shuffling_is_seeded_and_never_sorted_even_for_two_counts():
+    curve = made_up([100, 200])
+    for seed in range(20):
+        assert shuffled(curve, seed)["workers"] == [1, 0]
+    one = made_up([100])
+    assert shuffled(one, 0)["workers"] == [0]                   # one count: returns, unchanged
+    long = made_up(list(range(100, 1000, 100)))
+    assert shuffled(long, 7) == shuffled(long, 7) != shuffled(long, 8)
+
+
+def test_synthetic_measurements_are_the_true_rates_within_their_noise_to_one_decimal():
+    for curve in synthetic_curves():
+        pairs = list(zip(curve["truth"], curve["measured"]))
+        assert all(abs(m / t - 1) <= 0.05 + 1e-9 for t, m in pairs), curve["name"]
+        assert all(m == round(m, 1) for _, m in pairs)
+        assert any(m != round(m) for _, m in pairs), curve["name"]   # not rounded to integers
+        assert curve["story"]
+
+
+def test_a_choice_past_the_peak_tells_the_curves_story():
+    curve = dict(made_up([100, 600, BEST, 900, 500]), story="every worker adds threads")
+    with pytest.raises(ExerciseFailed, match=r"\(every worker adds threads\)"):
+        G.judge_choice(curve, 4, "made-up")
+
+
+def test_an_answer_that_raises_is_reported_under_its_exercise():
+    def broken(workers, samples_per_s):
+        raise KeyError("oops")
+    with pytest.raises(ExerciseFailed) as info:
+        check("03.choose_workers", broken, measure_real_curve=False)
+    assert info.value.exercise == "03.choose_workers" and "KeyError" in str(info.value)
