@@ -63,7 +63,8 @@ def test_half_or_double_the_honest_rate_fails(ratio, problem):
     ([WARMUP + BATCHES - 1], "pull `warmup_batches` batches before starting the clock"),
     ([WARMUP + BATCHES], "start the clock after the warm-up batches"),
     ([WARMUP, BATCHES], "you made a new iterator after the warm-up"),
-], ids=["one-batch-short-of-a-warm-up", "warmed-up", "two-iterators"])
+    ([WARMUP + BATCHES, BATCHES], "you made a new iterator after the warm-up"),
+], ids=["one-batch-short-of-a-warm-up", "warmed-up", "two-iterators", "a-second-whole-iterator"])
 def test_too_slow_hint_follows_what_the_answer_pulled(per_iterator, hint):
     with pytest.raises(ExerciseFailed, match="too slow") as info:
         judge(0.3 * HONEST, per_iterator)
@@ -170,3 +171,19 @@ def test_a_rate_exactly_at_a_tolerance_is_near(factor):
 
 def test_nothing_is_near_a_target_of_zero():
     assert not G.near(0.0, 0.0) and not G.near(1.0, 0.0)   # and no ZeroDivisionError
+
+
+@pytest.mark.parametrize("value, per_iterator", [
+    (0.3 * HONEST, STEADY), (0.3 * HONEST, [WARMUP, BATCHES]), (0.3 * HONEST, [BATCHES]),
+    (3.0 * HONEST, STEADY), (UNITS["seconds per batch"], STEADY)],
+    ids=["too-slow", "new-iterator", "no-warm-up", "too-fast", "unit"])
+def test_every_failure_names_its_exercise_and_says_what_was_expected_seen_and_why(value, per_iterator):
+    with pytest.raises(ExerciseFailed) as info:
+        judge(value, per_iterator)
+    err = info.value
+    assert err.exercise == G.EXERCISE and err.expected and err.hint
+    assert err.seen.startswith(f"{value:.4g} (an honest measurement")
+
+
+def test_a_pass_says_the_ratio_to_the_honest_rate():
+    assert judge(1.25 * HONEST).endswith("(ratio 1.25).")

@@ -564,3 +564,91 @@ def test_an_answer_that_raises_is_reported_under_its_exercise():
     with pytest.raises(ExerciseFailed) as info:
         check("03.choose_workers", broken, measure_real_curve=False)
     assert info.value.exercise == "03.choose_workers" and "KeyError" in str(info.value)
+
+
+# ---- where the scan for Python objects looks (object_holders), entry by entry --------------------
+
+N_RECORDS = round(100 / G.OBJECTS_FRACTION)          # a threshold of 100 objects
+MANY = [str(i) for i in range(100)]
+
+
+class Slotted:
+    __slots__ = ("paths", "unset")
+
+    def __init__(self, paths):
+        self.paths = paths
+
+
+def holders(**attrs):
+    return G.object_holders(types.SimpleNamespace(**attrs), N_RECORDS)
+
+
+def test_object_holders_names_each_place_it_found_objects():
+    assert holders(paths=MANY, labels=np.zeros(3)) == [("paths", "list", 100)]
+    assert holders(meta={"paths": MANY, "n": 3}) == [("meta['paths']", "list", 100)]
+    assert holders(parts=(np.zeros(2), MANY)) == [("parts[1]", "list", 100)]
+    assert holders(index=Slotted(MANY)) == [("index.paths", "list", 100)]
+    assert holders(a=MANY, b=set(MANY)) == [("a", "list", 100), ("b", "set", 100)]
+
+
+def test_an_object_array_is_a_holder_from_exactly_the_threshold():
+    at = np.array(MANY, dtype=object)
+    assert holders(paths=at) == [("paths", "NumPy array of dtype=object", 100)]
+    assert holders(paths=at[:99]) == [] and holders(paths=np.array(MANY)) == []  # str array: no objects
+
+
+def test_the_scan_looks_three_levels_below_the_dataset_and_at_each_object_once():
+    level3 = types.SimpleNamespace(b=types.SimpleNamespace(paths=MANY))     # a.b.paths: found
+    assert holders(a=level3) == [("a.b.paths", "list", 100)]
+    level4 = types.SimpleNamespace(b=types.SimpleNamespace(c=types.SimpleNamespace(paths=MANY)))
+    assert holders(a=level4) == []                                          # a.b.c.paths: not
+    shared = types.SimpleNamespace(paths=MANY)
+    assert holders(x=shared, y=shared) == [("x.paths", "list", 100)]       # seen once
+    assert holders(x=MANY, y=[MANY]) == [("x", "list", 100)]               # the same list
+
+
+# ---- 03.copy_on_read: an item that differs from the original, part by part ----------------------
+
+def item_changed_by(change):
+    """A packed answer whose items pass through ``change(box, label, path)``."""
+    class Changed(Packed):
+        def __getitem__(self, i):
+            return change(*super().__getitem__(i))
+    return Changed
+
+
+@pytest.mark.parametrize("change, problem", [
+    (lambda b, l, p: (b, l), "item 0 has the wrong shape"),
+    (lambda b, l, p: {"box": b, "label": l, "path": p}, "item 0 has the wrong shape"),
+    (lambda b, l, p: (b.numpy(), l, p), "item 0: the box is not a torch tensor"),
+    (lambda b, l, p: (b.double(), l, p), "item 0: the box differs"),
+    (lambda b, l, p: (b[None], l, p), "item 0: the box differs"),
+    (lambda b, l, p: (b + 1, l, p), "item 0: the box differs"),
+    (lambda b, l, p: (b, float(l), p), "item 0: the label differs"),
+    (lambda b, l, p: (b, l + 1, p), "item 0: the label differs"),
+    (lambda b, l, p: (b, l, p.encode()), "item 0: the path differs"),
+    (lambda b, l, p: (b, l, p + "x"), "item 0: the path differs"),
+], ids=["pair", "dict", "numpy-box", "float64-box", "box-shape", "box-values", "float-label",
+        "label", "bytes-path", "path"])
+def test_copy_on_read_an_item_that_differs_is_named_with_what_was_expected(change, problem):
+    with pytest.raises(ExerciseFailed, match=problem) as info:
+        check("03.copy_on_read", item_changed_by(change), n_records=200)
+    err = info.value
+    assert err.exercise == "03.copy_on_read" and err.expected and err.seen and err.hint
+
+
+def test_a_bool_label_is_not_an_int_label():
+    records = make_records(200, seed=1)
+    falsy = next(i for i, r in enumerate(records) if r["label"] in (0, 1))
+    class BoolLabels(Packed):
+        def __getitem__(self, i):
+            box, label, path = super().__getitem__(i)
+            return box, bool(label) if i == falsy else label, path
+    with pytest.raises(ExerciseFailed, match=f"item {falsy}: the label differs"):
+        check("03.copy_on_read", BoolLabels, n_records=200)
+
+
+def test_what_a_wrong_item_was_is_shown_in_at_most_300_characters():
+    with pytest.raises(ExerciseFailed) as info:
+        check("03.copy_on_read", item_changed_by(lambda b, l, p: tuple(range(1000))), n_records=200)
+    assert len(info.value.seen) == 300 and info.value.seen.startswith("tuple: (0, 1, 2")

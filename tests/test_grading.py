@@ -276,3 +276,17 @@ def test_refuse_course_helper_knows_a_copy_of_a_helper_left_in_another_course_mo
 def test_grade_notebooks_needs_at_least_one_path():
     with pytest.raises(ValueError, match="paths is empty; pass at least one notebook"):
         grade_notebooks([])
+
+
+@pytest.mark.parametrize("field", ["exercise", "problem", "expected", "seen", "hint"])
+def test_every_part_of_a_failure_message_must_be_text(field):
+    parts = {"exercise": "00.timing", "problem": "too slow.", "expected": "e", "seen": "s",
+             "hint": "h"}
+    ExerciseFailed(**parts)                                        # all text: fine
+    with pytest.raises(TypeError, match=f"ExerciseFailed: {field} must be a str"):
+        ExerciseFailed(**{**parts, field: None})
+    if field in ("exercise", "problem"):
+        with pytest.raises(TypeError, match=f"{field} must be a str"):
+            ExerciseFailed(**{**parts, field: ""})
+    else:
+        assert f"{field}:" not in str(ExerciseFailed(**{**parts, field: ""}))  # an empty part is left out

@@ -40,6 +40,12 @@ class ExerciseFailed(AssertionError):
 
     def __init__(self, exercise: str, problem: str, *, expected: str = "", seen: str = "",
                  hint: str = "") -> None:
+        for name, text in (("exercise", exercise), ("problem", problem), ("expected", expected),
+                           ("seen", seen), ("hint", hint)):
+            if not isinstance(text, str) or (not text and name in ("exercise", "problem")):
+                # a grader's bug, not the learner's: every part of the message is text
+                raise TypeError(f"ExerciseFailed: {name} must be a str (the text the learner "
+                                f"reads; exercise and problem non-empty), got {text!r}")
         self.exercise, self.problem = exercise, problem
         self.expected, self.seen, self.hint = expected, seen, hint
         lines = [f"{exercise}: {problem}"] + [f"  {k}:{' ' * (9 - len(k))}{v}" for k, v in (
