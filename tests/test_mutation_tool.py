@@ -57,11 +57,13 @@ def test_every_hand_mutation_still_applies_to_this_checkout():
 
 def test_the_hand_report_names_the_test_or_says_not_caught():
     text = mutation.hand_report([
-        {"what": "a", "path": "p.py", "status": 1, "caught": True, "by": "tests/t.py::test_x"},
-        {"what": "b", "path": "q.py", "status": 0, "caught": False, "by": None}])
+        {"what": "a", "path": "p.py", "status": 1, "caught": True,
+         "by": ["tests/t.py::test_x", "tests/t.py::test_y[a b]", "tests/t.py::z", "tests/t.py::w"]},
+        {"what": "b", "path": "q.py", "status": 0, "caught": False, "by": []}])
     assert text.startswith("# Hand mutations: 1 of 2 caught")
-    assert "| a | `p.py` | `tests/t.py::test_x` |" in text
-    assert "| b | `q.py` | **not caught** (pytest exit status 0) |" in text
+    assert ("| a | `p.py` | 4 | `tests/t.py::test_x`<br>`tests/t.py::test_y[a b]`<br>`tests/t.py::z` |"
+            in text)
+    assert "| b | `q.py` | 0 | **not caught** (pytest exit status 0) |" in text
 
 
 def test_the_score_counts_only_mutants_that_ran_and_timeouts_as_caught():

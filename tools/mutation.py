@@ -227,8 +227,8 @@ def run_group(group: str, timeout_s: float, rev: str | None = None) -> dict:
 def run_hand(mutations: tuple[HandMutation, ...] = HAND_MUTATIONS) -> list[dict]:
     """Put each hand mutation into one scratch copy of this checkout, run its tests there (the
     copy first on PYTHONPATH, so workers and subprocesses import it too), then undo it. A
-    mutation is caught when pytest reports a failed test (exit status 1), and the first failed
-    test is named; any other exit status (an error before any test ran) is reported as such."""
+    mutation is caught when pytest reports a failed test (exit status 1); every failed test is
+    listed. Any other exit status (an error before any test ran) is reported as such."""
     dest = WORK / "hand"
     _copy_checkout(dest)
     env = dict(os.environ, COURSE_QUICK="1", MPLBACKEND="Agg",
@@ -246,17 +246,16 @@ def run_hand(mutations: tuple[HandMutation, ...] = HAND_MUTATIONS) -> list[dict]
         target.write_text(mutated, encoding="utf-8")
         t0 = time.perf_counter()
         try:
-            proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-rf", "-p", "no:cacheprovider",
+            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider",
                                    *m.tests], cwd=dest, env=env, capture_output=True, text=True)
         finally:
             target.write_text(original, encoding="utf-8")
-        failed = re.findall(r"^FAILED (\S+)", proc.stdout, flags=re.MULTILINE)
+        failed = re.findall(r"^FAILED (.+?)(?: - .*)?$", proc.stdout, flags=re.MULTILINE)
         results.append({"what": m.what, "path": m.path, "status": proc.returncode,
-                        "caught": proc.returncode == 1 and bool(failed),
-                        "by": failed[0] if failed else None, "seconds": time.perf_counter() - t0,
-                        "tail": "" if failed else proc.stdout[-2000:]})
+                        "caught": proc.returncode == 1 and bool(failed), "by": failed,
+                        "seconds": time.perf_counter() - t0, "tail": "" if failed else proc.stdout[-2000:]})
         print(f"mutation: hand: {m.what}: "
-              + (f"caught by {failed[0]}" if results[-1]["caught"] else
+              + (f"caught by {len(failed)} test(s): {', '.join(failed)}" if results[-1]["caught"] else
                  f"NOT caught (pytest exit status {proc.returncode})"), flush=True)
     return results
 
@@ -265,10 +264,11 @@ def hand_report(results: list[dict]) -> str:
     """The hand mutations as a table: what was put in, where, and the test that caught it."""
     caught = sum(r["caught"] for r in results)
     lines = [f"# Hand mutations: {caught} of {len(results)} caught", "",
-             "| mutation | module | caught by |", "|---|---|---|"]
+             "| mutation | module | failed tests | caught by (the first three) |", "|---|---|---:|---|"]
     for r in results:
-        by = f"`{r['by']}`" if r["caught"] else f"**not caught** (pytest exit status {r['status']})"
-        lines.append(f"| {r['what']} | `{r['path']}` | {by} |")
+        by = ("<br>".join(f"`{t}`" for t in r["by"][:3]) if r["caught"] else
+              f"**not caught** (pytest exit status {r['status']})")
+        lines.append(f"| {r['what']} | `{r['path']}` | {len(r['by'])} | {by} |")
     return "\n".join(lines) + "\n"
 
 
