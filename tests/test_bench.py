@@ -6,7 +6,9 @@ takes at least 10 ms; CPU time cannot exceed wall time x processes).
 """
 from __future__ import annotations
 
+import functools
 import json
+import multiprocessing
 import os
 import re
 import subprocess
@@ -25,6 +27,7 @@ from course_utils.measurement import (MIN_REPEATS, NOISY_IQR_FRACTION, SHORT_REP
                                       Measurement, compare)
 from course_utils.plots import plot_measurements
 from course_utils.process_tree import loader_worker_pids
+from course_utils.start_methods import start_method
 from course_utils.timing import DataWait, batch_size_of, measure, measure_data_wait, measure_loader
 
 from _helpers import TinyDataset
@@ -834,3 +837,113 @@ def test_from_dict_keeps_saved_figures_and_recomputes_only_missing_ones():
             Measurement.from_dict(data)
     with pytest.raises(TypeError, match="data must be a dict"):
         Measurement.from_dict([("label", "x")])
+
+
+# ---- measure_data_wait: what the step receives, and loaders that run out ---------------------------
+
+class NumberedBatches:
+    """An iterable without __len__ that yields batches [0], [1], ... [n - 1]."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return (torch.tensor([i]) for i in range(self.n))
+
+
+def test_every_step_gets_its_batch_in_order_on_the_device_asked_for():
+    seen = []
+    w = measure_data_wait(NumberedBatches(6), lambda batch: seen.append(batch), steps=4, warmup_steps=2,
+                          device="meta")
+    assert w.steps == 4 and len(seen) == 6                     # 2 warm-up steps + 4 timed
+    assert all(b.device.type == "meta" for b in seen)
+    plain = []
+    measure_data_wait(NumberedBatches(6), lambda batch: plain.append(batch.item()), steps=4, warmup_steps=2)
+    assert plain == [0, 1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"steps": 3, "warmup_steps": 4},
+     r"ran out after 3 batches of warmup_steps=4: ask for fewer"),
+    ({"steps": 4, "warmup_steps": 1},
+     r"ran out after 3 batches of warmup_steps=1 \+ steps=4: ask for fewer"),
+])
+def test_a_loader_that_runs_out_says_how_far_it_got(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        measure_data_wait(NumberedBatches(3), lambda batch: None, **kwargs)
+
+
+def test_a_default_window_that_ends_during_warm_up_or_early_is_explained():
+    with pytest.raises(ValueError, match="no steps were timed: the loader had no batches left"):
+        measure_data_wait(NumberedBatches(2), lambda batch: None)              # warm-up of 2 eats it all
+    with pytest.raises(ValueError, match=r"epoch ended after 5 batches: .* pulls the 2 in flight untimed"):
+        measure_data_wait(NumberedBatches(5), lambda batch: None)              # 3 timed, fewer than 10
+
+
+def test_a_loop_that_took_no_time_waited_for_nothing(monkeypatch):
+    monkeypatch.setattr(timing, "_now", lambda: 7.0)                # a clock that never moves
+    w = measure_data_wait(NumberedBatches(3), lambda batch: None, steps=2, warmup_steps=1)
+    assert w.wait_fraction == 0.0 and w.step_s == [0.0, 0.0]
+
+
+def test_data_wait_to_dict_names_each_figure():
+    w = DataWait(steps=2, wait_s=[0.1, 0.3], step_s=[0.5, 0.5], wait_fraction=0.4)
+    assert w.to_dict() == {"steps": 2, "wait_s": [0.1, 0.3], "step_s": [0.5, 0.5],
+                           "wait_fraction": 0.4}
+
+
+# ---- what a measurement records about the loader and the callable -------------------------------
+
+class FakeLoader:
+    """Looks like a DataLoader to measure_loader (settings as attributes), makes no workers."""
+
+    def __init__(self, **settings) -> None:
+        self.__dict__.update(settings)
+
+    def __iter__(self):
+        return (torch.zeros(2) for _ in range(20))
+
+
+@pytest.mark.parametrize("settings, start", [
+    ({"num_workers": 2, "multiprocessing_context": "forkserver"}, "forkserver"),
+    ({"num_workers": 2, "multiprocessing_context": multiprocessing.get_context("spawn")}, "spawn"),
+    ({"num_workers": 1}, "the default"),
+    ({"num_workers": 0, "multiprocessing_context": "spawn"}, None),
+    ({}, None),
+], ids=["str", "context", "default", "no-workers", "no-attribute"])
+def test_a_loaders_start_method_is_recorded_only_where_it_has_workers(settings, start):
+    m = measure_loader(FakeLoader(batch_size=2, persistent_workers=True, **settings), batches=3,
+                       warmup_batches=0, repeats=1, progress=False)
+    expected = start_method() if start == "the default" else start
+    assert m.settings.get("start_method") == expected
+    assert m.settings["persistent_workers"] is True and m.settings["batch_size"] == 2
+
+
+def test_measure_loader_repeats_three_times_by_default():
+    assert measure_loader(FakeLoader(), batches=2, warmup_batches=0, progress=False).repeats == 3
+
+
+@pytest.mark.parametrize("batch_size, text", [(2, " (at least 24 samples at batch_size=2)"),
+                                              (None, "")])
+def test_a_loader_too_short_for_an_honest_window_says_what_it_needs(batch_size, text):
+    class Short(FakeLoader):
+        def __len__(self):
+            return 4
+    with pytest.raises(ValueError) as info:
+        measure_loader(Short(batch_size=batch_size), progress=False)
+    message = str(info.value)
+    assert message.startswith("the loader has only 4 batches per epoch: an honest timing pulls "
+                              "warmup_batches=2 untimed")
+    assert f"so it needs 12{text}. Use more data" in message
+
+
+def test_measure_labels_a_callable_without_a_name_by_its_type_and_reads_memory():
+    m = measure(functools.partial(sum, [1, 2]), repeats=3)
+    assert m.label == "partial"
+    assert measure(sum_of_two, repeats=3).label == "sum_of_two"
+    if sys.platform.startswith("linux"):
+        assert m.peak_uss_bytes > 0 and m.peak_pss_bytes > 0
+
+
+def sum_of_two() -> int:
+    return 1 + 1

@@ -108,3 +108,69 @@ def test_jsonable_turns_every_kind_of_figure_into_plain_json():
     assert out == {"1": 0.5, "a": [0, 1, 2], "d": "cpu", "inf": None}
     assert jsonable(two_workers())["label"] == "two workers"
     assert type(jsonable(np.int64(3))) is int and type(jsonable(np.float64(0.25))) is float
+
+
+# ---- rows, ratios and bad input, with the message each gives ---------------------------------------
+
+def three():
+    return compare([defaults(), two_workers(), Measurement.from_times("x", [0.02] * 3, 64, machine="m")])
+
+
+@pytest.mark.parametrize("key, row", [(0, 0), (2, 2), (-1, 2), (-3, 0), (np.int64(1), 1), ("x", 2)])
+def test_a_row_is_found_by_label_or_by_any_index_in_range(key, row):
+    assert three().index(key) == row
+
+
+@pytest.mark.parametrize("key, exc, message", [
+    (3, ValueError, r"index 3 is out of range for 3 measurements \(use 0\.\.2, or a label\)"),
+    (-4, ValueError, r"index -4 is out of range"),
+    (True, TypeError, r"expected a row label \(str\) or index \(int\), got True"),
+    (1.0, TypeError, r"got 1\.0"),
+    ("y", ValueError, r"no measurement is labelled 'y'; labels are: 'defaults', 'two workers', 'x'"),
+])
+def test_a_missing_row_is_a_clear_error(key, exc, message):
+    with pytest.raises(exc, match=message):
+        three().index(key)
+
+
+def test_a_label_used_twice_must_be_asked_for_by_index():
+    with pytest.raises(ValueError, match=r"label 'defaults' is used by rows \[0, 1\]"):
+        compare([defaults(), defaults()]).index("defaults")
+
+
+def test_ratios_of_unmeasured_or_zero_figures():
+    a = Measurement.from_times("a", [0.01] * 3, 10, cpu_s_per_sample=0.001, machine="m")
+    none = Measurement.from_times("none", [0.01] * 3, 10, machine="m")
+    with pytest.raises(ValueError, match="cpu_s_per_sample was not measured for 'none' or the baseline 'a'"):
+        compare([a, none]).ratio("none", "cpu_s_per_sample")
+    with pytest.raises(ValueError, match="was not measured for 'a' or the baseline 'none'"):
+        compare([none, a]).ratio("a", "cpu_s_per_sample")
+    one = Measurement.from_times("one", [0.01] * 3, 10, cpu_s_per_sample=1.0, machine="m")
+    assert compare([one, a]).ratio("a", "cpu_s_per_sample") == pytest.approx(0.001)
+    zero = Measurement.from_times("z", [0.01] * 3, 10, cpu_s_per_sample=0.0, machine="m")
+    small = Measurement.from_times("s", [0.01] * 3, 10, cpu_s_per_sample=0.5, machine="m")
+    assert compare([zero, small]).ratio("s", "cpu_s_per_sample") == math.inf
+    with pytest.raises(ValueError, match="cpu_s_per_sample was not measured for any row"):
+        compare([none]).best("cpu_s_per_sample")
+    with pytest.raises(ValueError, match=r"metric='speed' is not known: use one of samples_per_s, "):
+        none.metric("speed")
+
+
+@pytest.mark.parametrize("measurements, baseline, exc, message", [
+    ("one", 0, TypeError, r"got a single Measurement: wrap it in a list, e\.g\. compare\(\[a, b\]\)"),
+    (5, 0, TypeError, r"measurements must be a list of Measurements, got int\."),
+    ([], 0, ValueError, r"measurements is empty: pass at least one Measurement"),
+    (["a", "b"], 0, TypeError, r"measurements\[0\] is a str, not a Measurement"),
+    ("pair", 2, ValueError, r"baseline: index 2 is out of range"),
+    ("pair", "zz", ValueError, r"baseline: no measurement is labelled 'zz'"),
+])
+def test_compare_names_what_is_wrong_with_its_input(measurements, baseline, exc, message):
+    given = {"one": defaults(), "pair": [defaults(), two_workers()]}.get(measurements, measurements) \
+        if isinstance(measurements, str) else measurements
+    with pytest.raises(exc, match=message):
+        compare(given, baseline=baseline)
+
+
+def test_the_baseline_is_the_row_asked_for():
+    c = compare([defaults(), two_workers()], baseline=-1)
+    assert c.baseline == 1 and c.ratio(0) == pytest.approx(1600 / (64 / 0.012))
