@@ -39,6 +39,8 @@ def test_a_module_in_neither_place_stops_with_one_line(tmp_path):
     ('--- a\n+++ b\n-    raise ValueError("too few")\n+    raise ValueError("XXtoo fewXX")\n', True),
     ('--- a\n+++ b\n-    if n < 10:\n+    if n <= 10:\n', False),
     ('--- a\n+++ b\n-    x = "a"\n', False),
+    ('--- a\n+++ b\n-    f("a b", "c",\n+    f("XXa bXX", "c",\n', True),          # an open bracket
+    ('--- a\n+++ b\n-    f("a b", 1,\n+    f("a b", 2,\n', False),
 ])
 def test_a_survivor_that_changes_only_a_message_is_told_apart(diff, only_text):
     assert mutation.text_only(diff) is only_text

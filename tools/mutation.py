@@ -25,6 +25,7 @@ import sys
 import time
 import tokenize
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -162,13 +163,17 @@ def _mutmut(dest: Path, *args: str, log: Path | None = None, timeout: float | No
 
 
 def _code_tokens(line: str) -> list[str] | None:
-    """The line's tokens with every string literal's text blanked (None: not tokenizable)."""
+    """The line's tokens with every string literal's text blanked: a line cut out of a longer
+    statement (an open bracket) keeps the tokens read before the tokenizer gave up; None when
+    not even one token could be read."""
+    out: list[str] = []
     try:
-        toks = tokenize.generate_tokens(io.StringIO(line.strip() + "\n").readline)
-        return [("STR" if t.type == tokenize.STRING else t.string) for t in toks
-                if t.type not in (tokenize.NEWLINE, tokenize.NL, tokenize.COMMENT)]
+        for t in tokenize.generate_tokens(io.StringIO(line.strip() + "\n").readline):
+            if t.type not in (tokenize.NEWLINE, tokenize.NL, tokenize.COMMENT, tokenize.ENDMARKER):
+                out.append("STR" if t.type == tokenize.STRING else t.string)
     except (tokenize.TokenError, IndentationError, SyntaxError):
-        return None
+        pass
+    return out or None
 
 
 def text_only(diff: str) -> bool:
@@ -212,14 +217,13 @@ def run_group(group: str, timeout_s: float, rev: str | None = None) -> dict:
     _mutmut(dest, "export-cicd-stats")
     stats_file = dest / "mutants" / "mutmut-cicd-stats.json"
     stats = json.loads(stats_file.read_text()) if stats_file.is_file() else {}
-    survivors = []
-    for line in _mutmut(dest, "results").splitlines():
-        m = MUTANT_RE.match(line)
-        if m and m.group("status") in ("survived", "timeout", "no tests"):
-            diff = _mutmut(dest, "show", m.group("name"))
-            survivors.append({"name": m.group("name"), "status": m.group("status"),
-                              "function": _function_of(m.group("name")), "text_only": text_only(diff),
-                              "diff": diff})
+    listed = [m for m in map(MUTANT_RE.match, _mutmut(dest, "results").splitlines())
+              if m and m.group("status") in ("survived", "timeout", "no tests")]
+    with ThreadPoolExecutor(4) as pool:          # `mutmut show` starts Python each time: ~1 s
+        diffs = list(pool.map(lambda m: _mutmut(dest, "show", m.group("name")), listed))
+    survivors = [{"name": m.group("name"), "status": m.group("status"),
+                  "function": _function_of(m.group("name")), "text_only": text_only(diff), "diff": diff}
+                 for m, diff in zip(listed, diffs)]
     return {"group": group, "modules": modules, "tests": tests, "stats": stats,
             "seconds": time.perf_counter() - t0, "survivors": survivors}
 
