@@ -652,3 +652,49 @@ def test_what_a_wrong_item_was_is_shown_in_at_most_300_characters():
     with pytest.raises(ExerciseFailed) as info:
         check("03.copy_on_read", item_changed_by(lambda b, l, p: tuple(range(1000))), n_records=200)
     assert len(info.value.seen) == 300 and info.value.seen.startswith("tuple: (0, 1, 2")
+
+
+# ---- judge_choice: the answer that is not a measured count, and the exact edge past the peak --------
+
+def unsorted_curve():
+    # 4 workers measured first: the only good choice; 1 and 2 are far below it
+    return {"name": "made up", "story": "", "workers": [4, 1, 2], "truth": [1000.0, 100.0, 500.0],
+            "measured": [1000.0, 100.0, 500.0]}
+
+
+@pytest.mark.parametrize("answer, hint", [
+    (0, "0 looks like a position in the list, not a worker count: return workers[0] = 4."),
+    (3, "choose from the worker counts that were measured"),      # one past the last position
+    (7, "choose from the worker counts that were measured"),
+], ids=["position-0", "past-the-end", "unmeasured"])
+def test_an_unmeasured_count_is_refused_and_a_position_is_recognised(answer, hint):
+    with pytest.raises(ExerciseFailed, match=f"{answer} workers were not measured") as info:
+        G.judge_choice(unsorted_curve(), answer, "made-up")
+    err = info.value
+    assert err.hint.startswith(hint) and err.expected == "one of [4, 1, 2] (a good choice here: [4])"
+    assert err.seen == f"{answer}; workers -> samples/s measured: 4: 1,000, 1: 100, 2: 500"
+
+
+def test_a_count_past_the_window_at_exactly_enough_is_more_than_needed_not_past_the_peak():
+    peak = made_up([100, 600, BEST, 900, 850.0])       # 4 workers: exactly 85 %, past the window
+    with pytest.raises(ExerciseFailed, match="more workers than needed.*2 workers already deliver 100%"):
+        G.judge_choice(peak, 4, "made-up")
+
+
+@pytest.mark.parametrize("answer, kind", [(2.0, "return an int, e.g. int(w)"),
+                                          ([2], "return ONE worker count, not a list"),
+                                          ("2", "return one of the worker counts you were given")])
+def test_an_answer_that_is_not_a_whole_number_says_what_it_was(answer, kind):
+    with pytest.raises(ExerciseFailed, match="is not a whole number") as info:
+        G.judge_choice(made_up([100, 200, 300]), answer, "made-up")
+    assert info.value.hint.startswith(kind)
+    assert info.value.seen == f"{type(answer).__name__}: {answer!r}"
+    assert info.value.expected == "an int, one of the measured worker counts"
+
+
+def test_each_synthetic_curve_has_the_window_its_story_describes():
+    # the knee of a CPU-bound plateau, the top of a peak, the end of a still-rising grid, no
+    # workers for light data, and a plateau blurred by noise: what each curve is there to test
+    windows = {c["name"]: acceptable(c["workers"], c["truth"]) for c in synthetic_curves()}
+    assert windows == {"rise then plateau": [7, 8, 9], "peak then decline": [3, 4, 5],
+                       "still rising": [32], "workers do not help": [0], "noisy plateau": [6, 7, 8]}
