@@ -204,7 +204,7 @@ def modules_in(copy: Path, modules: list[str], where: str) -> list[str]:
     return found
 
 
-def run_group(group: str, timeout_s: float, rev: str | None = None) -> dict:
+def run_group(group: str, timeout_s: float, rev: str | None = None, children: int = 2) -> dict:
     """Mutate one group in its own scratch copy; its counts and its survivors."""
     modules, tests = GROUPS[group]
     dest = WORK / (group if rev is None else f"{group}@{rev}")
@@ -213,7 +213,7 @@ def run_group(group: str, timeout_s: float, rev: str | None = None) -> dict:
     modules = modules_in(dest, modules, f"{group}@{rev or 'this checkout'}")
     _configure(dest, modules, tests)
     t0 = time.perf_counter()
-    _mutmut(dest, "run", log=WORK / f"{dest.name}.log", timeout=timeout_s)
+    _mutmut(dest, "run", "--max-children", str(children), log=WORK / f"{dest.name}.log", timeout=timeout_s)
     _mutmut(dest, "export-cicd-stats")
     stats_file = dest / "mutants" / "mutmut-cicd-stats.json"
     stats = json.loads(stats_file.read_text()) if stats_file.is_file() else {}
@@ -325,6 +325,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="stop a group's run after this long (default 1800)")
     parser.add_argument("--rev", default=None, metavar="COMMIT",
                         help="mutate that commit's files instead of the working tree (a 'before' score)")
+    parser.add_argument("--children", type=int, default=os.cpu_count() or 2, metavar="N",
+                        help="mutants tested at once (default: the CPU count); a group whose "
+                             "mutants often hang (diagnose) finishes sooner with more")
     parser.add_argument("--hand", action="store_true",
                         help="instead: put in each of the hand mutations (HAND_MUTATIONS, the 13 "
                              "of issue 22) one at a time and say which test caught it")
@@ -349,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for group in args.groups:
         print(f"mutation: {group} ({', '.join(GROUPS[group][0])}) ...", flush=True)
-        results.append(run_group(group, args.timeout, args.rev))
+        results.append(run_group(group, args.timeout, args.rev, args.children))
         s = results[-1]["stats"]
         print(f"mutation: {group}: {s.get('killed', 0)} of {s.get('total', 0)} killed in "
               f"{results[-1]['seconds']:.0f} s", flush=True)
