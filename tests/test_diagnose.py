@@ -241,7 +241,7 @@ def test_a_zero_step_time_in_the_loop_does_not_divide_by_zero(monkeypatch):
 
 
 def test_json_output_is_strict_json_without_nan_or_infinity(tmp_path, capsys):
-    from course_utils.__main__ import _print_and_save
+    from course_utils.tools.cli import print_and_save
 
     class Result:
         def __str__(self) -> str:
@@ -255,7 +255,7 @@ def test_json_output_is_strict_json_without_nan_or_infinity(tmp_path, capsys):
         raise ValueError(f"{name} is not JSON")
 
     out = tmp_path / "r.json"
-    _print_and_save(Result(), str(out))
+    print_and_save(Result(), str(out))
     text = out.read_text()
     assert "NaN" not in text and "Infinity" not in text
     assert json.loads(text, parse_constant=no_constants) == {

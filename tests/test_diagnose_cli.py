@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from course_utils.__main__ import script_exit_status, split_diagnose_argv
+from course_utils.tools.cli import script_exit_status, split_diagnose_argv
 from course_utils.tools.diagnose import DiagnoseError
 from course_utils.tools.diagnose import script as ds
 from course_utils.tools.diagnose.probe import OUT_OF_SCOPE
