@@ -4,8 +4,9 @@ modules, no import cycles between course_utils modules (imports inside functions
 import only hides a cycle), no module over 500 lines, and plots import the timing results, never
 the reverse.
 
-``course_utils.__main__`` is the command line of the tools and of ``grade``: it sits above every
-layer (nothing imports it) and is the one core-level module allowed to import them."""
+``course_utils.__main__`` dispatches the command line to each layer's ``cli`` module
+(``tools/cli.py``, ``grading/cli.py``): it sits above every layer (nothing imports it) and is the
+one core-level module allowed to import them."""
 from __future__ import annotations
 
 import ast

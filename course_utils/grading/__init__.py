@@ -4,9 +4,10 @@
   :class:`CheckResult` and what every grader shares (refusing the course's own helper);
 * ``ex00_measure_first`` ... ``ex08_find_the_stall`` - one module per exercise, named like the
   exercise notebook (``exercises/03_num_workers.ipynb``: ``ex03_num_workers``);
-* :mod:`course_utils.grading.grade` - ``python -m course_utils grade NOTEBOOK`` (nbval), with
+* :mod:`course_utils.grading.grade` - grading whole notebooks through nbval, with
   :mod:`~course_utils.grading.kernels` and the pytest plugins ``_nbval_kernels`` and
-  ``_nbval_report``.
+  ``_nbval_report``; :mod:`~course_utils.grading.cli` - its command,
+  ``python -m course_utils grade NOTEBOOK``.
 
 Graders import the core and the tools; neither imports them. ``from course_utils.grading import
 check, ExerciseFailed`` is what the exercises use; importing this package loads no grader (they
