@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
+import os
 
 import matplotlib
 
@@ -20,8 +21,9 @@ import pytest
 import torch
 
 from course_utils import compare
-from course_utils.lessons.l03_num_workers import (RecordArrayDataset, RecordListDataset, WorkerMemory,
-                                             make_records, uss_bytes, worker_memory)
+from course_utils.lessons.l03_num_workers import (RECORD_CLASSES, RecordArrayDataset, RecordListDataset,
+                                                   WorkerMemory, WorkerUss, make_records, uss_bytes,
+                                                   worker_memory)
 from course_utils.measurement import Measurement
 from course_utils.scaling import (CurveShape, WorkerSweep, default_worker_counts, describe_curve,
                                   find_knee, plot_sweeps, sweep_workers)
@@ -282,3 +284,56 @@ def test_worker_memory_bad_input():
         worker_memory(5)
     with pytest.raises(ValueError, match="multiprocessing_context"):
         worker_memory(ds, 1, batch_size=10, multiprocessing_context="teleport")
+
+
+# ---- worker_memory's requests, pinned on a worked example; the records it is run on ---------------
+
+@pytest.mark.skipif(not HAS_FORK, reason="needs fork")
+def test_worker_memory_reads_each_worker_where_the_plan_says():
+    # 1,000 samples in 20 batches of 50, 2 workers (worker 0 gets the even batches), readings=2:
+    # a reading every 20 // (2 x 2) = 5 batches, and the last 2 batches of each worker always.
+    # Worker 0 reads after batches 0, 10, 16, 18; worker 1 after 5, 15, 17, 19; a worker has
+    # then fetched (its batches so far) x 50 samples.
+    res = worker_memory(RecordArrayDataset(make_records(1_000)), batch_size=50, readings=2,
+                        multiprocessing_context="fork", label="plan")
+    assert [[fetched for fetched, _ in w.timeline] for w in res.workers] == [
+        [50, 300, 450, 500], [150, 400, 450, 500]]
+    assert all(uss > 0 for w in res.workers for _, uss in w.timeline)
+    assert [w.worker_id for w in res.workers] == [0, 1] and res.num_workers == 2
+    assert len({w.pid for w in res.workers} | {os.getpid()}) == 3
+    assert (res.label, res.start_method, res.samples, res.gc_frozen) == ("plan", "fork", 1_000, False)
+
+
+def test_worker_memory_prints_each_workers_growth_and_start():
+    workers = [WorkerUss(worker_id=0, pid=11, start_uss_bytes=int(20e6), timeline=[(5, int(22.5e6))]),
+               WorkerUss(worker_id=1, pid=12, start_uss_bytes=int(21e6), timeline=[(5, int(21e6))])]
+    res = WorkerMemory(label="list", start_method="fork", num_workers=2, samples=12_345, workers=workers)
+    assert str(res) == ("list (fork, 2 workers, 12,345 samples): USS growth per worker 2.5 / 0.0 MB "
+                        "(total 2.5 MB); USS at start 20.0 / 21.0 MB")
+
+
+def test_records_are_seeded_valid_boxes_and_every_class():
+    records = make_records(2_000)
+    assert records == make_records(2_000, seed=0) != make_records(2_000, seed=1)
+    assert {r["label"] for r in records} == set(range(len(RECORD_CLASSES)))
+    boxes = np.array([r["box"] for r in records])               # x0, y0, x1, y1 in [0, 1]
+    assert ((0 <= boxes) & (boxes <= 1)).all()
+    assert (boxes[:, 0] <= boxes[:, 2]).all() and (boxes[:, 1] <= boxes[:, 3]).all()
+    assert (boxes[:, 0] < boxes[:, 2]).mean() > 0.99 and (boxes[:, 1] < boxes[:, 3]).mean() > 0.99
+
+
+def test_both_record_datasets_give_float32_boxes_and_int_labels_even_for_one_record():
+    records = make_records(1)
+    for ds in (RecordListDataset(records), RecordArrayDataset(records),
+               RecordArrayDataset(RecordListDataset(records))):
+        box, label, path = ds[0]
+        assert box.dtype == torch.float32 and box.tolist() == pytest.approx(records[0]["box"])
+        assert type(label) is int and label == records[0]["label"] and path == records[0]["path"]
+    packed = RecordArrayDataset(make_records(10))
+    assert (packed.labels.dtype, packed.boxes.dtype, packed.path_offsets.dtype) == (
+        np.int64, np.float32, np.int64)
+    with pytest.raises(ValueError, match=r"RecordArrayDataset: records is empty; pass the list from "
+                                         r"make_records\(\)"):
+        RecordArrayDataset([])
+    with pytest.raises(IndexError, match="RecordArrayDataset"):
+        packed[10]

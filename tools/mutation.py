@@ -39,7 +39,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "timing": (["course_utils/measurement.py", "course_utils/timing.py"],
                ["tests/test_bench.py", "tests/test_transfer.py", "tests/test_measurement_text.py"]),
     "threads": (["course_utils/threads.py"], ["tests/test_threads.py", "tests/test_env_inheritance.py"]),
-    "datasets": (["course_utils/lessons/l03_num_workers.py"], ["tests/test_grader03.py"]),
+    "datasets": (["course_utils/lessons/l03_num_workers.py"], ["tests/test_grader03.py", "tests/test_scaling.py"]),
     "graders": (["course_utils/grading/ex00_measure_first.py", "course_utils/grading/ex03_num_workers.py"],
                 ["tests/test_grader00.py", "tests/test_grading.py", "tests/test_grader03.py"]),
     "diagnose": (["course_utils/tools/diagnose/rules.py", "course_utils/tools/diagnose/loop.py"],
