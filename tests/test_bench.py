@@ -947,3 +947,21 @@ def test_measure_labels_a_callable_without_a_name_by_its_type_and_reads_memory()
 
 def sum_of_two() -> int:
     return 1 + 1
+
+
+def test_measure_defaults_one_warm_up_then_five_repeats_of_one_item():
+    calls = []
+    m = measure(lambda: calls.append(1))
+    assert len(calls) == 1 + 5 and m.repeats == 5 and m.items_per_repeat == 1
+
+
+def test_a_loader_is_labelled_by_its_settings_and_settings_must_be_a_dict():
+    loader = DataLoader(TinyDataset(40), batch_size=2)
+    m = measure_loader(loader, batches=2, warmup_batches=0, repeats=1, progress=False)
+    assert m.label == "DataLoader(num_workers=0, batch_size=2)"
+    plain = measure_loader(FakeLoader(), batches=2, warmup_batches=0, repeats=1, progress=False)
+    assert plain.label == "FakeLoader"
+    with pytest.raises(TypeError, match="settings must be a dict of names to values, got list"):
+        measure_loader(loader, settings=["a"], progress=False)
+    with pytest.raises(TypeError, match=r"loader must be iterable .*got int\."):
+        measure_loader(3, progress=False)

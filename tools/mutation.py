@@ -214,6 +214,12 @@ def run_group(group: str, timeout_s: float, rev: str | None = None, children: in
     _configure(dest, modules, tests)
     t0 = time.perf_counter()
     _mutmut(dest, "run", "--max-children", str(children), log=WORK / f"{dest.name}.log", timeout=timeout_s)
+    return _collect(group, dest, modules, tests, t0)
+
+
+def _collect(group: str, dest: Path, modules: list[str], tests: list[str], t0: float) -> dict:
+    """A finished run's counts and its not-caught mutants with their diffs; also saved as
+    ``build/mutation/GROUP.json`` (what ``--rerun`` starts from; ``GROUP@REV.json`` for --rev)."""
     _mutmut(dest, "export-cicd-stats")
     stats_file = dest / "mutants" / "mutmut-cicd-stats.json"
     stats = json.loads(stats_file.read_text()) if stats_file.is_file() else {}
@@ -224,8 +230,46 @@ def run_group(group: str, timeout_s: float, rev: str | None = None, children: in
     survivors = [{"name": m.group("name"), "status": m.group("status"),
                   "function": _function_of(m.group("name")), "text_only": text_only(diff), "diff": diff}
                  for m, diff in zip(listed, diffs)]
-    return {"group": group, "modules": modules, "tests": tests, "stats": stats,
-            "seconds": time.perf_counter() - t0, "survivors": survivors}
+    result = {"group": group, "modules": modules, "tests": tests, "stats": stats,
+              "seconds": time.perf_counter() - t0, "survivors": survivors}
+    (WORK / f"{dest.name}.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    return result
+
+
+def rerun_survivors(group: str, timeout_s: float, children: int = 2) -> dict:
+    """The "after" score of a group without running every mutant again: in the group's scratch
+    copy from its last run, bring every file but the mutated modules up to date with this
+    checkout (new tests, fixed helpers), run only the mutants that were not caught then, and
+    score all of them (those caught before stay caught: their code and the tests that caught
+    them are unchanged, or the run says so). Stops with one line when the copy is missing or a
+    mutated module changed since (then the mutants are stale: run the group in full)."""
+    modules, tests = GROUPS[group]
+    dest = WORK / group
+    previous = WORK / f"{group}.json"
+    if not (dest / "mutants").is_dir() or not previous.is_file():
+        raise SystemExit(f"mutation: --rerun {group}: no earlier run to start from; run "
+                         f"tools/mutation.py {group} first")
+    for module in modules:
+        if (dest / module).read_bytes() != (ROOT / module).read_bytes():
+            raise SystemExit(f"mutation: --rerun {group}: {module} changed since the last run; "
+                             f"its mutants are stale: run tools/mutation.py {group}")
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    shutil.copy2(ROOT / "pyproject.toml", dest / "pyproject.toml")
+    _configure(dest, modules, tests)                       # this checkout's test list
+    for name in filter(None, files):
+        if name in modules or name == "pyproject.toml" or not (ROOT / name).is_file():
+            continue
+        for base in (dest, dest / "mutants"):
+            if (base / name.split("/")[0]).exists():
+                (base / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ROOT / name, base / name)
+    names = [x["name"] for x in json.loads(previous.read_text())["survivors"]
+             if x["status"] in ("survived", "no tests")]
+    t0 = time.perf_counter()
+    _mutmut(dest, "run", "--max-children", str(children), *names,
+            log=WORK / f"{group}-rerun.log", timeout=timeout_s)
+    return _collect(group, dest, modules, tests, t0)
 
 
 def run_hand(mutations: tuple[HandMutation, ...] = HAND_MUTATIONS) -> list[dict]:
@@ -328,6 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--children", type=int, default=os.cpu_count() or 2, metavar="N",
                         help="mutants tested at once (default: the CPU count); a group whose "
                              "mutants often hang (diagnose) finishes sooner with more")
+    parser.add_argument("--rerun", action="store_true",
+                        help="instead of mutating afresh: run again only the mutants each group's "
+                             "last run did not catch, against this checkout's tests (an 'after' score)")
     parser.add_argument("--hand", action="store_true",
                         help="instead: put in each of the hand mutations (HAND_MUTATIONS, the 13 "
                              "of issue 22) one at a time and say which test caught it")
@@ -352,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for group in args.groups:
         print(f"mutation: {group} ({', '.join(GROUPS[group][0])}) ...", flush=True)
-        results.append(run_group(group, args.timeout, args.rev, args.children))
+        results.append(rerun_survivors(group, args.timeout, args.children) if args.rerun else
+                       run_group(group, args.timeout, args.rev, args.children))
         s = results[-1]["stats"]
         print(f"mutation: {group}: {s.get('killed', 0)} of {s.get('total', 0)} killed in "
               f"{results[-1]['seconds']:.0f} s", flush=True)
