@@ -73,3 +73,12 @@ def test_the_score_counts_only_mutants_that_ran_and_timeouts_as_caught():
     row = mutation.score_line("g", ["course_utils/a.py"], stats, text_only=2)
     # 4 not run; caught 12 of the 16 that ran (75 %); without 2 text-only misses 12 of 14 (86 %)
     assert row == "| g | a.py | 20 | 4 | 10 | 2 | 3 | 1 | 75% | 86% |"
+
+
+def test_a_rerun_keeps_what_was_caught_and_counts_the_misses_again():
+    before = {"total": 20, "killed": 10, "timeout": 2, "survived": 5, "no_tests": 1}   # 2 not run
+    rerun = {"killed": 4, "timeout": 1, "survived": 1, "no_tests": 0}
+    merged = mutation.merged_stats(before, rerun)
+    assert merged == {"killed": 14, "timeout": 3, "segfault": 0, "skipped": 0, "suspicious": 0,
+                      "survived": 1, "no_tests": 0, "total": 20}
+    assert mutation.score_line("g", ["a.py"], merged, 0) == "| g | a.py | 20 | 2 | 14 | 3 | 1 | 0 | 94% | 94% |"

@@ -264,12 +264,23 @@ def rerun_survivors(group: str, timeout_s: float, children: int = 2) -> dict:
             if (base / name.split("/")[0]).exists():
                 (base / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(ROOT / name, base / name)
-    names = [x["name"] for x in json.loads(previous.read_text())["survivors"]
-             if x["status"] in ("survived", "no tests")]
+    before = json.loads(previous.read_text())
+    names = [x["name"] for x in before["survivors"] if x["status"] in ("survived", "no tests")]
     t0 = time.perf_counter()
     _mutmut(dest, "run", "--max-children", str(children), *names,
             log=WORK / f"{group}-rerun.log", timeout=timeout_s)
-    return _collect(group, dest, modules, tests, t0)
+    result = _collect(group, dest, modules, tests, t0)
+    result["stats"] = merged_stats(before["stats"], result["stats"])
+    (WORK / f"{group}.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    return result
+
+
+def merged_stats(before: dict, rerun: dict) -> dict:
+    """The counts after a --rerun: what the earlier run caught stays caught, what it missed
+    counts as the rerun found it (a missed mutant the rerun did not reach: not run)."""
+    out = {k: before.get(k, 0) + rerun.get(k, 0) for k in CAUGHT + ("skipped", "suspicious")}
+    out.update({k: rerun.get(k, 0) for k in MISSED}, total=before.get("total", 0))
+    return out
 
 
 def run_hand(mutations: tuple[HandMutation, ...] = HAND_MUTATIONS) -> list[dict]:
