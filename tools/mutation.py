@@ -276,10 +276,17 @@ def rerun_survivors(group: str, timeout_s: float, children: int = 2) -> dict:
 
 
 def merged_stats(before: dict, rerun: dict) -> dict:
-    """The counts after a --rerun: what the earlier run caught stays caught, what it missed
-    counts as the rerun found it (a missed mutant the rerun did not reach: not run)."""
-    out = {k: before.get(k, 0) + rerun.get(k, 0) for k in CAUGHT + ("skipped", "suspicious")}
-    out.update({k: rerun.get(k, 0) for k in MISSED}, total=before.get("total", 0))
+    """The counts after a --rerun. mutmut keeps the earlier results where it can (then the
+    rerun's counts are already whole) and drops them when the test selection changed (then the
+    mutants the earlier run caught show as not checked): those stay caught, as killed."""
+    total = before.get("total", 0)
+    outcomes = CAUGHT + MISSED + ("skipped", "suspicious")
+    unchecked_then = total - sum(before.get(k, 0) for k in outcomes)
+    unchecked_now = total - sum(rerun.get(k, 0) for k in outcomes)
+    carried = min(sum(before.get(k, 0) for k in CAUGHT), max(0, unchecked_now - unchecked_then))
+    out = {k: rerun.get(k, 0) for k in CAUGHT + MISSED + ("skipped", "suspicious")}
+    out["killed"] += carried
+    out["total"] = total
     return out
 
 
