@@ -153,6 +153,10 @@ def test_choose_workers_an_answer_that_needs_sorted_input_fails_on_shuffled(answ
     err = info.value
     assert "depends on the order of the measurements" in err.problem, str(err)
     assert "whatever the order" in err.expected and "any order" in err.hint
+    # the seen line shows the shuffled lists the answer was given (the same every run: seeded)
+    assert err.seen.startswith(f"{err.seen.split()[0]} for workers [") and "with samples/s [" in err.seen
+    again = pytest.raises(ExerciseFailed, check, "03.choose_workers", answer, measure_real_curve=False)
+    assert again.value.seen == err.seen
 
 
 def test_shuffled_curves_are_never_sorted_and_keep_each_rate_with_its_count():
@@ -586,6 +590,8 @@ def holders(**attrs):
 def test_object_holders_names_each_place_it_found_objects():
     assert holders(paths=MANY, labels=np.zeros(3)) == [("paths", "list", 100)]
     assert holders(meta={"paths": MANY, "n": 3}) == [("meta['paths']", "list", 100)]
+    assert holders(meta={"a": {"paths": MANY}}) == [("meta['a']['paths']", "list", 100)]
+    assert holders(meta={"a": {"b": {"paths": MANY}}}) == []            # four levels down
     assert holders(parts=(np.zeros(2), MANY)) == [("parts[1]", "list", 100)]
     assert holders(index=Slotted(MANY)) == [("index.paths", "list", 100)]
     assert holders(a=MANY, b=set(MANY)) == [("a", "list", 100), ("b", "set", 100)]
@@ -677,8 +683,9 @@ def test_an_unmeasured_count_is_refused_and_a_position_is_recognised(answer, hin
 
 def test_a_count_past_the_window_at_exactly_enough_is_more_than_needed_not_past_the_peak():
     peak = made_up([100, 600, BEST, 900, 850.0])       # 4 workers: exactly 85 %, past the window
-    with pytest.raises(ExerciseFailed, match="more workers than needed.*2 workers already deliver 100%"):
+    with pytest.raises(ExerciseFailed, match="more workers than needed.*2 workers already deliver 100%") as info:
         G.judge_choice(peak, 4, "made-up")
+    assert info.value.seen.startswith("4; workers -> samples/s measured: 0: 100, 1: 600")
 
 
 @pytest.mark.parametrize("answer, kind", [(2.0, "return an int, e.g. int(w)"),
