@@ -12,6 +12,7 @@ import dataclasses
 import multiprocessing as mp
 import os
 
+import cv2
 import pytest
 import torch
 
@@ -135,6 +136,7 @@ def test_thread_pools_records_the_thread_variables_of_its_process(monkeypatch):
     ("  Parallel framework:            TBB (ver 2021.11 interface 12110)",
      "TBB (ver 2021.11 interface 12110)", False),
     ("  Parallel framework:            GCD", "GCD", False),
+    ("  Parallel framework:            TBB (ver 2021.11: oneAPI)", "TBB (ver 2021.11: oneAPI)", False),
 ])
 def test_opencv_parallel_framework_read_from_build_information(line, framework, follows):
     text = f"General configuration for OpenCV\n  Other third-party libraries:\n{line}\n  Trace: YES\n"
@@ -144,7 +146,8 @@ def test_opencv_parallel_framework_read_from_build_information(line, framework, 
 
 def test_opencv_parallel_framework_of_this_opencv():
     framework = opencv_parallel_framework()
-    assert framework is None or (isinstance(framework, str) and framework)
+    assert framework == opencv_parallel_framework(cv2.getBuildInformation())  # OpenCV is installed
+    assert isinstance(framework, str) and framework
     assert opencv_parallel_framework("no such line here") is None
     assert opencv_follows_omp_num_threads(None) is None
     with pytest.raises(TypeError, match="build_information"):
