@@ -923,14 +923,15 @@ def test_measure_loader_repeats_three_times_by_default():
     assert measure_loader(FakeLoader(), batches=2, warmup_batches=0, progress=False).repeats == 3
 
 
-@pytest.mark.parametrize("batch_size, text", [(2, " (at least 24 samples at batch_size=2)"),
-                                              (None, "")])
-def test_a_loader_too_short_for_an_honest_window_says_what_it_needs(batch_size, text):
+@pytest.mark.parametrize("settings, text", [({"batch_size": 2}, " (at least 24 samples at batch_size=2)"),
+                                            ({"batch_size": None}, ""), ({}, "")],
+                         ids=["batch-size", "none", "no-attribute"])
+def test_a_loader_too_short_for_an_honest_window_says_what_it_needs(settings, text):
     class Short(FakeLoader):
         def __len__(self):
             return 4
     with pytest.raises(ValueError) as info:
-        measure_loader(Short(batch_size=batch_size), progress=False)
+        measure_loader(Short(**settings), progress=False)
     message = str(info.value)
     assert message.startswith("the loader has only 4 batches per epoch: an honest timing pulls "
                               "warmup_batches=2 untimed")

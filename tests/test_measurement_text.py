@@ -85,7 +85,7 @@ def test_cpu_ratios_are_lower_is_better_and_unknowns_print_as_n_a():
 
 
 @pytest.mark.parametrize("seconds, text", [
-    (125.0, "125 s"), (99.94, "99.9 s"), (2.5, "2.5 s"), (1.0, "1 s"), (0.999, "999 ms"),
+    (1234.0, "1234 s"), (125.0, "125 s"), (99.94, "99.9 s"), (2.5, "2.5 s"), (1.0, "1 s"), (0.999, "999 ms"),
     (0.0123, "12.3 ms"), (0.001, "1 ms"), (0.000999, "999 us"), (1.23e-7, "0.123 us"),
     (0.0, "0 us"), (-0.5, "-500 ms"), (None, "n/a"), (math.inf, "n/a"), (math.nan, "n/a")])
 def test_fmt_time_picks_the_unit_at_each_boundary(seconds, text):
