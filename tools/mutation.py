@@ -5,7 +5,9 @@ files that pin them (:data:`GROUPS`), run in a scratch copy of this checkout (``
 so the working tree is never mutated. Prints, per group, the mutants killed / survived / timed
 out and the score, and for the survivors which function they are in, and how many change only
 the text of a message (a string literal): those are left to the wording tests, the rest are the
-ones to kill. The report is also written to ``build/mutation/report.md``.
+ones to kill. The report is also written to ``build/mutation/report.md``. ``--rerun`` runs again
+only what a group's last run missed (an "after" score); ``--hand`` puts in a fixed list of
+hand-made bugs (:data:`HAND_MUTATIONS`) one at a time and names the tests that catch each.
 
 Why mutmut: it runs the test suite once, then forks that warm process for each mutant and runs
 only the tests that reach the mutated function (about 5 mutants per second here), where
