@@ -114,6 +114,13 @@ HAND_MUTATIONS: tuple[HandMutation, ...] = (
 )
 
 
+def _checkout_files() -> list[str]:
+    """The checkout's files as git sees them: tracked and untracked, not ignored ones."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    return [name for name in listed if name and (ROOT / name).is_file()]
+
+
 def _copy_checkout(dest: Path, rev: str | None = None) -> None:
     """The checkout as git sees it (tracked and untracked files, not ignored ones) into dest;
     with ``rev``, that commit's files instead (to compare a score with an earlier one)."""
@@ -124,13 +131,9 @@ def _copy_checkout(dest: Path, rev: str | None = None) -> None:
         archive = subprocess.run(["git", "archive", rev], cwd=ROOT, capture_output=True, check=True)
         subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
         return
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
-                           capture_output=True, check=True).stdout.decode().split("\0")
-    for name in filter(None, files):
-        src = ROOT / name
-        if src.is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / name)
+    for name in _checkout_files():
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, dest / name)
 
 
 def _configure(dest: Path, modules: list[str], tests: list[str]) -> None:
@@ -216,12 +219,11 @@ def run_group(group: str, timeout_s: float, rev: str | None = None, children: in
     _configure(dest, modules, tests)
     t0 = time.perf_counter()
     _mutmut(dest, "run", "--max-children", str(children), log=WORK / f"{dest.name}.log", timeout=timeout_s)
-    return _collect(group, dest, modules, tests, t0)
+    return _save(_collect(group, dest, modules, tests, t0), dest.name)      # GROUP or GROUP@REV
 
 
 def _collect(group: str, dest: Path, modules: list[str], tests: list[str], t0: float) -> dict:
-    """A finished run's counts and its not-caught mutants with their diffs; also saved as
-    ``build/mutation/GROUP.json`` (what ``--rerun`` starts from; ``GROUP@REV.json`` for --rev)."""
+    """A finished run's counts and its not-caught mutants with their diffs."""
     _mutmut(dest, "export-cicd-stats")
     stats_file = dest / "mutants" / "mutmut-cicd-stats.json"
     stats = json.loads(stats_file.read_text()) if stats_file.is_file() else {}
@@ -232,9 +234,13 @@ def _collect(group: str, dest: Path, modules: list[str], tests: list[str], t0: f
     survivors = [{"name": m.group("name"), "status": m.group("status"),
                   "function": _function_of(m.group("name")), "text_only": text_only(diff), "diff": diff}
                  for m, diff in zip(listed, diffs)]
-    result = {"group": group, "modules": modules, "tests": tests, "stats": stats,
-              "seconds": time.perf_counter() - t0, "survivors": survivors}
-    (WORK / f"{dest.name}.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    return {"group": group, "modules": modules, "tests": tests, "stats": stats,
+            "seconds": time.perf_counter() - t0, "survivors": survivors}
+
+
+def _save(result: dict, name: str) -> dict:
+    """Keep a group's result as ``build/mutation/NAME.json`` (what ``--rerun`` starts from)."""
+    (WORK / f"{name}.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
     return result
 
 
@@ -255,12 +261,10 @@ def rerun_survivors(group: str, timeout_s: float, children: int = 2) -> dict:
         if (dest / module).read_bytes() != (ROOT / module).read_bytes():
             raise SystemExit(f"mutation: --rerun {group}: {module} changed since the last run; "
                              f"its mutants are stale: run tools/mutation.py {group}")
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
-                           capture_output=True, check=True).stdout.decode().split("\0")
     shutil.copy2(ROOT / "pyproject.toml", dest / "pyproject.toml")
     _configure(dest, modules, tests)                       # this checkout's test list
-    for name in filter(None, files):
-        if name in modules or name == "pyproject.toml" or not (ROOT / name).is_file():
+    for name in _checkout_files():
+        if name in modules or name == "pyproject.toml":
             continue
         for base in (dest, dest / "mutants"):
             if (base / name.split("/")[0]).exists():
@@ -273,8 +277,7 @@ def rerun_survivors(group: str, timeout_s: float, children: int = 2) -> dict:
             log=WORK / f"{group}-rerun.log", timeout=timeout_s)
     result = _collect(group, dest, modules, tests, t0)
     result["stats"] = merged_stats(before["stats"], result["stats"])
-    (WORK / f"{group}.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
-    return result
+    return _save(result, group)
 
 
 def merged_stats(before: dict, rerun: dict) -> dict:
