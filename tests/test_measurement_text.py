@@ -156,19 +156,17 @@ def test_ratios_of_unmeasured_or_zero_figures():
         none.metric("speed")
 
 
-@pytest.mark.parametrize("measurements, baseline, exc, message", [
-    ("one", 0, TypeError, r"got a single Measurement: wrap it in a list, e\.g\. compare\(\[a, b\]\)"),
-    (5, 0, TypeError, r"measurements must be a list of Measurements, got int\."),
-    ([], 0, ValueError, r"measurements is empty: pass at least one Measurement"),
-    (["a", "b"], 0, TypeError, r"measurements\[0\] is a str, not a Measurement"),
-    ("pair", 2, ValueError, r"baseline: index 2 is out of range"),
-    ("pair", "zz", ValueError, r"baseline: no measurement is labelled 'zz'"),
-])
-def test_compare_names_what_is_wrong_with_its_input(measurements, baseline, exc, message):
-    given = {"one": defaults(), "pair": [defaults(), two_workers()]}.get(measurements, measurements) \
-        if isinstance(measurements, str) else measurements
+@pytest.mark.parametrize("make, baseline, exc, message", [
+    (defaults, 0, TypeError, r"got a single Measurement: wrap it in a list, e\.g\. compare\(\[a, b\]\)"),
+    (lambda: 5, 0, TypeError, r"measurements must be a list of Measurements, got int\."),
+    (list, 0, ValueError, r"measurements is empty: pass at least one Measurement"),
+    (lambda: ["a", "b"], 0, TypeError, r"measurements\[0\] is a str, not a Measurement"),
+    (lambda: [defaults(), two_workers()], 2, ValueError, r"baseline: index 2 is out of range"),
+    (lambda: [defaults(), two_workers()], "zz", ValueError, r"baseline: no measurement is labelled 'zz'"),
+], ids=["one", "int", "empty", "strings", "index", "label"])
+def test_compare_names_what_is_wrong_with_its_input(make, baseline, exc, message):
     with pytest.raises(exc, match=message):
-        compare(given, baseline=baseline)
+        compare(make(), baseline=baseline)
 
 
 def test_the_baseline_is_the_row_asked_for():
