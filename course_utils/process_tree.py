@@ -9,7 +9,7 @@ import time
 
 import psutil
 
-__all__ = ["TreeMonitor", "loader_worker_pids", "thread_involuntary_switches"]
+__all__ = ["TreeMonitor", "loader_worker_pids", "stop_workers", "thread_involuntary_switches"]
 
 _Key = tuple  # (pid, create_time)
 
@@ -28,6 +28,18 @@ def loader_worker_pids(iterator: object) -> list[int] | None:
         return [int(w.pid) for w in workers] if workers else None
     except (TypeError, AttributeError, ValueError):
         return None
+
+
+def stop_workers(iterator: object, loader: object = None) -> None:
+    """Shut a DataLoader iterator's workers down now, in the caller's frame (nothing for an
+    iterator without workers). Left to the iterator's ``__del__``, a Ctrl-C that arrives while
+    the workers are joined is printed as "Exception ignored" and lost, and the measurement goes
+    on. The iterator a persistent-workers ``loader`` keeps for its next epoch is left running."""
+    if loader is not None and getattr(loader, "_iterator", None) is iterator:
+        return
+    stop = getattr(iterator, "_shutdown_workers", None)
+    if callable(stop):
+        stop()
 
 
 def thread_involuntary_switches(pid: int) -> dict[tuple[int, int], int] | None:

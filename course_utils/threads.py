@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from .checks import check_int, check_seconds
 from .fork_safety import count_os_threads, is_fork_child, refuse_unsafe_fork, watch_forks
+from .process_tree import stop_workers
 from .start_methods import resolve_context
 
 __all__ = ["ThreadPools", "thread_pools", "limit_threads", "WorkerThreadLimiter",
@@ -413,9 +414,7 @@ def pools_in_workers(worker_init_fn: Callable[[int], None] | None = None, num_wo
                                    f"Original error: {exc}") from exc
             raise
     finally:
-        shutdown = getattr(iterator, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        stop_workers(iterator)
     answers.sort(key=lambda p: -1 if p.worker_id is None else p.worker_id)
     seen = sorted(p.worker_id for p in answers if p.worker_id is not None)
     if seen != list(range(num_workers)):

@@ -29,7 +29,7 @@ from .checks import check_int
 from .config import pick
 from .device import move_to_device, synchronize, synchronizer
 from .measurement import Measurement, fmt_time, jsonable
-from .process_tree import TreeMonitor, loader_worker_pids
+from .process_tree import TreeMonitor, loader_worker_pids, stop_workers
 from .start_methods import start_method
 
 __all__ = ["time_op", "measure", "measure_loader", "batch_size_of", "batches_in_flight",
@@ -341,7 +341,8 @@ def measure_loader(loader: Iterable, *, batches: int | None = None,
             finally:
                 monitor.stop()
                 batch = None
-                del it  # shuts the workers down (outside the timed window)
+                stop_workers(it, loader)  # outside the timed window; a Ctrl-C now is raised
+                del it
             if samples == 0:
                 raise ValueError("no samples were timed: the loader had no batches (or only empty "
                                  "ones) left after warm-up; use fewer warmup_batches or more data.")
@@ -448,6 +449,7 @@ def measure_data_wait(loader: Iterable, step_fn: Callable[[Any], Any], *,
             step.append(t2 - t0)
     finally:
         batch = None
+        stop_workers(it, loader)
         del it
     if not step:
         raise ValueError("no steps were timed: the loader had no batches left after warm-up.")

@@ -966,3 +966,43 @@ def test_a_loader_is_labelled_by_its_settings_and_settings_must_be_a_dict():
         measure_loader(loader, settings=["a"], progress=False)
     with pytest.raises(TypeError, match=r"loader must be iterable .*got int\."):
         measure_loader(3, progress=False)
+
+
+def _ctrl_c_while_workers_stop(monkeypatch) -> list:
+    """The first shutdown of a loader's workers finishes, then meets a Ctrl-C (as if it had
+    arrived during the join). Returns a list that gets each shut down iterator's workers."""
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+    real, calls = _MultiProcessingDataLoaderIter._shutdown_workers, []
+
+    def interrupted(self):
+        real(self)
+        calls.append(list(self._workers))
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+    monkeypatch.setattr(_MultiProcessingDataLoaderIter, "_shutdown_workers", interrupted)
+    return calls
+
+
+@pytest.mark.parametrize("measure_one", [
+    lambda loader: measure_loader(loader, batches=2, warmup_batches=1, repeats=1),
+    lambda loader: measure_data_wait(loader, lambda batch: None, steps=2, warmup_steps=1),
+], ids=["measure_loader", "measure_data_wait"])
+def test_a_ctrl_c_while_the_workers_stop_is_raised_not_lost(monkeypatch, measure_one):
+    """Shut down by the iterator's __del__, a Ctrl-C during the join would be printed as
+    "Exception ignored" and the measurement would go on: the workers are stopped in the
+    measuring frame instead."""
+    calls = _ctrl_c_while_workers_stop(monkeypatch)
+    loader = DataLoader(TinyDataset(16), batch_size=2, num_workers=1)
+    with pytest.raises(KeyboardInterrupt):
+        measure_one(loader)
+    assert calls and not any(w.is_alive() for w in calls[0])
+
+
+def test_persistent_workers_outlive_a_measurement(monkeypatch):
+    calls = _ctrl_c_while_workers_stop(monkeypatch)
+    loader = DataLoader(TinyDataset(16), batch_size=2, num_workers=1, persistent_workers=True)
+    measure_loader(loader, batches=2, warmup_batches=1, repeats=2)
+    assert calls == [] and all(w.is_alive() for w in loader._iterator._workers)
+    with pytest.raises(KeyboardInterrupt):
+        loader._iterator._shutdown_workers()
+    del loader          # before the patch is undone

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import cv2
 import matplotlib
@@ -33,9 +34,10 @@ from course_utils.data import LatencyDataset
 from course_utils.tools import tune_loader
 from course_utils.tools.tune.search import (PROBE_THRESHOLD, LoaderSettings, TuningInterrupted,
                                             TuningResult, epoch_score)
-from course_utils.tools.tune.window import QuietInit, drop_fd_sharer_resets
+from course_utils.tools.tune.window import (QuietInit, Timed, drop_fd_sharer_resets,
+                                            measure_window, rebuilt)
 
-from _helpers import ROOT
+from _helpers import ROOT, TinyDataset
 
 matplotlib.use("Agg")
 pytestmark = pytest.mark.timeout(240)
@@ -447,6 +449,46 @@ def test_a_tuner_worker_starts_deaf_to_ctrl_c_with_the_quiet_hook(monkeypatch):
         assert sys.excepthook is drop_fd_sharer_resets and seen == [3]
     finally:
         signal.signal(signal.SIGINT, old)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
+def test_a_ctrl_c_while_a_windows_workers_stop_is_raised_once_they_are_stopped(monkeypatch):
+    """A real SIGINT arriving while the last window's workers are joined: in an iterator's
+    __del__ it would be printed as "Exception ignored" and the tuner would go on. Timed stops
+    them itself, with Ctrl-C held back until they are gone, then raises it."""
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+    real, stopped, armed = _MultiProcessingDataLoaderIter._shutdown_workers, [], []
+
+    def ctrl_c_then_stop(self):
+        if armed and not stopped:
+            os.kill(os.getpid(), signal.SIGINT)
+        real(self)
+        stopped.append(list(self._workers))
+    monkeypatch.setattr(_MultiProcessingDataLoaderIter, "_shutdown_workers", ctrl_c_then_stop)
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timed = Timed(rebuilt(DataLoader(TinyDataset(64), batch_size=2, num_workers=1)))
+    try:
+        measure_window(timed, 1, 2, "w=1")
+        assert stopped == [], "the window's workers are held by Timed, not left to __del__"
+        armed.append(True)
+        with pytest.raises(KeyboardInterrupt):
+            measure_window(timed, 1, 2, "w=1")
+        assert stopped and not any(w.is_alive() for w in stopped[0])
+    finally:
+        timed.close()
+        signal.signal(signal.SIGINT, old)
+        del timed       # before the patch is undone
+
+
+def test_more_workers_than_cpus_is_tuned_without_dataloaders_warning(small_jpegs):
+    """The tuner tries worker counts past the CPU count on purpose; DataLoader's warning about
+    it is the tuner's business, not the learner's."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        tune_loader(small_jpegs, budget_s=2.0, size=32, batch_size=8, progress=False,
+                    worker_counts=[cpus + 1], batch_sizes=[8], compare_with_baselines=False)
+    assert not [w for w in seen if "This DataLoader will create" in str(w.message)]
 
 
 @pytest.mark.skipif(os.name != "posix", reason="POSIX process groups and signals")

@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 from ..checks import check_index, check_int, check_seconds
 from ..config import pick
 from ..data import ram_budget_bytes
+from ..process_tree import stop_workers
 from ..start_methods import resolve_context
 
 
@@ -315,9 +316,7 @@ def worker_memory(dataset: Dataset, num_workers: int = 2, *, batch_size: int = 2
                                    ) from exc
             raise
         finally:
-            shutdown = getattr(it, "_shutdown_workers", None)
-            if shutdown is not None:
-                shutdown()
+            stop_workers(it)
             del it
     finally:
         if frozen:

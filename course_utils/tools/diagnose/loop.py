@@ -29,6 +29,7 @@ from torch.utils.data import DataLoader
 
 from course_utils.device import synchronizer
 from course_utils.machine import usable_cpus
+from course_utils.process_tree import stop_workers
 from course_utils.start_methods import start_method
 from course_utils.threads import make_worker_init
 from course_utils.timing import batch_size_of, time_op
@@ -146,9 +147,7 @@ class LoopTiming:
 def _shutdown(it: Any, loader: Any) -> None:
     """Stop the iterator's workers. A persistent-workers loader keeps its iterator for the next
     ``iter()``, which cannot restart a shut one, so the loader forgets it too."""
-    stop = getattr(it, "_shutdown_workers", None)
-    if stop is not None:
-        stop()
+    stop_workers(it)
     if getattr(loader, "_iterator", None) is it:
         loader._iterator = None
 

@@ -223,9 +223,10 @@ class _Search:
             self.not_tried.append(f"{stage}: {s.label()}")
             return None
         warm, probe, full = plan
-        loader = DataLoader(self.pipe.dataset, collate_fn=self.pipe.collate_fn,
-                            **s.loader_kwargs())
-        timed = Timed(rebuilt(loader), self.device, self.consumer)
+        with quiet_loader_warnings():   # DataLoader warns of more workers than CPUs here
+            loader = DataLoader(self.pipe.dataset, collate_fn=self.pipe.collate_fn,
+                                **s.loader_kwargs())
+            timed = Timed(rebuilt(loader), self.device, self.consumer)
         t0 = time.perf_counter()
         trial = Trial(len(self.trials) + 1, stage, s, "full")
         try:

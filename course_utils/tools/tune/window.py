@@ -19,7 +19,6 @@ import time
 import traceback
 import types
 import warnings
-import weakref
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -28,6 +27,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from course_utils.device import move_to_device
 from course_utils.measurement import Measurement
+from course_utils.process_tree import stop_workers
 from course_utils.timing import measure_loader
 
 from .result import epoch_score
@@ -136,7 +136,7 @@ class Timed:
                  consumer: Callable[[Any], Any] | None = None) -> None:
         self._loader, self._device, self._consumer = loader, device, consumer
         self.startups: list[float] = []
-        self._live: weakref.WeakSet = weakref.WeakSet()
+        self._live: list[Any] = []   # held here, so stopped here: never by a __del__
 
     def __len__(self) -> int:
         return len(self._loader)
@@ -145,19 +145,25 @@ class Timed:
         return getattr(self.__dict__["_loader"], name)
 
     def __iter__(self) -> "TimedIter":
-        t0 = time.perf_counter()
-        with sigint_deferred():   # a Ctrl-C meanwhile is raised once `inner` is tracked
+        # A Ctrl-C meanwhile is raised once the last epoch's workers are stopped and `inner` is
+        # held (a KeyboardInterrupt in an iterator's __del__ would be printed and lost).
+        with sigint_deferred():
+            for inner in self._live:
+                stop_workers(inner, self._loader)   # the persistent iterator is reused
+            self._live = [i for i in self._live if i is self._loader._iterator]
+            t0 = time.perf_counter()
             inner = iter(self._loader)
-            self._live.add(inner)
+            if inner not in self._live:
+                self._live.append(inner)
         return TimedIter(self, inner, t0)
 
     def close(self) -> None:
         """Shut down the workers of every iterator still alive, persistent ones included."""
-        for inner in [*self._live, self._loader._iterator]:
-            stop = getattr(inner, "_shutdown_workers", None)
-            if stop is not None:
-                stop()
-        self._loader._iterator = None
+        with sigint_deferred():
+            for inner in [*self._live, self._loader._iterator]:
+                stop_workers(inner)
+            self._live.clear()
+            self._loader._iterator = None
 
 
 class TimedIter:
