@@ -47,6 +47,10 @@ CELL_TIMEOUT ?= 300
 # Kernels start over IPC, not TCP ports (course_utils/grading/kernels.py says why).
 PYTEST_WORKERS ?= 3
 START_METHOD ?=
+# The suite starts some 150 Python processes that import course_utils (kernels, CLI runs,
+# spawn/forkserver workers, torchrun ranks): each compiles it again (0.25 CPU-s) where a shell
+# sets PYTHONDONTWRITEBYTECODE. Empty here: the first process writes the bytecode, the rest read it.
+BYTECODE := PYTHONDONTWRITEBYTECODE=
 FORCE_START := $(if $(START_METHOD),COURSE_FORCE_START_METHOD=$(START_METHOD) PYTHONPATH="$(CURDIR)/tools/start_method$${PYTHONPATH:+:$$PYTHONPATH}")
 STAMP := $(VENV)/.installed
 BROWSER_STAMP := $(VENV)/.installed-browser
@@ -82,10 +86,10 @@ lab: install
 # Then the GPU check's rehearsal (every step of tools/device_gpu_check.sh on this CPU), on its
 # own: its step timeouts are the GPU run's, so it must not share the CPUs with other tests.
 test: install
-	COURSE_QUICK=1 MPLBACKEND=Agg $(FORCE_START) $(PY) -m pytest notebooks solutions tests \
+	COURSE_QUICK=1 MPLBACKEND=Agg $(BYTECODE) $(FORCE_START) $(PY) -m pytest notebooks solutions tests \
 	  --nbval-lax --nbval-cell-timeout=$(CELL_TIMEOUT) -p course_utils.grading._nbval_kernels \
 	  -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
-	COURSE_REHEARSAL=1 MPLBACKEND=Agg $(FORCE_START) $(PY) -m pytest tests/test_gpu_rehearsal.py \
+	COURSE_REHEARSAL=1 MPLBACKEND=Agg $(BYTECODE) $(FORCE_START) $(PY) -m pytest tests/test_gpu_rehearsal.py \
 	  $(PYTEST_ARGS)
 
 exercises: install
