@@ -47,9 +47,9 @@ CELL_TIMEOUT ?= 300
 # Kernels start over IPC, not TCP ports (course_utils/grading/kernels.py says why).
 PYTEST_WORKERS ?= 3
 START_METHOD ?=
-# The suite starts some 150 Python processes that import course_utils (kernels, CLI runs,
-# spawn/forkserver workers, torchrun ranks): each compiles it again (0.25 CPU-s) where a shell
-# sets PYTHONDONTWRITEBYTECODE. Empty here: the first process writes the bytecode, the rest read it.
+# The suite starts about 400 Python processes (kernels, CLI runs, spawn/forkserver workers,
+# torchrun ranks). Where the shell sets PYTHONDONTWRITEBYTECODE, each compiles the course's
+# modules again (0.25 CPU-s for one that imports the tools). Empty here: written once, then read.
 BYTECODE := PYTHONDONTWRITEBYTECODE=
 FORCE_START := $(if $(START_METHOD),COURSE_FORCE_START_METHOD=$(START_METHOD) PYTHONPATH="$(CURDIR)/tools/start_method$${PYTHONPATH:+:$$PYTHONPATH}")
 STAMP := $(VENV)/.installed
