@@ -1,5 +1,6 @@
 """CPU time, context switches and memory of this process and its children (DataLoader workers),
-read with :mod:`psutil` and /proc around the windows :mod:`course_utils.timing` times."""
+read with :mod:`psutil` and /proc around the windows :mod:`course_utils.timing` times; and
+stopping a loader's workers in the caller's frame."""
 from __future__ import annotations
 
 import contextlib
