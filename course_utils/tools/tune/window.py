@@ -144,13 +144,18 @@ class Timed:
     def __getattr__(self, name: str) -> Any:  # num_workers, prefetch_factor, batch_size, ...
         return getattr(self.__dict__["_loader"], name)
 
-    def __iter__(self) -> "TimedIter":
-        # A Ctrl-C meanwhile is raised once the last epoch's workers are stopped and `inner` is
-        # held (a KeyboardInterrupt in an iterator's __del__ would be printed and lost).
+    def end_epochs(self) -> None:
+        """Stop the workers of every epoch started so far, except the iterator persistent
+        workers reuse. A Ctrl-C meanwhile is raised once they are stopped (in an iterator's
+        ``__del__`` it would be printed and lost)."""
         with sigint_deferred():
             for inner in self._live:
-                stop_workers(inner, self._loader)   # the persistent iterator is reused
+                stop_workers(inner, self._loader)
             self._live = [i for i in self._live if i is self._loader._iterator]
+
+    def __iter__(self) -> "TimedIter":
+        self.end_epochs()
+        with sigint_deferred():   # a Ctrl-C meanwhile is raised once `inner` is held
             t0 = time.perf_counter()
             inner = iter(self._loader)
             if inner not in self._live:
@@ -207,6 +212,7 @@ def measure_window(timed: Timed, warm: int, batches: int,
     timed.sampler.length = (warm + batches) * timed.batch_size
     m = measure_loader(timed, batches=batches, warmup_batches=warm, repeats=1, label=label,
                        progress=False)
+    timed.end_epochs()      # its workers end now, not while another loader is measured
     return m, timed.startups[-1]
 
 
