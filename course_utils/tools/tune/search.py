@@ -223,21 +223,19 @@ class _Search:
             self.not_tried.append(f"{stage}: {s.label()}")
             return None
         warm, probe, full = plan
-        with quiet_loader_warnings():   # DataLoader warns of more workers than CPUs here
-            loader = DataLoader(self.pipe.dataset, collate_fn=self.pipe.collate_fn,
-                                **s.loader_kwargs())
-            timed = Timed(rebuilt(loader), self.device, self.consumer)
+        loader = DataLoader(self.pipe.dataset, collate_fn=self.pipe.collate_fn,
+                            **s.loader_kwargs())
+        timed = Timed(rebuilt(loader), self.device, self.consumer)
         t0 = time.perf_counter()
         trial = Trial(len(self.trials) + 1, stage, s, "full")
         try:
-            with quiet_loader_warnings():
-                parts = [measure_window(timed, warm, probe, s.label())]
-                score1 = pooled(parts, s.label(), s.batch_size, self.epoch_samples)[2]
-                best = self.best_trial
-                if best is not None and score1 < PROBE_THRESHOLD * best.score:
-                    trial.status = "stopped after probe"
-                else:
-                    parts.append(measure_window(timed, warm, full, s.label()))
+            parts = [measure_window(timed, warm, probe, s.label())]
+            score1 = pooled(parts, s.label(), s.batch_size, self.epoch_samples)[2]
+            best = self.best_trial
+            if best is not None and score1 < PROBE_THRESHOLD * best.score:
+                trial.status = "stopped after probe"
+            else:
+                parts.append(measure_window(timed, warm, full, s.label()))
             trial.measurement, trial.startup_s, trial.score = pooled(
                 parts, s.label(), s.batch_size, self.epoch_samples)
         except Exception as exc:  # one broken setting must not end the search
@@ -419,24 +417,25 @@ def tune_loader(data: Any = None, *, budget_s: float = 60.0, batch_size: int | N
     side: SideBySide | None = None
     stage, search_elapsed = "search", None
     try:
-        start = LoaderSettings(num_workers=worker_counts[0], batch_size=batch_size)
-        search.stages(start, worker_counts, batch_sizes, usable)
-        search_elapsed = search.elapsed()
-        best_trial = search.best_trial
-        if best_trial is None:
-            failed = [t.status for t in search.trials]
-            raise RuntimeError(f"no setting could be measured fully: {failed}; check that the "
-                               f"dataset can be read (try dataset[0]).")
-        if compare_with_baselines:
-            stage = "side-by-side comparison"
-            with quiet_loader_warnings():
+        # DataLoader's warnings that the tuner's own settings cause, for the whole run
+        with quiet_loader_warnings():
+            start = LoaderSettings(num_workers=worker_counts[0], batch_size=batch_size)
+            search.stages(start, worker_counts, batch_sizes, usable)
+            search_elapsed = search.elapsed()
+            best_trial = search.best_trial
+            if best_trial is None:
+                failed = [t.status for t in search.trials]
+                raise RuntimeError(f"no setting could be measured fully: {failed}; check that the "
+                                   f"dataset can be read (try dataset[0]).")
+            if compare_with_baselines:
+                stage = "side-by-side comparison"
                 side = SideBySide(pipe, best_trial.settings, batch_size, notes)
-            side.measure(search, min_batches=max(2, search.plan(best_trial.settings)[1]))
-            over = search.elapsed() - budget_s
-            if over > 0.1 * budget_s:
-                notes.append(f"the side-by-side comparison ran {over:.0f} s past the budget: "
-                             f"it needs two interleaved rounds, each with the baselines' "
-                             f"warm-up, however slow they are")
+                side.measure(search, min_batches=max(2, search.plan(best_trial.settings)[1]))
+                over = search.elapsed() - budget_s
+                if over > 0.1 * budget_s:
+                    notes.append(f"the side-by-side comparison ran {over:.0f} s past the budget: "
+                                 f"it needs two interleaved rounds, each with the baselines' "
+                                 f"warm-up, however slow they are")
     except KeyboardInterrupt:
         search.bar.leave = False
         if search_elapsed is None:

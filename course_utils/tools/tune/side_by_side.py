@@ -16,7 +16,7 @@ from course_utils.pipelines import (TransformedDataset, common_recipe_loader,
                                     recipe_process_settings)
 
 from .result import DEFAULTS_LABEL, RECIPE_LABEL, TUNED_LABEL, LoaderSettings
-from .window import Timed, measure_window, pooled, quiet_loader_warnings, rebuilt, warmup_batches
+from .window import Timed, measure_window, pooled, rebuilt, warmup_batches
 
 __all__ = ["SideBySide"]
 
@@ -56,25 +56,24 @@ class SideBySide:
         left_s = max(0.0, search.budget_s - t0)
         timed: dict[str, Timed] = {}
         try:
-            with quiet_loader_warnings():
-                timed.update((label, Timed(rebuilt(loader), search.device, search.consumer))
-                             for label, loader, _ in self.entries)
-                for r in range(rounds):
-                    window_s = 0.0
-                    if r:
-                        spent_per_round = (search.elapsed() - t0) / r   # warm-ups, start-ups
-                        if r >= 2 and left_s - (search.elapsed() - t0) < spent_per_round:
-                            break
-                        window_s = max(0.0, (left_s - (search.elapsed() - t0)) / (rounds - r)
-                                       - spent_per_round) / len(self.entries)
-                    for label, _, context in self.entries:
-                        t, parts = timed[label], self.runs[label]
-                        rate = pooled(parts, label, 1, 1)[0].samples_per_s if parts else 0.0
-                        batches = max(min_batches, round(window_s * rate / t.batch_size))
-                        with context():
-                            parts.append(measure_window(t, warmup_batches(
-                                t.num_workers, t.prefetch_factor), batches, label))
-                        search.tick(f"side by side, round {r + 1}: {label}")
+            timed.update((label, Timed(rebuilt(loader), search.device, search.consumer))
+                         for label, loader, _ in self.entries)
+            for r in range(rounds):
+                window_s = 0.0
+                if r:
+                    spent_per_round = (search.elapsed() - t0) / r   # warm-ups, start-ups
+                    if r >= 2 and left_s - (search.elapsed() - t0) < spent_per_round:
+                        break
+                    window_s = max(0.0, (left_s - (search.elapsed() - t0)) / (rounds - r)
+                                   - spent_per_round) / len(self.entries)
+                for label, _, context in self.entries:
+                    t, parts = timed[label], self.runs[label]
+                    rate = pooled(parts, label, 1, 1)[0].samples_per_s if parts else 0.0
+                    batches = max(min_batches, round(window_s * rate / t.batch_size))
+                    with context():
+                        parts.append(measure_window(t, warmup_batches(
+                            t.num_workers, t.prefetch_factor), batches, label))
+                    search.tick(f"side by side, round {r + 1}: {label}")
         finally:
             for t in timed.values():
                 t.close()
