@@ -33,7 +33,7 @@ from .process_tree import TreeMonitor, loader_worker_pids, stop_workers
 from .start_methods import start_method
 
 __all__ = ["time_op", "measure", "measure_loader", "batch_size_of", "batches_in_flight",
-           "window_warnings", "MIN_TIMED_BATCHES", "DataWait", "measure_data_wait"]
+           "default_warmup", "window_warnings", "MIN_TIMED_BATCHES", "DataWait", "measure_data_wait"]
 
 # Batches a window must time after the batches in flight are consumed (each of them asked for
 # after the clock started); fewer and one slow or early batch moves the figure.
@@ -263,13 +263,17 @@ def _next_or_explain(it: Any, pulled: int, warmup: int, asked: int | None, what:
                          f"{asked_text}: ask for fewer, or use a loader with more batches.") from None
 
 
-def _warmup_for(loader: Any, warmup_batches: int | None) -> int:
-    """The warm-up to use: as given, or every batch the workers hold in flight,
+def default_warmup(loader: Any) -> int:
+    """The one warm-up rule, in batches: every batch the workers hold in flight, at least 2,
     ``max(2, num_workers * prefetch_factor)`` (fewer, and batches made before the clock count
-    as free: 4 workers on 2 CPUs read 3.9x num_workers=0 in a 13-batch epoch)."""
-    if warmup_batches is not None:
-        return warmup_batches
+    as free: 4 workers on 2 CPUs read 3.9x num_workers=0 in a 13-batch epoch). ``loader`` is
+    anything with ``num_workers`` and ``prefetch_factor`` (a DataLoader, a tuner's setting)."""
     return max(2, batches_in_flight(loader))
+
+
+def _warmup_for(loader: Any, warmup_batches: int | None) -> int:
+    """The warm-up to use: as given, or :func:`default_warmup`."""
+    return default_warmup(loader) if warmup_batches is None else warmup_batches
 
 
 def measure_loader(loader: Iterable, *, batches: int | None = None,
