@@ -1,10 +1,10 @@
 """The double-buffered device prefetcher (lesson 04 writes one; exercise 04 asks for yours) and
-:func:`compare_prefetch`, which times it against a plain loop."""
+:func:`compare_prefetch`, which times it against a plain loop with :func:`~.timing.time_op`."""
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
-import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable, Iterator
 
@@ -12,20 +12,20 @@ import torch
 
 from .checks import check_int
 from .config import pick
-from .device import move_to_device, resolve_device, synchronize, tensors_of
+from .device import move_to_device, resolve_device, tensors_of
 from .measurement import fmt_time
+from .timing import time_op
 
 __all__ = ["DevicePrefetcher", "PrefetchTiming", "compare_prefetch"]
 
+_END = object()
+
 
 class DevicePrefetcher:
-    """Iterate over ``loader`` with every batch already on ``device``; batch k+1 is copied
-    while batch k is being used (double buffering).
-
-    On CUDA copies run on a side stream; the current stream waits for each batch
-    (``wait_stream``) and marks its tensors as used (``record_stream``). Elsewhere it copies
-    synchronously.
-    """
+    """Iterate over ``loader`` with every batch already on ``device``, batch k+1 copied while
+    batch k is used. On CUDA the copies run on a side stream; the current stream waits for each
+    batch (``wait_stream``) and marks its tensors as used (``record_stream``). Elsewhere the
+    copies are synchronous."""
 
     def __init__(self, loader: Iterable, device: Any = None, *, non_blocking: bool = True) -> None:
         if not hasattr(loader, "__iter__"):
@@ -38,50 +38,35 @@ class DevicePrefetcher:
         return len(self.loader)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Any]:
-        if self.device.type == "cuda":
-            return self._iter_cuda()
-        return self._iter_plain()
-
-    def _iter_plain(self) -> Iterator[Any]:
+        cuda = self.device.type == "cuda"
+        stream = torch.cuda.Stream(self.device) if cuda else None
         it = iter(self.loader)
-        end = object()
-        nxt = next(it, end)
-        nxt = end if nxt is end else move_to_device(nxt, self.device, non_blocking=False)
-        while nxt is not end:
-            batch = nxt
-            nxt = next(it, end)                                   # fetch k+1 before k is used
-            if nxt is not end:
-                nxt = move_to_device(nxt, self.device, non_blocking=False)
-            yield batch
-
-    def _iter_cuda(self) -> Iterator[Any]:
-        stream = torch.cuda.Stream(self.device)
-        it = iter(self.loader)
-        end = object()
 
         def preload() -> Any:
-            batch = next(it, end)
-            if batch is end:
-                return end
-            with torch.cuda.stream(stream):
-                return move_to_device(batch, self.device, non_blocking=self.non_blocking)
+            batch = next(it, _END)
+            if batch is _END:
+                return _END
+            with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
+                return move_to_device(batch, self.device, non_blocking=self.non_blocking and cuda)
 
         nxt = preload()
-        while nxt is not end:
-            current = torch.cuda.current_stream(self.device)
-            current.wait_stream(stream)                  # the copy of this batch is done first
+        while nxt is not _END:
             batch = nxt
-            for t in tensors_of(batch):
-                if t.device.type == "cuda":
-                    t.record_stream(current)             # memory in use by the current stream
+            if cuda:
+                current = torch.cuda.current_stream(self.device)
+                current.wait_stream(stream)              # the copy of this batch is done first
+                for t in tensors_of(batch):
+                    if t.device.type == "cuda":
+                        t.record_stream(current)         # memory in use by the current stream
             nxt = preload()                              # queue the copy of batch k+1 ...
             yield batch                                  # ... while batch k is used
 
 
 @dataclass
 class PrefetchTiming:
-    """Seconds per training step (median over repeats) with a plain loop (``.to(device,
-    non_blocking=True)`` before each step) vs DevicePrefetcher; only each repeat's end is synced."""
+    """Seconds per training step (median over passes) with a plain loop (``.to(device,
+    non_blocking=True)`` before each step) and with DevicePrefetcher; ``copy_s_per_batch`` and
+    ``step_s`` (the step alone), in seconds, where the caller measured them."""
 
     device: str
     steps: int
@@ -96,9 +81,7 @@ class PrefetchTiming:
         return self.plain_s_per_step / self.prefetch_s_per_step if self.prefetch_s_per_step > 0 else math.inf
 
     def to_dict(self) -> dict:
-        out = asdict(self)
-        out["speedup"] = self.speedup
-        return out
+        return asdict(self) | {"speedup": self.speedup}
 
     def __str__(self) -> str:
         text = (f"{self.steps} steps on {self.device}: plain loop {fmt_time(self.plain_s_per_step)}/step, "
@@ -106,20 +89,18 @@ class PrefetchTiming:
         if self.copy_s_per_batch is not None and self.step_s is not None:
             text += (f"\n  alone: copy {fmt_time(self.copy_s_per_batch)}/batch, compute "
                      f"{fmt_time(self.step_s)}/step")
-        if self.note:
-            text += "\n  " + self.note
-        return text
+        return text + (f"\n  {self.note}" if self.note else "")
 
 
 def compare_prefetch(loader: Iterable, step_fn: Callable[[Any], Any], *, device: Any = None,
                      repeats: int | None = None) -> PrefetchTiming:
-    """Time one pass over ``loader`` (step_fn on every batch) plainly and with DevicePrefetcher,
-    alternating, after one warm-up pass each."""
+    """Seconds per step of a pass over ``loader`` (``step_fn`` on every batch), plain and with
+    DevicePrefetcher: one untimed pass each, then ``repeats`` passes of each, alternated, each
+    one :func:`~.timing.time_op` call (the device synchronised before and after)."""
     dev = resolve_device(device)
     if not callable(step_fn):
         raise TypeError(f"step_fn must be a callable taking one batch, got {type(step_fn).__name__}.")
-    repeats = pick(full=5, quick=2) if repeats is None else repeats
-    check_int("repeats", repeats, 1)
+    repeats = pick(full=5, quick=2) if repeats is None else check_int("repeats", repeats, 1)
 
     def run(prefetch: bool) -> int:
         batches = (DevicePrefetcher(loader, dev) if prefetch else
@@ -133,16 +114,14 @@ def compare_prefetch(loader: Iterable, step_fn: Callable[[Any], Any], *, device:
     run(True)
     if steps == 0:
         raise ValueError("loader yielded no batches: pass a loader with at least one batch.")
-    t_plain, t_pref = [], []
+    times: dict[bool, list[float]] = {False: [], True: []}
     for _ in range(repeats):
-        for prefetch, out in ((False, t_plain), (True, t_pref)):
-            synchronize(dev)
-            t0 = time.perf_counter()
-            run(prefetch)
-            synchronize(dev)
-            out.append((time.perf_counter() - t0) / steps)
+        for prefetch in (False, True):
+            times[prefetch] += time_op(lambda: run(prefetch), device=dev, repeats=1, warmup=0,
+                                       events=False)
     note = "" if dev.type == "cuda" else (
         "No CUDA streams here: both loops copy and compute one after the other, so they should "
         "take the same time (any difference is noise).")
-    return PrefetchTiming(device=str(dev), steps=steps, plain_s_per_step=statistics.median(t_plain),
-                          prefetch_s_per_step=statistics.median(t_pref), note=note)
+    return PrefetchTiming(device=str(dev), steps=steps,
+                          plain_s_per_step=statistics.median(times[False]) / steps,
+                          prefetch_s_per_step=statistics.median(times[True]) / steps, note=note)

@@ -1,14 +1,14 @@
 """How DataLoader throughput (samples/s) scales with ``num_workers``: the sweep and its knee.
 
-Lesson 03 writes the sweep loop itself first; :func:`sweep_workers` is its packaged version,
-used by the tuner (lesson 06) and the graders.
+Lesson 03 writes the sweep loop itself first; :func:`sweep_workers` is its packaged version (each
+point one :func:`~course_utils.timing.measure_loader` window), used by the tuner and the graders.
 """
 from __future__ import annotations
 
 import math
 import numbers
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
@@ -18,107 +18,64 @@ from torch.utils.data import DataLoader, Dataset
 from .checks import check_fraction, check_int, check_seconds
 from .config import pick
 from .machine import usable_cpus
-from .measurement import Measurement
-from .plots import figure_title
-from .timing import measure_loader
+from .measurement import Measurement, compare
+from .plots import plot_curve
+from .timing import default_warmup, measure_loader
 
+__all__ = ["DEFAULT_TOLERANCE", "default_worker_counts", "find_knee", "CurveShape",
+           "describe_curve", "WorkerSweep", "sweep_workers", "plot_sweeps"]
 
-__all__ = ["DEFAULT_TOLERANCE", "MAX_DEFAULT_WORKERS", "default_worker_counts", "find_knee",
-           "CurveShape", "describe_curve", "WorkerSweep", "sweep_workers", "plot_sweeps"]
-
-
-#: Default tolerance of :func:`find_knee`: the knee reaches 90 % of the best rate.
+#: The knee is the fewest workers reaching this fraction of the best samples/s.
 DEFAULT_TOLERANCE = 0.9
-#: :func:`default_worker_counts` never goes beyond this many workers by default.
-MAX_DEFAULT_WORKERS = 32
 
 
-# ---- worker counts and the knee ------------------------------------------------------------
-
-def default_worker_counts(max_workers: Optional[int] = None, *,
-                          cap: int = MAX_DEFAULT_WORKERS) -> list[int]:
-    """Worker counts worth measuring: 0 up to ``max_workers`` (default 2 x usable CPUs, past
-    the cores to see oversubscription, capped at ``cap`` so a big server does not sweep for an
-    hour). Above 8, a geometric grid (8, 12, 16, 24, ...) plus the usable CPUs and the top."""
-    where = "default_worker_counts"
-    cap = check_int("cap", cap, 1, where)
+def default_worker_counts(max_workers: Optional[int] = None, *, cap: int = 32) -> list[int]:
+    """Worker counts worth measuring: 0 to ``max_workers`` (default 2 x usable CPUs, to see
+    oversubscription, at most ``cap``); above 8 a grid (8, 12, 16, 24, ...) plus the usable CPUs."""
     usable = usable_cpus()
-    top = min(2 * usable, cap) if max_workers is None else check_int("max_workers", max_workers,
-                                                                    0, where)
+    top = (min(2 * usable, check_int("cap", cap, 1, "default_worker_counts")) if max_workers is None
+           else check_int("max_workers", max_workers, 0, "default_worker_counts"))
     if top <= 8:
         return list(range(top + 1))
-    grid = {0, 1, 2, 3, 4, 6, 8}
+    grid = {0, 1, 2, 3, 4, 6, 8, top} | ({usable} if usable <= top else set())
     step = 8
     while step <= top:
         grid.update({step, step + step // 2})
         step *= 2
-    grid.add(top)
-    if usable <= top:
-        grid.add(usable)
     return sorted(c for c in grid if c <= top)
 
 
 def _curve(workers: Any, rates: Any, where: str) -> tuple[list[int], list[float]]:
-    """Validate a (workers, rates) curve; return both sorted by worker count."""
-    for name, value in (("workers", workers), ("rates", rates)):
-        if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__len__"):
-            raise TypeError(f"{where}: {name} must be a sequence (list, tuple or 1-D array), "
-                            f"got {type(value).__name__}.")
-    if len(workers) != len(rates):
-        raise ValueError(f"{where}: workers has {len(workers)} values but rates has "
-                         f"{len(rates)}: pass one rate (samples/s) per worker count.")
-    if len(workers) == 0:
-        raise ValueError(f"{where}: the curve is empty; pass at least one worker count and "
-                         f"its measured rate.")
-    ws: list[int] = []
-    for w in workers:
-        if isinstance(w, bool) or not isinstance(w, numbers.Integral) or w < 0:
-            raise ValueError(f"{where}: workers must be whole numbers >= 0 (num_workers values), "
-                             f"got {w!r}.")
-        ws.append(int(w))
-    if len(set(ws)) != len(ws):
-        dup = sorted({w for w in ws if ws.count(w) > 1})
-        raise ValueError(f"{where}: worker count(s) {dup} appear more than once; pass one rate "
-                         f"per worker count (e.g. the median of the repeats).")
-    rs: list[float] = []
-    for r in rates:
-        if isinstance(r, bool) or not isinstance(r, numbers.Real) or not math.isfinite(float(r)) \
-                or float(r) < 0:
-            raise ValueError(f"{where}: rates must be finite numbers >= 0 (samples per second), "
-                             f"got {r!r}; re-measure the point that failed.")
-        rs.append(float(r))
-    if max(rs) <= 0:
-        raise ValueError(f"{where}: every rate is 0, so there is no best rate to compare with; "
-                         f"check the measurement.")
-    order = sorted(range(len(ws)), key=ws.__getitem__)
-    return [ws[i] for i in order], [rs[i] for i in order]
+    """The curve sorted by worker count, checked: one finite rate >= 0 (samples/s) per distinct
+    worker count >= 0, not every rate 0."""
+    if not (hasattr(workers, "__len__") and hasattr(rates, "__len__")):
+        raise TypeError(f"{where}: workers and rates must be sequences, got "
+                        f"{type(workers).__name__} and {type(rates).__name__}.")
+    ws, rs = list(workers), list(rates)
+    ok = (ws and len(ws) == len(rs) and len(set(ws)) == len(ws)
+          and all(isinstance(w, numbers.Integral) and not isinstance(w, bool) and w >= 0 for w in ws)
+          and all(isinstance(r, numbers.Real) and 0 <= r < math.inf for r in rs) and max(rs) > 0)
+    if not ok:
+        raise ValueError(f"{where}: pass distinct worker counts (whole numbers >= 0) and one finite "
+                         f"rate >= 0 (samples/s) each, not all 0; got workers={ws}, rates={rs}.")
+    order = np.argsort(ws, kind="stable")
+    return [int(ws[i]) for i in order], [float(rs[i]) for i in order]
 
 
 def find_knee(workers: Sequence[int], rates: Sequence[float],
               tolerance: float = DEFAULT_TOLERANCE) -> int:
-    """The smallest worker count whose rate (samples/s) is at least ``tolerance`` x the best.
-
-    More workers than the knee buy at most ``1 - tolerance`` more speed and cost CPU, memory
-    and start-up time; a relative threshold is robust to a noisy plateau and any grid of counts.
-    """
+    """The fewest workers whose rate (samples/s) is at least ``tolerance`` x the best: more buy
+    at most ``1 - tolerance`` more speed and cost CPU, memory and start-up time."""
     tolerance = check_fraction("tolerance", tolerance, "find_knee")
     ws, rs = _curve(workers, rates, "find_knee")
-    best = max(rs)
-    for w, r in zip(ws, rs):
-        if r >= tolerance * best:
-            return w
-    raise AssertionError("unreachable: the best point always qualifies")  # pragma: no cover
+    return next(w for w, r in zip(ws, rs) if r >= tolerance * max(rs))
 
 
 @dataclass
 class CurveShape:
-    """What a samples/s-vs-workers curve looks like, in numbers (see :func:`describe_curve`).
-
-    ``kind``: ``"flat"`` (the fewest workers already reach the tolerance: light work),
-    ``"rising"`` (only the most workers do: waiting-bound work, measure further), ``"peaked"``
-    (falls after the best by more than ``1 - tolerance``: oversubscription) or ``"plateau"``
-    (rises, then stays within tolerance: CPU-bound work). Checked in that order.
-    """
+    """A samples/s-vs-workers curve in numbers. ``kind``, checked in this order: ``"flat"`` (the
+    fewest workers reach the tolerance), ``"rising"`` (only the most do), ``"peaked"`` (falls
+    after the best by more than ``1 - tolerance``), else ``"plateau"``."""
 
     kind: str
     knee: int
@@ -156,31 +113,26 @@ class CurveShape:
 
 def describe_curve(workers: Sequence[int], rates: Sequence[float],
                    tolerance: float = DEFAULT_TOLERANCE) -> CurveShape:
-    """Classify a samples/s-vs-workers curve and collect its key numbers (a :class:`CurveShape`)."""
+    """Classify a samples/s-vs-workers curve and collect its key numbers."""
     tolerance = check_fraction("tolerance", tolerance, "describe_curve")
     ws, rs = _curve(workers, rates, "describe_curve")
-    knee = find_knee(ws, rs, tolerance)
+    knee = next(w for w, r in zip(ws, rs) if r >= tolerance * max(rs))
     i_best = int(np.argmax(rs))
-    best = rs[i_best]
     if len(ws) > 1 and knee == ws[0]:
         kind = "flat"
     elif len(ws) > 1 and knee == ws[-1]:
         kind = "rising"
-    elif rs[-1] < tolerance * best:
-        kind = "peaked"
     else:
-        kind = "plateau"
+        kind = "peaked" if rs[-1] < tolerance * rs[i_best] else "plateau"
     return CurveShape(kind=kind, knee=knee, knee_rate=rs[ws.index(knee)], best_workers=ws[i_best],
-                      best_rate=best, first_workers=ws[0], first_rate=rs[0],
+                      best_rate=rs[i_best], first_workers=ws[0], first_rate=rs[0],
                       last_workers=ws[-1], last_rate=rs[-1], tolerance=tolerance)
 
-
-# ---- sweeping num_workers ------------------------------------------------------------------
 
 @dataclass
 class WorkerSweep(Sequence):
     """Measurements of one dataset at several ``num_workers`` (``workers[i]`` is that of
-    ``measurements[i]``); a sequence of the Measurements, so ``compare(sweep)`` works."""
+    ``measurements[i]``); a sequence of them, so ``compare(sweep)`` and the plots take it."""
 
     label: str
     workers: list[int]
@@ -201,11 +153,6 @@ class WorkerSweep(Sequence):
         """Median samples/s at each worker count."""
         return [m.samples_per_s for m in self.measurements]
 
-    @property
-    def cpu_s_per_sample(self) -> list[Optional[float]]:
-        """CPU seconds (main process + workers) per sample at each worker count."""
-        return [m.cpu_s_per_sample for m in self.measurements]
-
     def at(self, workers: int) -> Measurement:
         """The Measurement made with ``workers`` workers."""
         if workers not in self.workers:
@@ -214,52 +161,31 @@ class WorkerSweep(Sequence):
         return self.measurements[self.workers.index(workers)]
 
     def knee(self, tolerance: float = DEFAULT_TOLERANCE) -> int:
-        """:func:`find_knee` of this curve."""
         return find_knee(self.workers, self.samples_per_s, tolerance)
 
     def shape(self, tolerance: float = DEFAULT_TOLERANCE) -> CurveShape:
-        """:func:`describe_curve` of this curve."""
         return describe_curve(self.workers, self.samples_per_s, tolerance)
 
     def speedups(self) -> list[float]:
-        """samples/s at each count divided by samples/s at the fewest workers measured."""
+        """samples/s at each count / samples/s at the fewest workers measured."""
         base = self.samples_per_s[0]
         return [r / base if base > 0 else math.nan for r in self.samples_per_s]
 
-    def to_dict(self) -> dict:
-        return {"label": self.label, "workers": list(self.workers),
-                "settings": dict(self.settings),
-                "measurements": [m.to_dict() for m in self.measurements]}
-
     def __str__(self) -> str:
-        lines = [f"{self.label}: samples/s vs num_workers"]
-        lines.append(f"  {'workers':>7}  {'samples/s':>10}  {'x ' + str(self.workers[0]):>6}  "
-                     f"{'CPU ms/sample':>13}")
-        for w, m, s in zip(self.workers, self.measurements, self.speedups()):
-            cpu = "n/a" if m.cpu_s_per_sample is None else f"{m.cpu_s_per_sample * 1e3:.3g}"
-            flag = " *" if m.noisy else ""
-            lines.append(f"  {w:>7}  {m.samples_per_s:>10,.0f}  {s:>6.2f}  {cpu:>13}{flag}")
-        if any(m.noisy for m in self.measurements):
-            lines.append("  * noisy: IQR above 10% of the median")
-        lines.append(f"  {self.shape()}")
-        return "\n".join(lines)
+        return f"{self.label}: samples/s vs num_workers\n{compare(self.measurements)}\n{self.shape()}"
 
 
-def _timed_batches(target: int, workers: int, per_epoch: int, warm: int,
-                   where: str) -> int:
-    """``target`` rounded up to a multiple of ``workers`` (workers deliver their batches in
-    rounds, so a window of whole rounds is not biased by where it cuts a round), then
-    rounded down to fit the batches the epoch has left after ``warm`` warm-up batches."""
+def _timed_batches(target: int, workers: int, per_epoch: int, warm: int) -> int:
+    """``target`` rounded up to whole rounds of ``workers`` (workers deliver in rounds), then
+    down to what the epoch has left after ``warm`` warm-up batches."""
     k = max(1, workers)
-    available = per_epoch - warm
     n = math.ceil(target / k) * k
-    if n > available:
-        n = (available // k) * k
+    if n > per_epoch - warm:
+        n = (per_epoch - warm) // k * k
     if n < 1:
-        raise ValueError(f"{where}: with {workers} workers the epoch has {per_epoch} batches; "
-                         f"after a warm-up of {warm} that leaves {max(0, available)}, not one "
-                         f"round of {k}. Use a smaller batch_size, a bigger dataset, fewer "
-                         f"workers or a smaller warmup_batches.")
+        raise ValueError(f"sweep_workers: with {workers} workers the epoch has {per_epoch} batches; "
+                         f"a warm-up of {warm} leaves not one round of {k}. Use a bigger dataset, a "
+                         f"smaller batch_size, fewer workers or a smaller warmup_batches.")
     return n
 
 
@@ -268,122 +194,82 @@ def sweep_workers(dataset: Dataset, worker_counts: Optional[Sequence[int]] = Non
                   warmup_batches: Optional[int] = None, repeats: Optional[int] = None,
                   label: Optional[str] = None, progress: bool = True, timeout_s: float = 120.0,
                   **loader_kwargs: Any) -> WorkerSweep:
-    """Measure samples/s of ``DataLoader(dataset, num_workers=w, ...)`` for each ``w``.
-
-    Each point is one :func:`~course_utils.timing.measure_loader` call: an untimed warm-up (by
-    default ``max(2, prefetch_factor x w)`` batches: an early worker may have that many ready
-    before the clock starts), then about ``batches`` timed batches (default 48, quick 16) in
-    whole rounds of ``w``, within one epoch. ``loader_kwargs`` go to every DataLoader (those that
-    need workers are dropped for ``w = 0``); ``timeout_s``: seconds a worker may take per batch,
-    so a stuck worker raises instead of hanging.
-    """
+    """samples/s of ``DataLoader(dataset, num_workers=w, ...)`` for each ``w``, one
+    :func:`~course_utils.timing.measure_loader` window each: a warm-up of ``warmup_batches``
+    (default :func:`~course_utils.timing.default_warmup`), then about ``batches`` (default 48,
+    quick 16) in whole rounds of ``w``, within one epoch. ``loader_kwargs`` go to every loader
+    (those that need workers are dropped at ``w = 0``); ``timeout_s``: seconds a worker may take
+    per batch."""
     where = "sweep_workers"
     if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
         raise TypeError(f"{where}: dataset must be a map-style Dataset (with __getitem__ and "
                         f"__len__), got {type(dataset).__name__}.")
-    counts = default_worker_counts() if worker_counts is None else list(worker_counts)
-    if not counts:
-        raise ValueError(f"{where}: worker_counts is empty; pass e.g. [0, 1, 2, 4] or None for "
-                         f"the default.")
-    counts = [check_int("worker_counts[i]", w, 0, where) for w in counts]
-    if len(set(counts)) != len(counts):
-        raise ValueError(f"{where}: worker_counts {counts} has repeats; list each count once.")
-    counts.sort()
+    counts = sorted(check_int("worker_counts[i]", w, 0, where)
+                    for w in (default_worker_counts() if worker_counts is None else worker_counts))
+    if not counts or len(set(counts)) != len(counts):
+        raise ValueError(f"{where}: worker_counts must list each count once, e.g. [0, 1, 2, 4]; "
+                         f"got {counts}.")
     batch_size = check_int("batch_size", batch_size, 1, where)
     timeout_s = check_seconds("timeout_s", timeout_s, where, positive=True)
-    target = pick(full=48, quick=16) if batches is None else check_int("batches", batches, 1,
-                                                                     where)
-    if warmup_batches is not None:
-        warmup_batches = check_int("warmup_batches", warmup_batches, 0, where)
-    per_epoch = len(dataset) // batch_size + (1 if len(dataset) % batch_size else 0)
-    if loader_kwargs.get("drop_last"):
-        per_epoch = len(dataset) // batch_size
-    if repeats is None:
-        repeats = pick(full=3, quick=2)
+    target = pick(full=48, quick=16) if batches is None else check_int("batches", batches, 1, where)
+    check_int("warmup_batches", warmup_batches, 0, where, allow_none=True)
+    repeats = pick(full=3, quick=2) if repeats is None else repeats
     for bad in ("num_workers", "batch_size", "timeout", "dataset"):
         if bad in loader_kwargs:
-            raise ValueError(f"{where}: pass {bad} through its own argument (or, for "
-                             f"num_workers, worker_counts), not in the loader options.")
+            raise ValueError(f"{where}: pass {bad} through its own argument (num_workers through "
+                             f"worker_counts), not in the loader options.")
+    drop = loader_kwargs.get("drop_last")
+    per_epoch = len(dataset) // batch_size if drop else math.ceil(len(dataset) / batch_size)
     name = label or type(dataset).__name__
     from tqdm.auto import tqdm  # lazy: kept out of `import course_utils` (workers)
 
     measurements: list[Measurement] = []
-    bar = tqdm(counts, desc=f"{name} sweep"[:40], unit="point", disable=not progress, leave=False)
-    try:
-        for w in bar:
-            kwargs = dict(loader_kwargs)
-            if w == 0:
-                kwargs.pop("prefetch_factor", None)
-                kwargs.pop("persistent_workers", None)
-                kwargs.pop("multiprocessing_context", None)
-            else:
-                kwargs["timeout"] = timeout_s
-            if warmup_batches is None:
-                # everything the workers may have made before the clock starts: a worker that
-                # started early has up to prefetch_factor batches ready
-                warm = max(2, int(loader_kwargs.get("prefetch_factor") or 2) * w)
-            else:
-                warm = warmup_batches
-            timed = _timed_batches(target, w, per_epoch, warm, where)
-            with warnings.catch_warnings():
-                # torch warns when num_workers exceeds the CPUs it sees: going past them is
-                # the point of a sweep (to measure what oversubscription does)
-                warnings.filterwarnings("ignore", message="This DataLoader will create")
-                loader = DataLoader(dataset, batch_size=batch_size, num_workers=w, **kwargs)
-                measurements.append(measure_loader(
-                    loader, batches=timed, warmup_batches=warm, repeats=repeats,
-                    label=f"{name}, {w} workers", progress=progress))
-            del loader
-    finally:
-        bar.close()
-    settings = {"batch_size": batch_size, "repeats": repeats, "batches": target}
-    return WorkerSweep(label=name, workers=counts, measurements=measurements, settings=settings)
+    for w in tqdm(counts, desc=f"{name} sweep"[:40], unit="point", disable=not progress, leave=False):
+        kwargs = dict(loader_kwargs, timeout=timeout_s) if w else {
+            k: v for k, v in loader_kwargs.items()
+            if k not in ("prefetch_factor", "persistent_workers", "multiprocessing_context")}
+        with warnings.catch_warnings():
+            # torch warns when num_workers exceeds the CPUs it sees: a sweep goes past them on purpose
+            warnings.filterwarnings("ignore", message="This DataLoader will create")
+            loader = DataLoader(dataset, batch_size=batch_size, num_workers=w, **kwargs)
+            warm = default_warmup(loader) if warmup_batches is None else warmup_batches
+            measurements.append(measure_loader(
+                loader, batches=_timed_batches(target, w, per_epoch, warm), warmup_batches=warm,
+                repeats=repeats, label=f"{name}, {w} workers", progress=progress))
+    return WorkerSweep(label=name, workers=counts, measurements=measurements,
+                       settings={"batch_size": batch_size, "repeats": repeats, "batches": target})
+
+
+_SWEEP_METRICS = {"speedup": "speed-up vs the fewest workers measured (x)",
+                  "samples_per_s": "samples per second (higher is better)",
+                  "cpu_s_per_sample": "CPU ms per sample, all processes (lower is better)"}
 
 
 def plot_sweeps(sweeps: Sequence[WorkerSweep], *, metric: str = "speedup", ax: Any = None,
                 tolerance: float = DEFAULT_TOLERANCE, title: Optional[str] = None) -> Any:
-    """One line per :class:`WorkerSweep` against num_workers, knees starred, usable CPUs dashed.
-
-    ``metric``: ``"speedup"`` (over the sweep's first point, so workloads of very different
-    speeds share one axis), ``"samples_per_s"`` or ``"cpu_s_per_sample"`` (in ms). Returns the Axes.
-    """
-    if isinstance(sweeps, WorkerSweep):
-        sweeps = [sweeps]
-    sweeps = list(sweeps)
-    if not sweeps or not all(isinstance(s, WorkerSweep) for s in sweeps):
-        raise TypeError("sweeps must be a non-empty list of WorkerSweep (from sweep_workers).")
-    labels = {"speedup": "speed-up vs the fewest workers measured (x)",
-              "samples_per_s": "samples per second (higher is better)",
-              "cpu_s_per_sample": "CPU ms per sample, all processes (lower is better)"}
-    if metric not in labels:
-        raise ValueError(f"metric={metric!r} is not known; use one of {', '.join(labels)}.")
-    if ax is None:
-        import matplotlib.pyplot as plt  # lazy: kept out of `import course_utils` (workers)
-
-        _, ax = plt.subplots(figsize=(7, 4.2), layout="constrained")
-    for s in sweeps:
-        if metric == "speedup":
-            ys = s.speedups()
-        elif metric == "samples_per_s":
-            ys = s.samples_per_s
-        else:
-            ys = [np.nan if c is None else c * 1e3 for c in s.cpu_s_per_sample]
-        line, = ax.plot(s.workers, ys, marker="o", label=s.label)
+    """:func:`~course_utils.plots.plot_curve` of sweeps over the same worker counts, knees
+    starred, usable CPUs dashed. ``metric``: ``"speedup"`` (over each sweep's first point, so
+    workloads of very different speeds share an axis), ``"samples_per_s"`` or
+    ``"cpu_s_per_sample"`` (ms)."""
+    sweeps = [sweeps] if isinstance(sweeps, WorkerSweep) else list(sweeps)
+    if not sweeps or not all(isinstance(s, WorkerSweep) and s.workers == sweeps[0].workers
+                             for s in sweeps):
+        raise TypeError("sweeps must be a non-empty list of WorkerSweep (from sweep_workers), all "
+                        "over the same worker counts.")
+    if metric not in _SWEEP_METRICS:
+        raise ValueError(f"metric={metric!r} is not known; use one of {', '.join(_SWEEP_METRICS)}.")
+    scale = 1e3 if metric == "cpu_s_per_sample" else 1.0
+    ys = {s.label: s.speedups() if metric == "speedup" else
+          [None if m.metric(metric) is None else m.metric(metric) * scale for m in s] for s in sweeps}
+    workers = sweeps[0].workers
+    ax = plot_curve(workers, ys, xlabel="num_workers", ylabel=_SWEEP_METRICS[metric], ax=ax,
+                    title=title or "Throughput vs num_workers", settings=sweeps[0].settings)
+    for line, s in zip(ax.get_lines()[-len(ys):], sweeps):
         knee = s.knee(tolerance)
-        y_knee = ys[s.workers.index(knee)]
-        ax.plot([knee], [y_knee], marker="*", markersize=16, color=line.get_color(),
-                markeredgecolor="black", linestyle="none")
-    usable = usable_cpus()
-    ax.axvline(usable, color="gray", linestyle="--", linewidth=1)
-    ax.text(usable, 1.0, f" {usable} usable CPUs", color="gray", fontsize=8,
-            transform=ax.get_xaxis_transform(), va="top")
-    if metric == "speedup":
-        ax.axhline(1.0, color="gray", linewidth=0.8, alpha=0.5)
-    ax.set_xlabel("num_workers")
-    ax.set_ylabel(labels[metric])
-    ax.set_xticks(sorted({w for s in sweeps for w in s.workers}))
-    ax.grid(alpha=0.3)
+        ax.plot([knee], [ys[s.label][workers.index(knee)]], marker="*", markersize=16,
+                color=line.get_color(), markeredgecolor="black", linestyle="none")
+    ax.axvline(usable_cpus(), color="gray", linestyle="--", linewidth=1,
+               label=f"{usable_cpus()} usable CPUs")
+    ax.set_xticks(workers)
     ax.legend(fontsize=8, title=f"star: knee ({tolerance:.0%} of best)", title_fontsize=8)
-    headline = title or "Throughput vs num_workers"
-    ax.set_title(figure_title(headline, sweeps[0].settings), fontsize=10, loc="left")
     return ax

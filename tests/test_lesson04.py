@@ -1,6 +1,7 @@
-"""Lesson 04: what stays in the package (course_utils.lessons.l04_copies / l04_overlap, the
-prefetcher, the reference summary) and gpu-check's lesson-04 run, whose sections the notebook
-writes (``%%writefile lesson04_*.py``) and which runs here on the CPU. No timing claims asserted."""
+"""Lesson 04's package parts: the bandwidth sweep's result (lessons.l04_copies), the calibrated
+compute (lessons.l04_overlap), the device prefetcher and its comparison (course_utils.prefetch),
+and gpu-check's lesson-04 run on the CPU. No timing claims asserted. (The device and time_op
+tests here belong beside course_utils.device and course_utils.timing.)"""
 from __future__ import annotations
 
 import json
@@ -159,6 +160,27 @@ def test_compare_prefetch_on_cpu():
         compare_prefetch([], lambda b: None, device="cpu")
     with pytest.raises(TypeError, match="step_fn"):
         compare_prefetch(batches, None, device="cpu")
+
+
+def test_compare_prefetch_times_alternate_passes_with_time_op(monkeypatch):
+    import course_utils.prefetch as prefetch
+
+    seconds = iter([0.8, 0.4, 0.6, 0.2, 1.0, 0.3])      # plain, prefetched, plain, ...
+    calls = []
+
+    def fake_time_op(fn, *, device, repeats, warmup, events):
+        calls.append((device.type, repeats, warmup, events))
+        fn()
+        return [next(seconds)]
+
+    monkeypatch.setattr(prefetch, "time_op", fake_time_op)
+    steps = []
+    timing = compare_prefetch([1, 2, 3, 4], steps.append, device="cpu", repeats=3)
+    assert len(steps) == 4 * (2 + 6)                     # one untimed pass each, then 3 of each
+    assert calls == [("cpu", 1, 0, False)] * 6
+    assert timing.plain_s_per_step == pytest.approx(0.8 / 4)       # median of 0.8, 0.6, 1.0
+    assert timing.prefetch_s_per_step == pytest.approx(0.3 / 4)    # median of 0.4, 0.2, 0.3
+    assert timing.speedup == pytest.approx(0.8 / 0.3)
 
 
 # ---- gpu-check's lesson 04 run: the notebook's modules, on the CPU ------------------------------
