@@ -1,13 +1,12 @@
-"""Lesson 07's launcher: ranks started by torchrun, each running :mod:`course_utils.tools.ddp.rank`.
+"""Lesson 07's launcher: ``torchrun`` ranks, each running :mod:`course_utils.tools.ddp.rank`.
 
-It stays in the package because the exercise 07 grader runs the learner's loader in real ranks
-with it. Lesson 07 (notebooks/07_scaling_out.ipynb, section 2) writes the mechanism out in full
-first (its ``run_torchrun``); :func:`launch` adds the tasks, a JSON result per rank, the backend
-choice, SIGTERM before SIGKILL and :class:`DistributedError`. The lesson's DDP measurement
-(``measure_ddp``) lives in the notebook's ``lesson07_ddp.py``. Nothing happens at import time.
+Lesson 07 writes the mechanism out first (its ``run_torchrun``); :func:`launch` adds the tasks, a
+JSON result per rank, the backend choice, SIGTERM before SIGKILL and :class:`DistributedError`.
+Exercise 07's grader runs the learner's loader in real ranks with it.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -25,19 +24,16 @@ import torch
 
 from course_utils.checks import check_int, check_seconds
 
-
 __all__ = ["TASKS", "DistributedError", "DistributedRun", "pick_backend", "launch"]
 
-#: Tasks :mod:`course_utils.tools.ddp.rank` knows ("fail" and "sleep" show the error paths).
-TASKS = ("sampler", "bench", "learner", "fail", "sleep")
+#: The tasks :mod:`course_utils.tools.ddp.rank` runs (its header says what each records).
+TASKS = ("sampler", "bench", "learner", "fail")
 _PACKAGE_PARENT = Path(__file__).resolve().parents[3]
 
 
 class DistributedError(RuntimeError):
     """A torchrun launch failed: a rank crashed, the launch timed out, or it could not start.
-
-    ``output``: the ranks' combined output; ``rank_errors``: rank -> the traceback it wrote.
-    """
+    ``output``: the ranks' combined output; ``rank_errors``: rank -> the traceback it wrote."""
 
     def __init__(self, message: str, *, output: str = "", rank_errors: Mapping[int, str] | None = None,
                  timed_out: bool = False) -> None:
@@ -65,12 +61,8 @@ class DistributedRun:
 
 
 def pick_backend(nproc: int) -> str:
-    """'nccl' when there is a CUDA GPU for every rank and NCCL is built in, else 'gloo'."""
-    nproc = check_int("nproc", nproc, 1, "pick_backend")
-    try:
-        nccl = torch.distributed.is_nccl_available()
-    except Exception:  # pragma: no cover - builds without distributed
-        nccl = False
+    """'nccl' when NCCL is built in and there is a CUDA GPU for each of ``nproc`` ranks, else 'gloo'."""
+    nccl = torch.distributed.is_available() and torch.distributed.is_nccl_available()
     return "nccl" if nccl and torch.cuda.is_available() and torch.cuda.device_count() >= nproc else "gloo"
 
 
@@ -80,13 +72,11 @@ def _tail(text: str, chars: int = 3000) -> str:
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         if os.name == "posix":
             os.killpg(proc.pid, sig)
-        else:  # pragma: no cover - Windows: no process groups to signal
+        else:  # Windows: no process groups to signal
             proc.terminate() if sig == signal.SIGTERM else proc.kill()
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -104,24 +94,18 @@ def _kill_group(proc: subprocess.Popen) -> None:
             _signal_group(proc, signal.SIGKILL)
             proc.wait(timeout=10)
     for rank in ranks:  # ranks (and their workers) that outlived the agent
-        try:
+        with contextlib.suppress(psutil.Error):
             rank.kill()
-        except psutil.Error:
-            pass
     psutil.wait_procs(ranks, timeout=5)
 
 
 def launch(task: str, config: Mapping | None = None, *, nproc: int = 2, timeout_s: float = 120,
            backend: str | None = None, pythonpath: Sequence[str] = ()) -> DistributedRun:
-    """Run ``task`` of :mod:`course_utils.tools.ddp.rank` on ``nproc`` ranks with torchrun; wait.
-
-    ``torchrun --standalone`` (a free port, so launches may run side by side) runs in its own
-    process group; each rank reads ``config`` (a dict of JSON values) and writes its record as
-    JSON. ``backend``: 'gloo' or 'nccl' (default: :func:`pick_backend`). ``pythonpath``: folders
-    the ranks must import from. The whole group is killed after ``timeout_s`` seconds. Raises
-    :class:`DistributedError` with the ranks' output tail when the launch times out, a rank
-    fails or a rank wrote no result.
-    """
+    """Run ``task`` (one of :data:`TASKS`) on ``nproc`` ranks with ``torchrun --standalone`` (a
+    free port) in a process group of its own, and wait; each rank reads ``config`` (JSON values)
+    and writes its record. ``backend``: 'gloo' or 'nccl' (default :func:`pick_backend`);
+    ``pythonpath``: folders the ranks import from. After ``timeout_s`` seconds the whole group is
+    killed. A timeout, a failed rank or a missing record raises :class:`DistributedError`."""
     where = "launch"
     if task not in TASKS:
         raise ValueError(f"{where}: task={task!r} is not known; use one of {', '.join(TASKS)}.")

@@ -1,21 +1,19 @@
-"""The program every rank runs: ``python -m course_utils.tools.ddp.rank TASK --config F --out DIR``.
+"""The program every rank runs: ``python -m course_utils.tools.ddp.rank TASK --config F --out DIR``,
+started by torchrun from :func:`course_utils.tools.ddp.launch.launch`.
 
-Started through ``torchrun`` by :func:`course_utils.tools.ddp.launch.launch`. Each rank joins
-the process group (gloo on CPU, nccl with one GPU per rank), runs its task and writes what it saw
-to ``DIR/rank{RANK}.json``; on an error it writes the traceback to ``DIR/rank{RANK}.error.txt``
-and exits non-zero (torchrun then stops the other ranks). Tasks (config: a JSON dict):
+Each rank joins the process group (gloo on CPU, nccl with one GPU per rank), runs its task on the
+config (a JSON dict) and writes its record to ``DIR/rank{RANK}.json``; on an error, its traceback
+to ``DIR/rank{RANK}.error.txt``, and exits 1 (torchrun then stops the other ranks). Every record
+holds the rank's thread pools at start (torchrun sets ``OMP_NUM_THREADS=1`` per rank when it
+starts more than one and the variable is unset). Tasks:
 
-* ``sampler`` — draw an :class:`~course_utils.lessons.l07_scaling_out.IndexDataset` through
-  ``DistributedSampler`` for several *variants* (shuffle, seed, drop_last, set_epoch or not,
-  workers and start method), recording the indices of each epoch in order (lesson 07);
-* ``bench`` — a tiny DDP model trained on JPEGs decoded in the rank's DataLoader workers: step
-  times, time waiting for data, CPU time of the rank's process tree (lesson 07's ``measure_ddp``);
-* ``learner`` — what a learner's ``make_epoch_loader``, imported from the module the grader
-  wrote, draws each epoch (exercise 07);
-* ``fail`` / ``sleep`` — a rank that raises, or one that never finishes: the launcher's error paths.
-
-Every rank also records its thread pools at start (``torchrun`` sets ``OMP_NUM_THREADS=1`` for
-each rank when it starts more than one and the variable is not set).
+* ``sampler``: the indices each epoch of ``DistributedSampler`` drew over an ``IndexDataset``, in
+  order, for each *variant* (shuffle, seed, drop_last, set_epoch, workers, start method; lesson 07);
+* ``bench``: a tiny DDP model trained on JPEGs decoded in the rank's workers, timed by
+  :func:`~course_utils.timing.measure_data_wait` (lesson 07's ``measure_ddp``);
+* ``learner``: what ``make_loader(dataset, epoch, rank, world_size)``, named by ``module`` and
+  ``name`` and imported by the rank, draws each epoch (exercise 07);
+* ``fail``: rank ``rank`` raises before joining the group (lesson 07 shows the error).
 """
 from __future__ import annotations
 
@@ -24,10 +22,10 @@ import importlib
 import json
 import os
 import sys
-import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -39,19 +37,10 @@ from course_utils.data import JpegDataset, ToTensorUint8
 from course_utils.lessons.l07_scaling_out import IndexDataset, indices_of
 from course_utils.process_tree import TreeMonitor
 from course_utils.threads import make_worker_init, thread_pools
+from course_utils.timing import MIN_TIMED_BATCHES, default_warmup, measure_data_wait
 
+from .launch import TASKS
 
-def _env_int(name: str) -> int:
-    value = os.environ.get(name)
-    if value is None:
-        raise RuntimeError(f"{name} is not set: run this module through torchrun "
-                           f"(course_utils.tools.ddp.launch.launch), not directly.")
-    return int(value)
-
-
-# --------------------------------------------------------------------------------------------
-# tasks
-# --------------------------------------------------------------------------------------------
 
 def _sampler(cfg: dict, rank: int, world: int) -> dict:
     dataset = IndexDataset(int(cfg.get("n", 10)))
@@ -81,17 +70,21 @@ def _sampler(cfg: dict, rank: int, world: int) -> dict:
 
 
 def _bench(cfg: dict, rank: int, world: int, local_rank: int, backend: str) -> dict:
+    """One epoch of this rank's shard through the engine's window (every batch in flight
+    untimed, then the rest of the epoch; 10 steps in quick mode). ``step_times``: seconds per
+    timed iteration (wait + step); ``cpu_s``: CPU seconds of the rank and its workers over them."""
     if cfg.get("rank_threads"):
         torch.set_num_threads(int(cfg["rank_threads"]))
     device = torch.device(f"cuda:{local_rank}" if backend == "nccl" else "cpu")
-    dataset = JpegDataset(int(cfg.get("n_images", 256)), min_side=int(cfg.get("min_side", 256)),
+    workers, batch_size = int(cfg.get("num_workers", 0)), int(cfg.get("batch_size", 16))
+    warm = default_warmup(SimpleNamespace(num_workers=workers, prefetch_factor=None))
+    # every rank's epoch holds the warm-up and an honest window: the engine refuses less
+    n_images = max(int(cfg.get("n_images", 256)), world * batch_size * (warm + MIN_TIMED_BATCHES))
+    dataset = JpegDataset(n_images, min_side=int(cfg.get("min_side", 256)),
                           max_side=int(cfg.get("max_side", 512)),
                           transform=ToTensorUint8(int(cfg.get("image_size", 64))), progress=False)
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=0)
-    sampler.set_epoch(0)
-    workers = int(cfg.get("num_workers", 0))
-    loader = DataLoader(dataset, batch_size=int(cfg.get("batch_size", 16)), sampler=sampler,
-                        num_workers=workers,
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
                         worker_init_fn=make_worker_init(1) if workers else None,
                         multiprocessing_context=cfg.get("start_method") if workers else None,
                         timeout=120 if workers else 0)
@@ -101,76 +94,40 @@ def _bench(cfg: dict, rank: int, world: int, local_rank: int, backend: str) -> d
                           nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10)).to(device)
     ddp = DistributedDataParallel(model, device_ids=[local_rank] if device.type == "cuda" else None)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    loss_fn = nn.CrossEntropyLoss()
+    monitor, start, sizes = TreeMonitor(), {}, []
 
-    def step(batch) -> None:
+    def step(batch: tuple[torch.Tensor, torch.Tensor]) -> None:
         images, labels = batch
-        x = images.to(device, non_blocking=True).float().div_(255)
-        loss = loss_fn(ddp(x), labels.to(device))
+        loss = nn.functional.cross_entropy(
+            ddp(images.to(device, non_blocking=True).float().div_(255)), labels.to(device))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+        sizes.append(int(labels.shape[0]))
+        if len(sizes) == warm:       # the last untimed step: every rank starts the clock together
+            dist.barrier()
+            start.update(monitor.snapshot(fresh=True))
 
-    n_batches = len(loader)
-    warm = min(int(cfg.get("warmup_steps", max(2, 2 * workers))), n_batches // 2)
-    it = iter(loader)
-    for _ in range(warm):
-        step(next(it))
-    monitor = TreeMonitor()
-    dist.barrier()  # every rank starts the clock together
-    before = monitor.snapshot(fresh=True)
-    waits, steps, sizes = [], [], []
-    # Stop the clock while the workers still hold as many batches ahead as when it started
-    # (workers x prefetch_factor): batches made before the window then balance those made in
-    # it for later, instead of counting as free (see course_utils.timing, "A caveat").
-    for _ in range(max(1, n_batches - warm - workers * 2)):
-        a = time.perf_counter()
-        batch = next(it)
-        b = time.perf_counter()
-        step(batch)
-        waits.append(b - a)
-        steps.append(time.perf_counter() - a)
-        sizes.append(int(batch[1].shape[0]))
-    cpu_s, _ = monitor.window(before, monitor.snapshot(fresh=True))
-    del it
-    return {"samples": sum(sizes), "cpu_s": cpu_s, "wait_fraction": sum(waits) / sum(steps),
-            "step_times": steps, "step_samples": sizes, "pools": thread_pools().to_dict()}
+    wait = measure_data_wait(loader, step)
+    cpu_s, _ = monitor.window(start, monitor.snapshot(fresh=True))   # the workers are reaped
+    return {"samples": sum(sizes[warm:]), "cpu_s": cpu_s, "wait_fraction": wait.wait_fraction,
+            "step_times": wait.step_s, "step_samples": sizes[warm:],
+            "pools": thread_pools().to_dict()}
 
 
 def _learner(cfg: dict, rank: int, world: int) -> dict:
-    module = importlib.import_module(cfg["module"])
-    make_loader = getattr(module, cfg["name"])
+    make_loader = getattr(importlib.import_module(cfg["module"]), cfg["name"])
     dataset = IndexDataset(int(cfg["n"]))
-    calls = []
-    for epoch in cfg.get("epochs", [0, 1, 2, 1]):
-        loader = make_loader(dataset, int(epoch), rank, world)
-        calls.append({"epoch": int(epoch), "indices": indices_of(loader)})
+    calls = [{"epoch": int(epoch), "indices": indices_of(make_loader(dataset, int(epoch), rank, world))}
+             for epoch in cfg.get("epochs", [0, 1, 2, 1])]
     return {"n": len(dataset), "epochs": calls}
 
 
-def _fail(cfg: dict, rank: int) -> dict:
-    if rank == int(cfg.get("rank", 1)):
-        raise RuntimeError(f"rank {rank} failed on purpose (task 'fail')")
-    if cfg.get("wait_s"):
-        time.sleep(float(cfg["wait_s"]))
-    return {}
-
-
-def _sleep(cfg: dict, rank: int) -> dict:
-    if rank == int(cfg.get("rank", rank)):
-        time.sleep(float(cfg.get("seconds", 3600)))
-    return {}
-
-
-# --------------------------------------------------------------------------------------------
-# main
-# --------------------------------------------------------------------------------------------
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_utils.tools.ddp.rank")
-    parser.add_argument("task")
+    parser.add_argument("task", choices=TASKS)
     parser.add_argument("--config", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--backend", default="gloo")
@@ -179,14 +136,14 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     rank = int(os.environ.get("RANK", "0"))
     try:
-        rank, world, local_rank = _env_int("RANK"), _env_int("WORLD_SIZE"), _env_int("LOCAL_RANK")
-        omp_env = os.environ.get("OMP_NUM_THREADS")
+        world, local_rank = int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
         cfg = json.loads(Path(args.config).read_text())
         record = {"rank": rank, "world_size": world, "local_rank": local_rank, "pid": os.getpid(),
-                  "backend": args.backend, "task": args.task, "omp_num_threads_env": omp_env,
+                  "backend": args.backend, "task": args.task,
+                  "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
                   "pools_at_start": thread_pools().to_dict()}
-        if args.task == "fail" and cfg.get("when") == "before_init":
-            _fail(cfg, rank)
+        if args.task == "fail" and rank == int(cfg.get("rank", 1)):
+            raise RuntimeError(f"rank {rank} failed on purpose (task 'fail')")
         if args.backend == "nccl":
             torch.cuda.set_device(local_rank)
         dist.init_process_group(args.backend, timeout=timedelta(seconds=max(10.0, args.timeout_s)))
@@ -196,12 +153,6 @@ def main(argv: list[str] | None = None) -> int:
             record.update(_bench(cfg, rank, world, local_rank, args.backend))
         elif args.task == "learner":
             record.update(_learner(cfg, rank, world))
-        elif args.task == "fail":
-            record.update(_fail(cfg, rank))
-        elif args.task == "sleep":
-            record.update(_sleep(cfg, rank))
-        else:
-            raise ValueError(f"unknown task {args.task!r}")
         tmp = out / f"rank{rank}.json.tmp"
         tmp.write_text(json.dumps(record))
         tmp.replace(out / f"rank{rank}.json")

@@ -1,25 +1,13 @@
-"""What lesson 07's notebook, exercise 07's grader and the ranks share (course_utils.lessons.l07_scaling_out,
-l07_launch): sharding checks on hand-made records, simulated ranks, and the torchrun launcher.
-
-Three real torchrun launches (a few seconds each): the sampler under every worker start
-method, a rank that crashes, and a rank that never finishes (the timeout).
-"""
+"""Lesson 07's sharding checks (course_utils.lessons.l07_scaling_out): indices_of, the
+sharding report on hand-made records, and simulate_ranks with the real DistributedSampler."""
 from __future__ import annotations
 
-import multiprocessing
-import os
-import time
-
-import psutil
 import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from course_utils.lessons.l07_scaling_out import (IndexDataset, indices_of, sharding_report,
-                                               simulate_ranks)
-from course_utils.tools.ddp.launch import DistributedError, launch, pick_backend
-
-pytestmark = pytest.mark.timeout(240)
+                                                  simulate_ranks)
 
 
 # ---- indices and the report -----------------------------------------------------------------
@@ -133,74 +121,3 @@ def test_simulated_distributed_sampler_pads_and_reshuffles_only_with_set_epoch()
     assert torch.equal(torch.random.get_rng_state(), state)  # global RNG left as it was
     with pytest.raises(TypeError, match="make_loader"):
         simulate_ranks("not a function", 4)
-
-
-# ---- launch: arguments (no processes) ----------------------------------------------------------
-
-@pytest.mark.parametrize("kwargs, exc, match", [
-    ({"task": "train"}, ValueError, "task='train'"),
-    ({"task": "sampler", "nproc": 0}, ValueError, "nproc"),
-    ({"task": "sampler", "timeout_s": 0}, ValueError, "timeout_s"),
-    ({"task": "sampler", "backend": "mpi"}, ValueError, "backend='mpi'"),
-    ({"task": "sampler", "config": {"x": object()}}, TypeError, "JSON"),
-    ({"task": "sampler", "config": [1]}, TypeError, "config must be a dict"),
-])
-def test_launch_bad_arguments_are_named(kwargs, exc, match):
-    with pytest.raises(exc, match=match):
-        launch(**kwargs)
-
-
-@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() >= 2,
-                    reason="this machine can run nccl")
-def test_nccl_without_gpus_is_refused_and_gloo_is_picked():
-    assert pick_backend(2) == "gloo"
-    with pytest.raises(ValueError, match="nccl"):
-        launch("sampler", backend="nccl")
-
-
-# ---- launch: real ranks -------------------------------------------------------------------------
-
-def test_ranks_shard_with_workers_under_every_start_method():
-    methods = multiprocessing.get_all_start_methods()
-    variants = [{"name": "main", "epochs": [0, 1], "batch_size": 3}]
-    variants += [{"name": m, "epochs": [1], "num_workers": 1, "start_method": m} for m in methods]
-    run = launch("sampler", {"n": 11, "variants": variants}, nproc=2, timeout_s=200)
-    assert len(run.ranks) == 2 and run.backend == "gloo" and "2 rank(s)" in str(run)
-
-    def report(variant):
-        return sharding_report([{"rank": r["rank"], "epochs": r["variants"][variant]}
-                                for r in run.ranks], 11)
-
-    main = report("main")
-    assert all("plus 1 repeated as padding" in e.verdict() for e in main.epochs)
-    assert main.order_changes_every_epoch
-    for m in methods:  # workers give the same indices as the main process, whatever the method
-        assert report(m).epochs[0].per_rank == main.epochs[1].per_rank, m
-    # torchrun sets OMP_NUM_THREADS=1 for each rank when it starts more than one
-    for r in run.ranks:
-        if "OMP_NUM_THREADS" not in os.environ:
-            assert r["omp_num_threads_env"] == "1" and r["pools_at_start"]["torch_intra"] == 1
-        assert r["all_reduce_total"] == sum(x["drawn"] for x in run.ranks)
-
-
-def test_a_crashing_rank_gives_its_traceback():
-    with pytest.raises(DistributedError) as info:
-        launch("fail", {"rank": 1, "wait_s": 30}, nproc=2, timeout_s=120)
-    err = info.value
-    assert "failed on purpose" in str(err) and 1 in err.rank_errors and not err.timed_out
-    assert "rank(s) [1] raised an error" in str(err)
-
-
-def test_a_stuck_rank_is_killed_at_the_timeout():
-    t0 = time.perf_counter()
-    with pytest.raises(DistributedError, match="did not finish within timeout_s=5") as info:
-        launch("sleep", {"rank": 0, "seconds": 600}, nproc=2, timeout_s=5)
-    assert info.value.timed_out and time.perf_counter() - t0 < 40
-    time.sleep(0.5)
-    leftovers = []
-    for p in psutil.process_iter(["cmdline", "ppid"]):
-        cmd = p.info["cmdline"] or []
-        # orphans of this test: ranks of the 'sleep' task re-parented to init (or to us)
-        if "course_utils.tools.ddp.rank" in cmd and "sleep" in cmd and p.info["ppid"] in (1, os.getpid()):
-            leftovers.append(p)
-    assert not leftovers
