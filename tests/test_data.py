@@ -126,7 +126,7 @@ def test_jpeg_dataset_default_n_follows_quick_mode(monkeypatch):
     (dict(n=0), ValueError, "n"),
     (dict(n=2.5), TypeError, "n"),
     (dict(n=True), TypeError, "n"),
-    (dict(n=4, min_side=300, max_side=200), ValueError, "min_side"),
+    (dict(n=4, min_side=300, max_side=200), ValueError, "max_side=200 is too small: max_side must be >= 300"),
     (dict(n=4, min_side=4), ValueError, "min_side"),
     (dict(n=4, quality=0), ValueError, "quality"),
     (dict(n=4, quality=101), ValueError, "quality"),
