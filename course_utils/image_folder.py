@@ -13,6 +13,7 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from .checks import check_folder, check_index, check_transform
+from .data import decode_jpeg
 
 __all__ = ["IMAGE_EXTENSIONS", "image_damage", "ImageFolderDataset"]
 
@@ -21,11 +22,8 @@ _CHECK_THREADS = 8   # image_damage runs this many files at once (OpenCV release
 
 
 def _jpeg_is_truncated(buf: bytes) -> bool:
-    """True when the JPEG in ``buf`` stops before the end-of-image marker of its main image.
-
-    Headers are walked by their lengths up to the first start-of-scan, so an EXIF thumbnail (a
-    whole JPEG inside a header) is stepped over, and data after the end marker is ignored.
-    """
+    """True when the JPEG in ``buf`` stops before its main image's end marker (headers walked by
+    their lengths to the first start-of-scan, so an EXIF thumbnail inside one is stepped over)."""
     pos = 2
     while pos + 4 <= len(buf):
         if buf[pos] != 0xFF:
@@ -75,18 +73,11 @@ class ImageFolderDataset(Dataset):
                  extensions: Sequence[str] = IMAGE_EXTENSIONS, *,
                  skip_damaged: bool = False) -> None:
         where = f"ImageFolderDataset(path={str(path)!r})"
-        if isinstance(extensions, str):
-            extensions = (extensions,)
-        exts = []
-        for e in extensions:
-            if not isinstance(e, str) or not e.strip("."):
-                raise ValueError(f"{where}: extensions must be file endings such as "
-                                 f"('.jpg', '.png'), got {extensions!r}.")
-            e = e.lower()
-            exts.append(e if e.startswith(".") else "." + e)
-        if not exts:
-            raise ValueError(f"{where}: extensions is empty; pass e.g. {IMAGE_EXTENSIONS}.")
-        self.extensions = tuple(exts)
+        extensions = (extensions,) if isinstance(extensions, str) else tuple(extensions)
+        if not extensions or not all(isinstance(e, str) and e.strip(".") for e in extensions):
+            raise ValueError(f"{where}: extensions must be file endings such as "
+                             f"('.jpg', '.png'), got {extensions!r}.")
+        self.extensions = tuple("." + e.lower().lstrip(".") for e in extensions)
         self.transform = check_transform(transform, "ImageFolderDataset")
 
         self.root = root = check_folder(path, "ImageFolderDataset: path", "pass the folder that "
@@ -94,9 +85,8 @@ class ImageFolderDataset(Dataset):
         files: list[Path] = []
         for dirpath, dirnames, filenames in os.walk(root):
             dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-            for name in filenames:
-                if not name.startswith(".") and os.path.splitext(name)[1].lower() in self.extensions:
-                    files.append(Path(dirpath) / name)
+            files += [Path(dirpath) / name for name in filenames
+                      if not name.startswith(".") and os.path.splitext(name)[1].lower() in self.extensions]
         if not files:
             raise ValueError(f"{where}: no images found ending in {', '.join(self.extensions)}; "
                              f"put your images there or pass extensions=... to match your files.")
@@ -130,22 +120,12 @@ class ImageFolderDataset(Dataset):
         i = check_index(i, len(self), "ImageFolderDataset")
         file = str(self.paths[i])
         try:
-            raw = np.fromfile(file, dtype=np.uint8)
-        except OSError as exc:
-            raise ValueError(f"ImageFolderDataset: could not read {file!r} ({exc}); check the "
-                             f"file exists and is readable, or remove it from the folder.") from exc
-        try:
-            img = cv2.imdecode(raw, cv2.IMREAD_COLOR) if raw.size else None
-        except cv2.error:
-            img = None
-        if img is None:
-            raise ValueError(f"ImageFolderDataset: OpenCV could not decode {file!r} (sample {i}); "
-                             f"remove or convert it, or pass skip_damaged=True to leave "
-                             f"damaged files out.")
-        image = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
-        if self.transform is not None:
-            image = self.transform(image)
-        return image, int(self.labels[i])
+            image = decode_jpeg(np.fromfile(file, dtype=np.uint8))
+        except (OSError, ValueError, cv2.error) as exc:
+            raise ValueError(f"ImageFolderDataset: could not read or decode {file!r} (sample {i}: "
+                             f"{exc}); remove or convert it, or pass skip_damaged=True to leave "
+                             f"damaged files out.") from exc
+        return (image if self.transform is None else self.transform(image)), int(self.labels[i])
 
     def with_transform(self, transform: Optional[Callable]) -> "ImageFolderDataset":
         """The same files and labels (no new scan or check), read through ``transform``."""
@@ -153,13 +133,12 @@ class ImageFolderDataset(Dataset):
         clone.transform = check_transform(transform, "ImageFolderDataset.with_transform")
         return clone
 
-    def damaged_summary(self, first: int = 3) -> str:
-        """One line: how many damaged files were skipped and the first few (relative paths)."""
+    def damaged_summary(self) -> str:
+        """One line: how many damaged files were skipped and the first three (relative paths)."""
         if not self.damaged:
             return "no damaged files skipped" if self.checked else "files not checked"
-        shown = ", ".join(f"{os.path.relpath(p, self.root)} ({why})"
-                          for p, why in self.damaged[:first])
-        more = f" and {len(self.damaged) - first} more" if len(self.damaged) > first else ""
+        shown = ", ".join(f"{os.path.relpath(p, self.root)} ({why})" for p, why in self.damaged[:3])
+        more = f" and {len(self.damaged) - 3} more" if len(self.damaged) > 3 else ""
         return f"skipped {len(self.damaged)} damaged file(s): {shown}{more}"
 
     def describe(self) -> str:
