@@ -32,6 +32,8 @@ from course_utils import JpegDataset
 from course_utils.__main__ import main
 from course_utils.data import LatencyDataset
 from course_utils.tools import tune_loader
+from course_utils.measurement import Measurement, compare
+from course_utils.tools.tune.result import epoch_row
 from course_utils.tools.tune.search import (PROBE_THRESHOLD, LoaderSettings, TuningInterrupted,
                                             TuningResult, epoch_score)
 from course_utils.tools.tune.window import (QuietInit, Timed, drop_fd_sharer_resets,
@@ -98,6 +100,16 @@ def test_search_and_side_by_side_use_one_score(result):
     assert result.consumer.startswith("none")
     assert epoch_score(100.0, 1.0, 10, 110) == pytest.approx(110 / 2.0)
     assert epoch_score(0.0, 1.0, 10, 110) == 0.0
+
+
+def test_an_epoch_row_is_the_score_with_the_windows_cpu():
+    """64 samples in 0.5 s (128/s), a 1 s start-up, batches of 8, epochs of 1000: the epoch lasts
+    1 + 992 / 128 = 8.75 s, so its row reads 1000 / 8.75 samples/s; CPU and memory carry over."""
+    window = Measurement.from_times("w", [0.5], 64, cpu_s_per_sample=2e-3, peak_uss_bytes=10**6)
+    row = epoch_row("w=1 bs=8", window, 1.0, 8, 1000)
+    assert row.samples_per_s == pytest.approx(1000 / 8.75) == pytest.approx(epoch_score(128, 1, 8, 1000))
+    assert row.times_s == [pytest.approx(8.75)] and row.items_per_repeat == 1000
+    assert (row.cpu_s_per_sample, row.peak_uss_bytes, row.label) == (2e-3, 10**6, "w=1 bs=8")
 
 
 def test_pin_memory_skip_is_explained_without_cuda(result):
@@ -189,20 +201,17 @@ def test_plain_code_limits_threads_in_real_workers(result, tmp_path):
 def test_comparison_ratios_are_computed(result):
     rows = [m.label for m in result.comparison.rows]
     assert rows == ["defaults", "common recipe", "tuned"]
-    assert result.speedup_vs_recipe == pytest.approx(
-        result.scores["tuned"] / result.scores["common recipe"])
-    tuned = result.comparison.row("tuned").samples_per_s
-    assert result.ratio("common recipe", "samples_per_s") == pytest.approx(
-        tuned / result.comparison.row("common recipe").samples_per_s)
     assert all(len(m.times_s) >= 2 for m in result.comparison.rows)   # interleaved rounds
+    table = result.side_by_side_rows()       # per epoch: the samples/s column is the score
+    assert [m.samples_per_s for m in table.rows] == [result.scores[k] for k in rows]
+    assert table.rows[table.baseline].label.startswith("common recipe: w=4 bs=8")
     for other in ("common recipe", "defaults"):        # whichever row won: the same arithmetic
         assert result.ratio(other) == pytest.approx(result.scores["tuned"] / result.scores[other])
         cpu_tuned, cpu_other = (result.comparison.row(k).cpu_s_per_sample for k in ("tuned", other))
         expected = cpu_tuned / cpu_other if cpu_tuned is not None and cpu_other else math.nan
         assert result.ratio(other, "cpu_s_per_sample") == pytest.approx(expected, nan_ok=True)
-    assert result.speedup_vs_defaults == result.ratio("defaults")
     text = str(result)
-    assert f"tuned vs common recipe: {result.speedup_vs_recipe:.2f}x samples/s per epoch" in text
+    assert f"tuned vs common recipe: {result.ratio('common recipe'):.2f}x samples/s per epoch" in text
     assert result.candidates["common recipe"] == LoaderSettings(
         num_workers=4, batch_size=8, pin_memory=True, threads_per_worker=None)
     assert result.candidates["defaults"] == LoaderSettings(num_workers=0, batch_size=8)
@@ -221,9 +230,11 @@ def test_plot_returns_a_figure_with_machine_and_settings(result):
     from course_utils import machine_summary
 
     fig = result.plot()
-    assert isinstance(fig, matplotlib.figure.Figure)
-    title = fig._suptitle.get_text()
+    assert isinstance(fig, matplotlib.figure.Figure) and len(fig.axes) == 2
+    title = fig.axes[0].get_title(loc="left")
     assert machine_summary() in title and result.best.label() in title
+    bars = [t.get_text() for t in fig.axes[1].get_yticklabels()]
+    assert [b.split(":")[0] for b in bars] == ["defaults", "common recipe", "tuned"]
     import matplotlib.pyplot as plt
     plt.close(fig)
 
@@ -261,20 +272,24 @@ def test_early_stopping_marks_probes(monkeypatch, small_jpegs):
 def test_a_baseline_that_wins_is_recommended(monkeypatch, small_jpegs):
     """Force the common recipe to win the side by side: it is recommended, said so, and its
     code is the code to paste; the search's best is still reported."""
-    real = side_by_side.pooled
+    real = side_by_side.SideBySide.summary
 
-    def recipe_wins(parts, label, batch_size, epoch_samples):
-        m, startup, score = real(parts, label, batch_size, epoch_samples)
-        return m, startup, 1e9 if label == "common recipe" else score
+    def recipe_wins(self):          # the recipe's windows read 1000x faster, with no start-up
+        comparison, startups = real(self)
+        slow = comparison.row("common recipe")
+        fast = Measurement.from_times(slow.label, [t / 1000 for t in slow.times_s],
+                                      slow.items_per_repeat, cpu_s_per_sample=slow.cpu_s_per_sample)
+        return (compare([fast if m is slow else m for m in comparison.rows]),
+                {**startups, "common recipe": 0.0})
 
-    monkeypatch.setattr(side_by_side, "pooled", recipe_wins)
+    monkeypatch.setattr(side_by_side.SideBySide, "summary", recipe_wins)
     r = tune_loader(small_jpegs, budget_s=4, size=32, batch_size=8, worker_counts=[0],
                     batch_sizes=[8], progress=False)
     assert r.winner == "common recipe"
     assert r.best == r.candidates["common recipe"] == LoaderSettings(
         num_workers=4, batch_size=8, pin_memory=True, threads_per_worker=None)
     assert r.best_trial.settings == r.candidates["tuned"] == LoaderSettings(0, 8)
-    assert r.speedup_vs_recipe < 1
+    assert r.ratio("common recipe") < 1
     text = str(r)
     assert "Recommended: the common recipe (w=4 bs=8 pf=2 unlimited pin" in text
     assert "beat the tuned setting (w=0 bs=8" in text
@@ -372,13 +387,13 @@ def _interrupt_second_trial(monkeypatch):
     """measure_window raises KeyboardInterrupt in the second trial, its workers running."""
     real, calls = tuning.measure_window, []
 
-    def interrupting(timed, warm, batches, label):
+    def interrupting(timed, batches, label):
         calls.append(label)
         if len(calls) == 3:            # trial 1 had a probe and a full window
             it = iter(timed)
             next(it)                   # workers started, batches in flight, `it` kept alive
             raise KeyboardInterrupt
-        return real(timed, warm, batches, label)
+        return real(timed, batches, label)
 
     monkeypatch.setattr(tuning, "measure_window", interrupting)
 
@@ -395,7 +410,7 @@ def test_ctrl_c_stops_cleanly_with_the_best_so_far(monkeypatch, small_jpegs):
     assert partial.comparison is None and "interrupted during the search" in partial.notes
     line = str(info.value)
     assert "\n" not in line and "best measured so far: w=0 bs=8 ->" in line
-    assert "samples/s per epoch" in line and "CPU ms/sample" in line
+    assert "samples/s per epoch" in line and "CPU per sample" in line
     # no worker left behind, although the interrupted frame still holds its iterator
     assert not set(multiprocessing.active_children()) - mp_before
     assert not _children() - before
@@ -470,11 +485,11 @@ def test_a_ctrl_c_while_a_windows_workers_stop_is_raised_once_they_are_stopped(m
     old = signal.signal(signal.SIGINT, signal.default_int_handler)
     timed = Timed(rebuilt(DataLoader(TinyDataset(64), batch_size=2, num_workers=1)))
     try:
-        measure_window(timed, 1, 2, "w=1")
+        measure_window(timed, 2, "w=1")
         assert [by for by, _ in stopped] == ["end_epochs"], "stopped by Timed, not by a __del__"
         armed.append(True)
         with pytest.raises(KeyboardInterrupt):
-            measure_window(timed, 1, 2, "w=1")
+            measure_window(timed, 2, "w=1")
         assert len(stopped) == 2 and not any(w.is_alive() for _, ws in stopped for w in ws)
     finally:
         timed.close()

@@ -36,9 +36,10 @@ from course_utils.checks import check_folder, check_int
 from course_utils.config import pick
 from course_utils.data import JpegDataset, ToTensorUint8
 from course_utils.image_folder import ImageFolderDataset
-from course_utils.machine import machine_summary, start_method, usable_cpus
+from course_utils.machine import start_method, usable_cpus
 from course_utils.pipelines import BatchedJpegDataset, keep_batch
 from course_utils.scaling import default_worker_counts
+from course_utils.timing import default_warmup
 
 from .result import (RECIPE_LABEL, TUNED_LABEL, LoaderSettings, Trial, TuningInterrupted,
                      TuningResult, epoch_score)
@@ -46,8 +47,7 @@ from .rules import (COMPARE_SHARE, LADDER_FALL_FRACTION, LADDER_FALLS, PROBE_FRA
                     PROBE_THRESHOLD)
 from .side_by_side import SideBySide
 from .window import (WORKER_TIMEOUT_S, Timed, consumer_device, make_consumer,
-                     measure_window, pooled, quiet_loader_warnings, rebuilt,
-                     warmup_batches)
+                     measure_window, pooled, quiet_loader_warnings, rebuilt)
 
 __all__ = ["LoaderSettings", "Trial", "TuningResult", "TuningInterrupted", "tune_loader",
            "epoch_score", "PROBE_FRACTION", "PROBE_THRESHOLD", "LADDER_FALL_FRACTION",
@@ -194,7 +194,7 @@ class _Search:
     def plan(self, s: LoaderSettings) -> tuple[int, int, int]:
         """(warm-up, probe, full) batches for ``s``: the warm-up covers every batch the workers
         hold in flight; the full window lasts about ``trial_s`` at the best rate so far."""
-        warm = warmup_batches(s.num_workers, s.prefetch_factor)
+        warm = default_warmup(s)
         if self.rate_est is None:   # the first trial calibrates: a few batches
             return warm, 2, 4
         full = max(2, round(self.rate_est * self.trial_s / s.batch_size))
@@ -229,13 +229,13 @@ class _Search:
         t0 = time.perf_counter()
         trial = Trial(len(self.trials) + 1, stage, s, "full")
         try:
-            parts = [measure_window(timed, warm, probe, s.label())]
+            parts = [measure_window(timed, probe, s.label())]
             score1 = pooled(parts, s.label(), s.batch_size, self.epoch_samples)[2]
             best = self.best_trial
             if best is not None and score1 < PROBE_THRESHOLD * best.score:
                 trial.status = "stopped after probe"
             else:
-                parts.append(measure_window(timed, warm, full, s.label()))
+                parts.append(measure_window(timed, full, s.label()))
             trial.measurement, trial.startup_s, trial.score = pooled(
                 parts, s.label(), s.batch_size, self.epoch_samples)
         except Exception as exc:  # one broken setting must not end the search
@@ -342,27 +342,30 @@ def _result(search: _Search, pipe: _Pipeline, side: SideBySide | None, notes: li
     best_trial = search.best_trial
     if best_trial is None:
         return None
-    summary = side.summary(search.epoch_samples) if side is not None else None
-    comparison, scores, startups = summary if summary else (None, {}, {})
-    candidates = dict(side.settings) if summary else {TUNED_LABEL: best_trial.settings}
-    winner = max(scores, key=scores.get) if scores else TUNED_LABEL
-    code_dataset, code_imports = (pipe.code_dataset, pipe.code_imports) \
-        if winner == TUNED_LABEL else pipe.baseline_code
+    summary = side.summary() if side is not None else None
     notes = list(notes)
-    if winner == RECIPE_LABEL:
-        notes.append("the common recipe ran as it is written: torch.set_num_threads(1) and "
-                     "OMP/MKL/OPENBLAS_NUM_THREADS=1 set after import, in the main process")
     if search.out_of_budget:
         notes.append(f"the budget ran out after {len(search.trials)} trials; a larger budget_s "
                      f"tries the settings listed under 'Not tried'")
-    return TuningResult(best=candidates[winner], best_trial=best_trial, trials=search.trials,
-                        not_tried=search.not_tried, skipped=search.skipped,
-                        comparison=comparison, budget_s=search.budget_s,
-                        elapsed_s=search.elapsed(), search_s=search_s,
-                        epoch_samples=search.epoch_samples, dataset=pipe.description,
-                        machine=machine_summary(), code_dataset=code_dataset,
-                        code_imports=code_imports, notes=notes, winner=winner, scores=scores,
-                        startups=startups, candidates=candidates, consumer=search.consumer_text)
+    result = TuningResult(
+        best=best_trial.settings, best_trial=best_trial, trials=search.trials,
+        not_tried=search.not_tried, skipped=search.skipped,
+        comparison=summary and summary[0], startups=summary[1] if summary else {},
+        candidates=dict(side.settings) if summary else {TUNED_LABEL: best_trial.settings},
+        budget_s=search.budget_s, elapsed_s=search.elapsed(), search_s=search_s,
+        epoch_samples=search.epoch_samples, dataset=pipe.description,
+        consumer=search.consumer_text, code_dataset=pipe.code_dataset,
+        code_imports=pipe.code_imports, notes=notes)
+    if summary:
+        scores = result.scores
+        result.winner = max(scores, key=scores.get)
+        result.best = result.candidates[result.winner]
+        if result.winner != TUNED_LABEL:
+            result.code_dataset, result.code_imports = pipe.baseline_code
+        if result.winner == RECIPE_LABEL:
+            notes.append("the common recipe ran as it is written: torch.set_num_threads(1) and "
+                         "OMP/MKL/OPENBLAS_NUM_THREADS=1 set after import, in the main process")
+    return result
 
 
 def tune_loader(data: Any = None, *, budget_s: float = 60.0, batch_size: int | None = None,

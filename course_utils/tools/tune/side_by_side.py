@@ -16,7 +16,7 @@ from course_utils.pipelines import (TransformedDataset, common_recipe_loader,
                                     recipe_process_settings)
 
 from .result import DEFAULTS_LABEL, RECIPE_LABEL, TUNED_LABEL, LoaderSettings
-from .window import Timed, measure_window, pooled, rebuilt, warmup_batches
+from .window import Timed, measure_window, pooled, rebuilt
 
 __all__ = ["SideBySide"]
 
@@ -71,22 +71,19 @@ class SideBySide:
                     rate = pooled(parts, label, 1, 1)[0].samples_per_s if parts else 0.0
                     batches = max(min_batches, round(window_s * rate / t.batch_size))
                     with context():
-                        parts.append(measure_window(t, warmup_batches(
-                            t.num_workers, t.prefetch_factor), batches, label))
+                        parts.append(measure_window(t, batches, label))
                     search.tick(f"side by side, round {r + 1}: {label}")
         finally:
             for t in timed.values():
                 t.close()
             gc.collect()
 
-    def summary(self, epoch_samples: int) -> tuple[Comparison, dict, dict] | None:
-        """(Comparison, score per row, start-up per row); None until every row has a window."""
+    def summary(self) -> tuple[Comparison, dict[str, float]] | None:
+        """(the rows' pooled windows, their median start-ups in seconds); None until every row
+        has a window."""
         if not all(self.runs.values()):
             return None
-        rows, scores, startups = [], {}, {}
-        for label, parts in self.runs.items():
-            m, startups[label], scores[label] = pooled(
-                parts, label, self.settings[label].batch_size, epoch_samples)
-            rows.append(m)
-        return compare(rows, baseline=RECIPE_LABEL if RECIPE_LABEL in scores else 0), scores, \
-            startups
+        pooled_rows = {label: pooled(parts, label, 1, 1) for label, parts in self.runs.items()}
+        return (compare([m for m, _, _ in pooled_rows.values()],
+                        baseline=RECIPE_LABEL if RECIPE_LABEL in pooled_rows else 0),
+                {label: startup for label, (_, startup, _) in pooled_rows.items()})

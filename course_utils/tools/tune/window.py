@@ -1,11 +1,13 @@
-"""How the tuner (lesson 06, :mod:`course_utils.tools.tune.search`) measures one setting: a *window*.
+"""How the tuner (lesson 06) measures one setting: a *window*, timed by the engine's
+:func:`~course_utils.timing.measure_loader` (its clock, CPU and memory figures) with the engine's
+warm-up rule (:func:`~course_utils.timing.default_warmup`), for the search and the side by side.
 
-The search and the side by side both use :func:`measure_window` and :func:`pooled`, so they
-cannot measure different things. A window is a fresh ``iter(loader)`` (its start-up: seconds to
-the first batch), an untimed warm-up of every batch in flight, then N timed batches, each handed
-to the consumer (the training step: a sleep of ``step_s``, or ``step(batch)``) before the next
-is pulled; the epoch ends with the window (:class:`Draws`), so nothing is left in flight.
-Workers start deaf to Ctrl-C and :meth:`Timed.close` shuts every one down.
+A window is a fresh epoch: its start-up (seconds from ``iter`` to the first batch), the warm-up
+untimed, then N timed batches. What the engine cannot do stays here: :class:`Timed` hands each
+batch to the consumer (the training step) before the next is pulled, copies it to the GPU and
+records each epoch's start-up; :class:`Draws` makes each epoch exactly the window's length, so
+nothing is left in flight; and Timed stops every epoch's workers itself, with Ctrl-C held back
+until they are gone (in an iterator's ``__del__`` it would be lost), its workers deaf to it.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from torch.utils.data import DataLoader, Sampler
 from course_utils.device import move_to_device
 from course_utils.measurement import Measurement
 from course_utils.process_tree import stop_workers
-from course_utils.timing import measure_loader
+from course_utils.timing import default_warmup, measure_loader
 
 from .result import epoch_score
 
@@ -128,9 +130,8 @@ def rebuilt(loader: DataLoader) -> DataLoader:
 
 
 class Timed:
-    """A loader as a training loop sees it: each epoch's start-up recorded (``iter`` to the
-    first batch), each batch copied to ``device`` (synchronised) and handed to ``consumer``
-    before the next one is pulled. :meth:`close` shuts down every worker it started."""
+    """A loader as a training loop sees it (module docstring); :meth:`close` shuts down every
+    worker it started."""
 
     def __init__(self, loader: DataLoader, device: Any = None,
                  consumer: Callable[[Any], Any] | None = None) -> None:
@@ -146,21 +147,32 @@ class Timed:
 
     def end_epochs(self) -> None:
         """Stop the workers of every epoch started so far, except the iterator persistent
-        workers reuse. A Ctrl-C meanwhile is raised once they are stopped (in an iterator's
-        ``__del__`` it would be printed and lost)."""
+        workers reuse; a Ctrl-C meanwhile is raised once they are stopped."""
         with sigint_deferred():
             for inner in self._live:
                 stop_workers(inner, self._loader)
             self._live = [i for i in self._live if i is self._loader._iterator]
 
-    def __iter__(self) -> "TimedIter":
+    def __iter__(self) -> Iterator[Any]:
         self.end_epochs()
         with sigint_deferred():   # a Ctrl-C meanwhile is raised once `inner` is held
             t0 = time.perf_counter()
             inner = iter(self._loader)
             if inner not in self._live:
                 self._live.append(inner)
-        return TimedIter(self, inner, t0)
+        return self._epoch(inner, t0)
+
+    def _epoch(self, inner: Any, t0: float | None) -> Iterator[Any]:
+        for batch in inner:
+            if self._device is not None:
+                batch = move_to_device(batch, self._device)
+                torch.cuda.synchronize()
+            if t0 is not None:
+                self.startups.append(time.perf_counter() - t0)
+                t0 = None
+            yield batch
+            if self._consumer is not None:
+                self._consumer(batch)      # the training step, before the next batch is pulled
 
     def close(self) -> None:
         """Shut down the workers of every iterator still alive, persistent ones included."""
@@ -171,47 +183,17 @@ class Timed:
             self._loader._iterator = None
 
 
-class TimedIter:
-    """One epoch of a :class:`Timed` loader."""
-
-    def __init__(self, owner: Timed, inner: Any, t0: float) -> None:
-        self.owner, self.inner, self.t0, self.last = owner, inner, t0, None
-
-    def __iter__(self) -> "TimedIter":
-        return self
-
-    def __next__(self) -> Any:
-        owner = self.owner
-        if self.last is not None and owner._consumer is not None:
-            owner._consumer(self.last)      # the training step on the batch before
-        self.last = None
-        batch = next(self.inner)
-        if owner._device is not None:
-            batch = move_to_device(batch, owner._device)
-            torch.cuda.synchronize()
-        if self.t0 is not None:
-            owner.startups.append(time.perf_counter() - self.t0)
-            self.t0 = None
-        self.last = batch
-        return batch
-
-
-def warmup_batches(num_workers: int, prefetch_factor: int | None) -> int:
-    """Warm-up batches: every batch the workers hold in flight (at least 2)."""
-    return max(2, num_workers * (prefetch_factor or 2))
-
-
-def measure_window(timed: Timed, warm: int, batches: int,
-                   label: str) -> tuple[Measurement, float]:
-    """One window (module docstring): its Measurement (consumer included) and start-up in
-    seconds. Persistent workers are started once first, so the window sees their restart."""
+def measure_window(timed: Timed, batches: int, label: str) -> tuple[Measurement, float]:
+    """One window of ``batches`` timed batches: its Measurement (seconds per window, consumer
+    included) and start-up in seconds. Persistent workers are started once first, so that the
+    window sees their restart."""
+    warm = default_warmup(timed)
     if timed.persistent_workers and timed._iterator is None:
         timed.sampler.length = warm * timed.batch_size
         for _ in timed:
             pass
     timed.sampler.length = (warm + batches) * timed.batch_size
-    m = measure_loader(timed, batches=batches, warmup_batches=warm, repeats=1, label=label,
-                       progress=False)
+    m = measure_loader(timed, batches=batches, repeats=1, label=label, progress=False)
     timed.end_epochs()      # its workers end now, not while another loader is measured
     return m, timed.startups[-1]
 
