@@ -1,17 +1,9 @@
-"""course_utils — the helper package of the "Feed the GPU" course.
-
-The package holds what the notebooks cannot: the code DataLoader workers must import (datasets,
-transforms, the thread limiter: :mod:`course_utils.data`, :mod:`course_utils.threads`), the one
-timing engine (:mod:`course_utils.timing`) and its results (:mod:`course_utils.measurement`), the
-device helpers (:mod:`course_utils.device`), the machine report and plots. Each lesson writes the
-mechanism it teaches in its own cells first; the helpers here say in their docstrings which
-lesson shows them. Bigger measurement harnesses live in :mod:`course_utils.lessons`, named like
-the notebooks. The tools built on this core are in :mod:`course_utils.tools`, the graders in
-:mod:`course_utils.grading`; nothing here imports either.
-
-The names below are the ones the notebooks import from the package itself; everything else is
-imported from its module by name. Importing the package changes nothing: no thread settings, no
-seeding, no printing.
+"""course_utils, the helper package of the "Feed the GPU" course: what notebooks cannot hold
+(the code DataLoader workers import, the one timing engine and its results, the device, the
+machine report, plots); each lesson writes the mechanism it teaches in its own cells first. Its
+tools are :mod:`course_utils.tools`, its graders :mod:`course_utils.grading`; nothing here imports
+either. The names below are those notebooks import from the package itself; importing it changes
+nothing (no thread settings, no seeding, no printing).
 """
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""Command line for the course: ``python -m course_utils COMMAND``.
-
-Commands: doctor, grade NOTEBOOK, bench, tune [FOLDER], diagnose train.py [ARGS] (``--help``
-says what each does). The authors' commands are ``python -m course_authoring``.
-
-This module is the dispatcher and ``doctor``; each layer's commands live in its own ``cli``:
-``course_utils.grading.cli`` (grade), ``course_utils.tools.cli`` (bench, tune, diagnose).
-"""
+"""``python -m course_utils doctor | grade | bench | tune | diagnose`` (``--help`` says what each
+does): the dispatcher and ``doctor``; each layer's commands are in its own ``cli``
+(``grading.cli``: grade; ``tools.cli``: bench, tune, diagnose)."""
 from __future__ import annotations
 
 import argparse
@@ -31,8 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Feed the GPU: helpers for the PyTorch data-loading course.",
         epilog=f"Set {QUICK_ENV}=1 to shrink every experiment (quick mode). Authors: "
                f"python -m course_authoring --help (make-exercises, hosted-cell, gpu-check).")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("doctor", help="describe this machine for data loading, with advice",
                        description="Usable CPUs, every thread pool, torch build, accelerator, "

@@ -1,6 +1,6 @@
-"""Argument checks, one family: each names the argument, what it must be, and what it got, and
-returns the value converted. ``where`` (the function's name) starts the message, ``hint`` ends
-it; the wrong *kind* of value raises :class:`WrongType`, both a TypeError and a ValueError."""
+"""The argument checks of public entry points: each names the argument, what it must be and what
+it got, and returns the value converted. ``where`` (the function) starts the message, ``hint``
+ends it; a value of the wrong kind raises :class:`WrongType` (a TypeError and a ValueError)."""
 from __future__ import annotations
 
 import math
@@ -24,8 +24,7 @@ def _prefix(where: str) -> str:
 
 def check_int(name: str, value: Any, minimum: int, where: str = "", hint: str = "", *,
               allow_none: bool = False, maximum: int | None = None) -> int | None:
-    """``value`` as an int >= ``minimum`` (and <= ``maximum`` when given; None passes through
-    when ``allow_none``)."""
+    """``value`` as an int in [``minimum``, ``maximum``] (None passes with ``allow_none``)."""
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -66,8 +65,8 @@ def check_fraction(name: str, value: Any, where: str = "") -> float:
 
 
 def check_index(i: Any, n: int, where: str) -> int:
-    """A sample index of a dataset of ``n`` samples (negative counts from the end); an
-    IndexError when it is out of range, so ``for x in dataset`` stops as Python expects."""
+    """A sample index into ``n`` samples (negative from the end); out of range an IndexError, so
+    ``for x in dataset`` stops as Python expects."""
     try:
         i = operator.index(i)
     except TypeError:
@@ -89,8 +88,8 @@ def check_transform(transform: Any, where: str) -> Optional[Callable]:
 
 
 def check_folder(value: Union[str, os.PathLike], name: str, hint: str) -> Path:
-    """``value`` as an existing folder (``~`` expanded), else an error that names ``name`` and
-    ends in ``hint`` (what to pass instead)."""
+    """``value`` as an existing folder (``~`` expanded), else an error naming ``name`` and ending
+    in ``hint`` (what to pass instead)."""
     path = Path(value).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"{name}={str(value)!r}: no such folder; {hint}")

@@ -1,5 +1,5 @@
-"""The device, in one place: resolve it, wait for it (lesson 00 shows why a GPU timing needs the
-wait), pin memory for it, copy batches and small constants to it."""
+"""The device: resolve it, wait for it (lesson 00 shows why a GPU timing needs the wait), pin
+memory for it, copy batches and small constants to it."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -12,14 +12,6 @@ from .machine import default_device
 __all__ = ["resolve_device", "synchronize", "synchronizer", "try_pin", "move_to_device",
            "tensors_of", "constants_on"]
 
-#: The device types the course measures.
-ALLOWED_DEVICES = ("cpu", "cuda", "mps")
-
-
-def _mps_available() -> bool:
-    mps = getattr(torch.backends, "mps", None)
-    return bool(mps is not None and mps.is_available())
-
 
 def resolve_device(device: Any = None, *, allow_meta: bool = False) -> torch.device:
     """``torch.device`` for ``device`` (None: the machine's accelerator, else the CPU); a
@@ -31,13 +23,13 @@ def resolve_device(device: Any = None, *, allow_meta: bool = False) -> torch.dev
     except (TypeError, RuntimeError) as exc:
         raise ValueError(f"device={device!r} is not a device torch understands: use None (the "
                          f"machine's accelerator), 'cpu', 'cuda', 'cuda:0' or 'mps'.") from exc
-    allowed = ALLOWED_DEVICES + (("meta",) if allow_meta else ())
+    allowed = ("cpu", "cuda", "mps") + (("meta",) if allow_meta else ())
     if dev.type not in allowed:
         raise ValueError(f"device={device!r}: this course measures {', '.join(allowed)} only.")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={device!r} asks for CUDA but torch.cuda.is_available() is False "
                          f"here: use device=None (picks what this machine has) or 'cpu'.")
-    if dev.type == "mps" and not _mps_available():
+    if dev.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError(f"device={device!r} asks for Apple MPS, which is not available here: "
                          f"use device=None or 'cpu'.")
     return dev
@@ -53,25 +45,14 @@ def synchronize(device: Any) -> None:
 
 
 def synchronizer(device: Any) -> Callable[[], None]:
-    """A function that waits for the work queued on ``device``, or does nothing where none can be;
-    with ``device=None``, CUDA only when already initialised (timing never initialises it)."""
+    """A function that waits for the work queued on ``device`` (checked as :func:`resolve_device`,
+    'meta' allowed), or does nothing; ``None``: CUDA only when already initialised."""
     if device is None:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
-            return lambda: torch.cuda.synchronize()
+            return torch.cuda.synchronize
         return lambda: None
-    try:
-        dev = torch.device(device)
-    except (TypeError, RuntimeError) as exc:
-        raise ValueError(f"device={device!r} is not a device torch understands: use e.g. "
-                         f"'cpu', 'cuda', 'cuda:0' or 'mps'.") from exc
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device={device!r} asks for CUDA but torch.cuda.is_available() is "
-                             f"False on this machine: use device='cpu' or device=None.")
-        return lambda: torch.cuda.synchronize(dev)
-    if dev.type == "mps" and _mps_available():
-        return torch.mps.synchronize
-    return lambda: None
+    dev = resolve_device(device, allow_meta=True)
+    return (lambda: synchronize(dev)) if dev.type in ("cuda", "mps") else (lambda: None)
 
 
 def try_pin(tensor: torch.Tensor, device: Any) -> tuple[torch.Tensor | None, str]:
@@ -97,10 +78,9 @@ def move_to_device(batch: Any, device: Any, *, non_blocking: bool | None = None)
         return batch.to(device, non_blocking=asynchronous)
     if isinstance(batch, Mapping):
         return {k: move_to_device(v, device, non_blocking=non_blocking) for k, v in batch.items()}
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
-        return type(batch)(*(move_to_device(v, device, non_blocking=non_blocking) for v in batch))
     if isinstance(batch, (list, tuple)):
-        return type(batch)(move_to_device(v, device, non_blocking=non_blocking) for v in batch)
+        moved = [move_to_device(v, device, non_blocking=non_blocking) for v in batch]
+        return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)  # namedtuple
     return batch
 
 
@@ -108,17 +88,13 @@ def tensors_of(batch: Any) -> Iterator[torch.Tensor]:
     """Every tensor in ``batch`` (nested tuples, lists, dicts), in order."""
     if isinstance(batch, torch.Tensor):
         yield batch
-    elif isinstance(batch, Mapping):
-        for v in batch.values():
-            yield from tensors_of(v)
-    elif isinstance(batch, (list, tuple)):
-        for v in batch:
+    elif isinstance(batch, (Mapping, list, tuple)):
+        for v in batch.values() if isinstance(batch, Mapping) else batch:
             yield from tensors_of(v)
 
 
-# Small constants, kept on each device once: ``torch.tensor(..., device='cuda')`` or
-# ``cpu_tensor.to('cuda')`` inside a step is a blocking copy from pageable memory, a hidden
-# synchronisation that would make every call wait for the GPU to drain its queue.
+# Small constants, on each device once: ``torch.tensor(..., device='cuda')`` inside a step is a
+# blocking copy from pageable memory, a hidden synchronisation with the GPU's queue.
 _CONSTANTS: dict[tuple, tuple[torch.Tensor, ...]] = {}
 _MAX_CONSTANTS = 16
 

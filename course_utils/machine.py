@@ -1,9 +1,6 @@
-"""The machine the course runs on: usable CPUs, accelerator, start method, and a doctor.
-
-``doctor()`` collects what matters for data loading into a :class:`DoctorReport` and derives
-advice from what it found; ``print(doctor())`` gives a report for a person, and
-``machine_summary()`` one line for plot titles and result tables.
-"""
+"""The machine: usable CPUs (affinity and cgroup quota), the accelerator, ``doctor()`` (what
+matters for data loading, with advice derived from it) and ``machine_summary()`` (one line for
+plot titles and result tables)."""
 from __future__ import annotations
 
 import math
@@ -20,25 +17,22 @@ import psutil
 import torch
 
 from .config import QUICK_ENV
-from .start_methods import explain_start_method, platform_default_start_method, start_method
-from .threads import THREAD_ENV_VARS, ThreadPools, is_torch_openmp, thread_pools
+from .start_methods import start_method
+from .threads import ThreadPools, is_torch_openmp, opencv_parallel_framework, thread_pools
 
 __all__ = ["CpuInfo", "cpu_info", "usable_cpus", "AcceleratorInfo", "accelerator", "default_device",
-           "start_method", "platform_default_start_method", "explain_start_method",
-           "DoctorReport", "doctor", "machine_summary"]
+           "DoctorReport", "doctor", "advise", "machine_summary"]
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 GIB = 1024**3
 #: Below this much available RAM (bytes) the doctor warns about worker memory.
 LOW_RAM_BYTES = 4 * GIB
 
 
-# ---- CPUs ----------------------------------------------------------------------------
 @dataclass
 class CpuInfo:
-    """CPUs this process may use: ``logical`` (``os.cpu_count()``), ``affinity`` (None where
-    the OS cannot tell), ``cgroup_quota`` in CPUs (e.g. 1.5; None: no quota), and ``usable``,
-    the smallest of these rounded down, at least 1."""
+    """CPUs this process may use: ``logical`` (``os.cpu_count()``), ``affinity`` (None where the
+    OS cannot tell), ``cgroup_quota`` in CPUs (None: no quota), and ``usable``, the smallest of
+    these rounded down, at least 1."""
 
     logical: int
     affinity: int | None
@@ -56,46 +50,30 @@ class CpuInfo:
         return reasons
 
 
-def _read_text(path: Path) -> str | None:
+def _quota(folder: Path, quota_file: str, period_file: str | None) -> float | None:
+    """quota / period in CPUs from cgroup files (v2 ``cpu.max`` holds both); None for no quota
+    ("max", -1), a missing file or text that is not a number."""
     try:
-        return path.read_text().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def _quota(quota_us: str | None, period_us: str | None) -> float | None:
-    """quota / period in CPUs; None for no quota ("max", -1) or text that is not a number."""
-    try:
-        quota, period = float(quota_us), float(period_us)
-    except (TypeError, ValueError):
+        text = (folder / quota_file).read_text().split()
+        quota, period = float(text[0]), float(
+            (folder / period_file).read_text() if period_file else (text[1:] or ["100000"])[0])
+    except (OSError, UnicodeDecodeError, ValueError, IndexError):
         return None
     return quota / period if quota > 0 and period > 0 else None
 
 
-def cgroup_cpu_quota(root: str | os.PathLike = CGROUP_ROOT) -> float | None:
-    """The cgroup CPU quota in CPUs (v2 ``cpu.max``, else v1 ``cpu.cfs_quota_us``), or None.
-    ``root``: the cgroup mount; tests point it at a fake folder."""
-    root = Path(root)
-    v2 = (_read_text(root / "cpu.max") or "max").split() + ["100000"]   # "<quota> [<period>]"
-    quota = _quota(v2[0], v2[1])
+def cpu_info(cgroup_root: str | os.PathLike = "/sys/fs/cgroup") -> CpuInfo:
+    """Logical CPUs, affinity, cgroup quota (v2, else v1; ``cgroup_root``: the cgroup mount,
+    a fake folder in tests) and the usable CPU count they leave."""
+    root = Path(cgroup_root)
+    quota = _quota(root, "cpu.max", None)
     for folder in (root / "cpu", root / "cpu,cpuacct", root):
         if quota is None:
-            quota = _quota(_read_text(folder / "cpu.cfs_quota_us"),
-                           _read_text(folder / "cpu.cfs_period_us"))
-    return quota
-
-
-def cpu_info(cgroup_root: str | os.PathLike = CGROUP_ROOT) -> CpuInfo:
-    """Logical CPUs, affinity, cgroup quota and the resulting usable CPU count."""
+            quota = _quota(folder, "cpu.cfs_quota_us", "cpu.cfs_period_us")
     logical = os.cpu_count() or 1
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    quota = cgroup_cpu_quota(cgroup_root)
-    candidates = [logical]
-    if affinity:
-        candidates.append(affinity)
-    if quota is not None:
-        candidates.append(math.floor(quota))
-    return CpuInfo(logical=logical, affinity=affinity, cgroup_quota=quota, usable=max(1, min(candidates)))
+    usable = min(n for n in (logical, affinity, quota and math.floor(quota)) if n is not None)
+    return CpuInfo(logical=logical, affinity=affinity, cgroup_quota=quota, usable=max(1, usable))
 
 
 def usable_cpus() -> int:
@@ -103,11 +81,10 @@ def usable_cpus() -> int:
     return cpu_info().usable
 
 
-# ---- accelerator -----------------------------------------------------------------------
 @dataclass
 class AcceleratorInfo:
-    """kind: 'cuda', 'mps' or 'cpu'; name: device name; memory_bytes: device memory (None
-    where unknown); count: number of devices of that kind (1 for cpu)."""
+    """``kind`` 'cuda', 'mps' or 'cpu'; the device's ``name``; ``memory_bytes`` (None where
+    unknown); ``count`` of devices of that kind (1 for cpu)."""
 
     kind: str
     name: str
@@ -121,15 +98,11 @@ def accelerator() -> AcceleratorInfo:
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         return AcceleratorInfo("cuda", str(props.name), int(props.total_memory), int(torch.cuda.device_count()))
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
-        memory = None
-        recommended = getattr(getattr(torch, "mps", None), "recommended_max_memory", None)
-        if recommended is not None:
-            try:
-                memory = int(recommended())
-            except Exception:
-                memory = None
+    if torch.backends.mps.is_available():
+        try:
+            memory = int(torch.mps.recommended_max_memory())
+        except Exception:  # an older torch, or the driver cannot say
+            memory = None
         return AcceleratorInfo("mps", "Apple MPS", memory, 1)
     return AcceleratorInfo("cpu", platform.processor() or platform.machine() or "cpu", None, 1)
 
@@ -139,7 +112,6 @@ def default_device() -> torch.device:
     return torch.device(accelerator().kind)
 
 
-# ---- doctor ----------------------------------------------------------------------------
 def _torch_build() -> str:
     if getattr(torch.version, "cuda", None):
         return f"CUDA {torch.version.cuda}"
@@ -148,15 +120,13 @@ def _torch_build() -> str:
     return "CPU-only"
 
 
-
 def _gib(n: int | None) -> str:
     return "unknown" if n is None else f"{n / GIB:.1f} GiB"
 
 
 @dataclass
 class DoctorReport:
-    """What the doctor found. ``print(report)`` renders it for a person; ``advice`` is
-    derived from the other fields (see :func:`advise`)."""
+    """What the doctor found; ``print(report)`` renders it, ``advice`` is :func:`advise`'s."""
 
     python: str
     platform: str
@@ -172,68 +142,52 @@ class DoctorReport:
     opencv_version: str | None = None
     opencv_parallel: str | None = None
     numpy_version: str | None = None
-    thread_env: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     def render(self) -> str:
         cpu, acc, pools = self.cpu, self.accelerator, self.pools
-        lines = ["course_utils doctor", "===================", ""]
-        lines.append(f"Python        {self.python}")
-        lines.append(f"Platform      {self.platform}")
-        lines.append(f"torch         {self.torch_version} ({self.torch_build})")
-        lines.append(f"NumPy         {self.numpy_version or 'not installed'}")
-        ocv = self.opencv_version or "not installed"
-        if self.opencv_parallel:
-            ocv += f" (parallel framework: {self.opencv_parallel})"
-        lines.append(f"OpenCV        {ocv}")
-        lines += ["", "CPUs"]
-        lines.append(f"  usable              {cpu.usable}")
-        lines.append(f"  os.cpu_count()      {cpu.logical}")
-        lines.append(f"  affinity            {cpu.affinity if cpu.affinity is not None else 'not available on this OS'}")
-        lines.append(f"  cgroup CPU quota    {f'{cpu.cgroup_quota:g} CPUs' if cpu.cgroup_quota is not None else 'none'}")
-        if cpu.limited_by:
-            lines.append(f"  usable < os.cpu_count() because: {'; '.join(cpu.limited_by)}")
-        else:
-            lines.append("  usable == os.cpu_count(): no affinity or quota limit")
-        lines += ["", f"Thread pools in this process (pid {pools.pid})"]
-        lines.append(f"  torch intra-op      {pools.torch_intra}    torch.get_num_threads()")
-        lines.append(f"  torch inter-op      {pools.torch_interop}    torch.get_num_interop_threads()")
-        lines.append(f"  OpenCV              {pools.opencv if pools.opencv is not None else '-'}    cv2.getNumThreads()")
-        for entry in pools.blas:
-            label = f"{entry.get('user_api')}/{entry.get('internal_api')}"
-            lines.append(
-                f"  {label:<19} {entry.get('num_threads')}    {os.path.basename(str(entry.get('filepath')))}"
-            )
+        ocv = (self.opencv_version or "not installed") + (
+            f" (parallel framework: {self.opencv_parallel})" if self.opencv_parallel else "")
+        affinity = "not available on this OS" if cpu.affinity is None else cpu.affinity
+        quota = "none" if cpu.cgroup_quota is None else f"{cpu.cgroup_quota:g} CPUs"
+        lines = ["course_utils doctor", "===================", "",
+                 f"Python        {self.python}", f"Platform      {self.platform}",
+                 f"torch         {self.torch_version} ({self.torch_build})",
+                 f"NumPy         {self.numpy_version or 'not installed'}", f"OpenCV        {ocv}",
+                 "", "CPUs", f"  usable              {cpu.usable}",
+                 f"  os.cpu_count()      {cpu.logical}", f"  affinity            {affinity}",
+                 f"  cgroup CPU quota    {quota}",
+                 f"  usable < os.cpu_count() because: {'; '.join(cpu.limited_by)}" if cpu.limited_by
+                 else "  usable == os.cpu_count(): no affinity or quota limit",
+                 "", f"Thread pools in this process (pid {pools.pid})",
+                 f"  torch intra-op      {pools.torch_intra}    torch.get_num_threads()",
+                 f"  torch inter-op      {pools.torch_interop}    torch.get_num_interop_threads()",
+                 f"  OpenCV              {'-' if pools.opencv is None else pools.opencv}    "
+                 f"cv2.getNumThreads()"]
+        lines += [f"  {'%s/%s' % (e.get('user_api'), e.get('internal_api')):<19} {e.get('num_threads')}    "
+                  f"{os.path.basename(str(e.get('filepath')))}" for e in pools.blas]
         if pools.os_threads is not None:
             lines.append(f"  OS threads now      {pools.os_threads}")
-        env = ", ".join(f"{k}={v}" for k, v in self.thread_env.items()) or "none set"
-        lines.append(f"  thread env vars     {env}")
-        lines += ["", "Accelerator"]
-        if acc.kind == "cpu":
-            lines.append("  none: torch runs on the CPU")
-        else:
-            mem = f", {_gib(acc.memory_bytes)}" if acc.memory_bytes else ""
-            lines.append(f"  {acc.kind}: {acc.name}{mem} (x{acc.count})")
-        lines += ["", "Memory"]
-        lines.append(f"  RAM                 {_gib(self.ram_total_bytes)} total, {_gib(self.ram_available_bytes)} available")
-        lines += ["", "Processes"]
-        lines.append(f"  start method        {self.start_method} (DataLoader workers use it unless multiprocessing_context is set)")
-        lines += ["", "Advice"]
-        if self.advice:
-            for i, text in enumerate(self.advice, 1):
-                lines += textwrap.wrap(text, width=92, initial_indent=f"  {i}. ", subsequent_indent="     ")
-        else:
-            lines.append("  nothing stands out")
-        return "\n".join(lines)
+        env = ", ".join(f"{k}={v}" for k, v in pools.thread_env.items()) or "none set"
+        mem = f", {_gib(acc.memory_bytes)}" if acc.memory_bytes else ""
+        lines += [f"  thread env vars     {env}", "", "Accelerator",
+                  "  none: torch runs on the CPU" if acc.kind == "cpu" else
+                  f"  {acc.kind}: {acc.name}{mem} (x{acc.count})", "", "Memory",
+                  f"  RAM                 {_gib(self.ram_total_bytes)} total, "
+                  f"{_gib(self.ram_available_bytes)} available", "", "Processes",
+                  f"  start method        {self.start_method} (DataLoader workers use it unless "
+                  f"multiprocessing_context is set)", "", "Advice"]
+        for i, text in enumerate(self.advice, 1):
+            lines += textwrap.wrap(text, width=92, initial_indent=f"  {i}. ", subsequent_indent="     ")
+        return "\n".join(lines if self.advice else lines + ["  nothing stands out"])
 
-    def __str__(self) -> str:
-        return self.render()
+    __str__ = render
 
 
 def advise(report: DoctorReport) -> list[str]:
-    """Advice computed from a report's findings (nothing here is fixed text)."""
+    """Advice computed from a report's findings."""
     advice: list[str] = []
     cpu, pools, acc = report.cpu, report.pools, report.accelerator
 
@@ -249,9 +203,8 @@ def advise(report: DoctorReport) -> list[str]:
                       f"CPUs are usable: call torch.set_num_threads({cpu.usable}) in the main "
                       f"process.")
 
-    # What a DataLoader worker does not limit: every pool except torch's own and torch's OpenMP
-    # runtime (the worker's torch.set_num_threads(1) sizes both). How a worker gets the others
-    # depends on the start method (lesson 02, section 2 measures both cases).
+    # A worker's torch.set_num_threads(1) sizes torch's pool and OpenMP runtime, no other pool;
+    # how a worker gets those depends on the start method (lesson 02, section 2).
     busy = {"OpenCV": pools.opencv} if pools.opencv is not None and pools.opencv > 1 else {}
     for entry in pools.blas:
         if not is_torch_openmp(entry) and (entry.get("num_threads") or 0) > 1:
@@ -272,7 +225,7 @@ def advise(report: DoctorReport) -> list[str]:
                       f"workers can run up to {cpu.usable * worst} threads on {cpu.usable} CPUs. "
                       f"Limit them in worker_init_fn (course_utils.make_worker_init(1)).")
 
-    omp = report.thread_env.get("OMP_NUM_THREADS")
+    omp = pools.thread_env.get("OMP_NUM_THREADS")
     if omp is not None and omp.strip().isdigit():
         ignored = [f"{_entry_name(e)} {e.get('num_threads')}" for e in pools.blas
                    if e.get("user_api") == "openmp" and e.get("num_threads") != int(omp)]
@@ -342,9 +295,6 @@ def _entry_name(entry: dict) -> str:
 
 def doctor() -> DoctorReport:
     """Inspect this machine and process; ``print(doctor())`` for a readable report."""
-    opencv_parallel = next((line.split(":", 1)[1].strip() for line in
-                            cv2.getBuildInformation().splitlines() if "Parallel framework" in line),
-                           None)
     memory = psutil.virtual_memory()
     report = DoctorReport(
         python=f"{platform.python_implementation()} {platform.python_version()} ({sys.executable})",
@@ -352,8 +302,7 @@ def doctor() -> DoctorReport:
         cpu=cpu_info(), pools=thread_pools(), accelerator=accelerator(),
         start_method=start_method(), ram_total_bytes=int(memory.total),
         ram_available_bytes=int(memory.available), opencv_version=str(cv2.__version__),
-        opencv_parallel=opencv_parallel, numpy_version=numpy.__version__,
-        thread_env={k: os.environ[k] for k in THREAD_ENV_VARS if k in os.environ})
+        opencv_parallel=opencv_parallel_framework(), numpy_version=numpy.__version__)
     report.advice = advise(report)
     return report
 
@@ -364,11 +313,7 @@ def machine_summary() -> str:
     acc = accelerator()
     version = torch.__version__.split("+")[0]
     build = _torch_build().lower().removesuffix("-only")   # "cuda 12.4", "rocm 6.2" or "cpu"
-    if acc.kind == "cuda":
-        gpu = acc.name + (f" x{acc.count}" if acc.count > 1 else "")
-    elif acc.kind == "mps":
-        gpu = "Apple MPS"
-    else:
-        gpu = "no GPU"
+    gpu = {"cuda": acc.name + (f" x{acc.count}" if acc.count > 1 else ""),
+           "mps": "Apple MPS"}.get(acc.kind, "no GPU")
     cpus = f"{cpu.usable} usable CPU{'s' if cpu.usable != 1 else ''} (of {cpu.logical})"
     return f"{platform.system()} {platform.machine()} | {cpus} | torch {version} {build} | {gpu} | start: {start_method()}"

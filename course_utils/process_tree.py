@@ -1,6 +1,6 @@
-"""CPU time, context switches and memory of this process and its children (DataLoader workers),
-read with :mod:`psutil` and /proc around the windows :mod:`course_utils.timing` times; and
-stopping a loader's workers in the caller's frame."""
+"""CPU seconds, involuntary context switches and peak memory (bytes) of this process and its
+children (DataLoader workers), read with psutil and /proc around the windows
+:mod:`course_utils.timing` times; and stopping a loader's workers in the caller's frame."""
 from __future__ import annotations
 
 import contextlib
@@ -10,32 +10,26 @@ import time
 
 import psutil
 
-__all__ = ["TreeMonitor", "loader_worker_pids", "stop_workers", "thread_involuntary_switches"]
-
-_Key = tuple  # (pid, create_time)
+__all__ = ["TreeMonitor", "loader_worker_pids", "stop_workers"]
 
 
 def loader_worker_pids(iterator: object) -> list[int] | None:
-    """The worker pids of a DataLoader iterator (``[]`` for ``num_workers=0``), read from the
-    attributes torch's iterators keep; None for any other iterator (then count the whole tree).
-    Measuring one loader, another loader's persistent workers finishing their prefetched batches
-    must not count: only this loader's workers (and their children) do."""
+    """The worker pids of a DataLoader iterator (``[]`` without workers), from torch's iterator
+    attributes; None for any other iterator (then the whole tree counts)."""
     if not isinstance(getattr(iterator, "_num_workers", None), int):
         return None
     if iterator._num_workers == 0:
         return []
-    workers = getattr(iterator, "_workers", None)
     try:
-        return [int(w.pid) for w in workers] if workers else None
+        return [int(w.pid) for w in iterator._workers] or None
     except (TypeError, AttributeError, ValueError):
         return None
 
 
 def stop_workers(iterator: object, loader: object = None) -> None:
-    """Shut a DataLoader iterator's workers down now, in the caller's frame (nothing for an
-    iterator without workers). Left to the iterator's ``__del__``, a Ctrl-C that arrives while
-    the workers are joined is printed as "Exception ignored" and lost, and the measurement goes
-    on. The iterator a persistent-workers ``loader`` keeps for its next epoch is left running."""
+    """Shut a DataLoader iterator's workers down now, in the caller's frame: left to ``__del__``,
+    a Ctrl-C during the join is printed as "Exception ignored" and lost. The iterator a
+    persistent-workers ``loader`` keeps for its next epoch is left running."""
     if loader is not None and getattr(loader, "_iterator", None) is iterator:
         return
     stop = getattr(iterator, "_shutdown_workers", None)
@@ -43,23 +37,19 @@ def stop_workers(iterator: object, loader: object = None) -> None:
         stop()
 
 
-def thread_involuntary_switches(pid: int) -> dict[tuple[int, int], int] | None:
-    """``{(pid, thread id): involuntary context switches}`` for every thread of ``pid``; None off
-    Linux. Per thread because psutil's ``num_ctx_switches()`` reads the main thread only."""
-    out: dict[tuple[int, int], int] = {}
+def _involuntary_switches(pid: int) -> int | None:
+    """Involuntary context switches of every thread of ``pid`` (psutil's count is the main
+    thread's only); None off Linux."""
     paths = glob.glob(f"/proc/{pid}/task/*/status")
     if not paths:
         return None
+    total = 0
     for path in paths:
-        try:
+        with contextlib.suppress(OSError, ValueError, StopIteration):  # the thread ended
             with open(path) as fh:
-                for line in fh:
-                    if line.startswith("nonvoluntary_ctxt_switches"):
-                        out[(pid, int(path.split("/")[4]))] = int(line.split()[1])
-                        break
-        except (OSError, ValueError):
-            continue  # the thread ended while we read
-    return out
+                total += next(int(line.split()[1]) for line in fh
+                              if line.startswith("nonvoluntary_ctxt_switches"))
+    return total
 
 
 class TreeMonitor:
@@ -67,9 +57,8 @@ class TreeMonitor:
 
     CPU time includes reaped children's, so a worker that exits during a window is neither lost
     nor counted twice. ``roots`` (pids, e.g. :func:`loader_worker_pids`) narrows the children to
-    those processes and their own children; None counts every child. ``start()`` lists the tree
-    (so a window can start right after warm-up) and samples memory in a thread every ~0.1 s; the
-    sampler's own CPU time is subtracted.
+    those and their own children; None counts every child. ``start()`` samples memory (summed USS
+    and PSS) in a thread every ~0.1 s; the sampler's own CPU time is subtracted.
     """
 
     def __init__(self, interval_s: float = 0.1) -> None:
@@ -78,16 +67,13 @@ class TreeMonitor:
         self._interval_s = interval_s
         self._lock = threading.RLock()
         self._procs: list = [self._proc]
-        self._last_ctx: dict[_Key, int] = {}
-        self._sampler_cpu_s = 0.0
+        self._last_ctx: dict[tuple, int] = {}   # (pid, create time) -> last count seen
+        self._sampler_cpu_s = self._cost_s = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._cost_s = 0.0
-        self.ctx_available = True
+        self.ctx_available = self.uss_available = self.pss_available = True
         self.peak_uss: int | None = None
         self.peak_pss: int | None = None
-        self.uss_available = True
-        self.pss_available = True
 
     def list_tree(self) -> list:
         """The processes of the tree now (a few ms: it scans the process table)."""
@@ -103,21 +89,20 @@ class TreeMonitor:
             pass
         return procs
 
-    def _read_cpu(self, procs: list) -> dict[_Key, tuple[float, int | None]]:
-        snap: dict[_Key, tuple[float, int | None]] = {}
+    def _read_cpu(self, procs: list) -> dict[tuple, tuple[float, int | None]]:
+        snap = {}
         for p in procs:
             try:
                 with p.oneshot():
-                    key = (p.pid, p.create_time())
-                    t = p.cpu_times()
+                    key, t = (p.pid, p.create_time()), p.cpu_times()
                     cpu = float(t.user + t.system + getattr(t, "children_user", 0.0)
                                 + getattr(t, "children_system", 0.0))
-                    ctx: int | None = None
+                    ctx = None
                     if self.ctx_available:
                         try:
-                            per_thread = thread_involuntary_switches(p.pid)
-                            ctx = (int(p.num_ctx_switches().involuntary) if per_thread is None
-                                   else sum(per_thread.values()))
+                            ctx = _involuntary_switches(p.pid)
+                            if ctx is None:
+                                ctx = int(p.num_ctx_switches().involuntary)
                             self._last_ctx[key] = ctx
                         except (AttributeError, NotImplementedError, psutil.AccessDenied):
                             self.ctx_available = False
@@ -127,13 +112,11 @@ class TreeMonitor:
         return snap
 
     def snapshot(self, fresh: bool = False) -> dict:
-        """CPU readings of the tree now: of the processes listed at :meth:`start` (fast), or
-        of a fresh listing (``fresh=True``, a few ms). Never overlaps a memory sample."""
+        """CPU readings of the processes listed at :meth:`start` (fast), or of a fresh listing
+        (``fresh=True``, a few ms). Never overlaps a memory sample."""
         procs = self.list_tree() if fresh else self._procs
         with self._lock:
-            snap: dict = self._read_cpu(procs)
-            snap["sampler_cpu_s"] = self._sampler_cpu_s
-        return snap
+            return {**self._read_cpu(procs), "sampler_cpu_s": self._sampler_cpu_s}
 
     def window(self, start: dict, end: dict) -> tuple[float, int | None]:
         """CPU seconds and involuntary context switches of the tree between two snapshots,
@@ -166,14 +149,13 @@ class TreeMonitor:
             uss += int(u or 0)
             pss += int(s or 0)
         if self.uss_available:
-            self.peak_uss = uss if self.peak_uss is None else max(self.peak_uss, uss)
+            self.peak_uss = max(self.peak_uss or 0, uss)
         if self.pss_available:
-            self.peak_pss = pss if self.peak_pss is None else max(self.peak_pss, pss)
+            self.peak_pss = max(self.peak_pss or 0, pss)
 
     def _sample_once(self) -> None:
         with self._lock:
-            t0 = time.perf_counter()
-            c0 = time.thread_time()
+            t0, c0 = time.perf_counter(), time.thread_time()
             try:
                 procs = self.list_tree()
                 if self.uss_available or self.pss_available:
@@ -190,8 +172,8 @@ class TreeMonitor:
             self._sample_once()
 
     def start(self, procs: list | None = None) -> None:
-        """Remember the tree (``procs`` from :meth:`list_tree`, or listed now), then sample
-        memory every ~0.1 s in a daemon thread until :meth:`stop`."""
+        """Remember the tree (``procs`` from :meth:`list_tree`, or listed now) and sample its
+        memory in a daemon thread until :meth:`stop`."""
         self.stop()
         self._procs = self.list_tree() if procs is None else list(procs)
         self._stop.clear()
@@ -209,5 +191,6 @@ class TreeMonitor:
         self._sample_once()
 
     def peaks(self) -> tuple[int | None, int | None]:
+        """Peak summed USS and PSS in bytes (None where not readable)."""
         return (self.peak_uss if self.uss_available else None,
                 self.peak_pss if self.pss_available else None)

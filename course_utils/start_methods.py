@@ -1,8 +1,5 @@
-"""How DataLoader workers start here: the default start method, and what it means.
-
-The default depends on the platform and Python version, so the course never states it: it
-reads it and explains the learner's case (lessons 00, 02, 03 and 04 print that).
-"""
+"""How DataLoader workers start here: the start method (read, never stated: it depends on the
+platform and Python version), what each means for a worker, and a DataLoader's context."""
 from __future__ import annotations
 
 import multiprocessing
@@ -16,26 +13,19 @@ __all__ = ["start_method", "platform_default_start_method", "explain_start_metho
 
 
 def start_method() -> str:
-    """The start method new processes (and DataLoader workers) get by default, read without
-    fixing it (``get_start_method()`` would lock it in; a later ``set_start_method`` fails)."""
-    method = multiprocessing.get_start_method(allow_none=True)
-    if method:
-        return method
-    default = getattr(getattr(multiprocessing.context, "_default_context", None), "_default_context", None)
-    name = getattr(default, "_name", None)
-    if name:
-        return str(name)
-    return platform_default_start_method()  # pragma: no cover - fallback only
+    """The start method new processes (and DataLoader workers) get, read without fixing it
+    (``get_start_method()`` would, and a later ``set_start_method`` would fail)."""
+    default = getattr(multiprocessing.context._default_context, "_default_context", None)
+    return (multiprocessing.get_start_method(allow_none=True) or getattr(default, "_name", None)
+            or platform_default_start_method())
 
 
 def platform_default_start_method(platform_name: str | None = None,
                                   version: tuple[int, int] | None = None) -> str:
     """What Python picks by default on ``platform_name`` (``sys.platform``) at ``version``."""
-    name = sys.platform if platform_name is None else platform_name
-    major_minor = tuple(sys.version_info[:2]) if version is None else tuple(version)
-    if name in ("darwin", "win32"):
+    if (platform_name or sys.platform) in ("darwin", "win32"):
         return "spawn"
-    return "forkserver" if major_minor >= (3, 14) else "fork"
+    return "forkserver" if tuple(version or sys.version_info[:2]) >= (3, 14) else "fork"
 
 
 _START_METHOD_CASES = {
@@ -102,14 +92,12 @@ def explain_start_method(method: str | None = None) -> str:
         head = (f"DataLoader workers here start with '{here}', set for this process (the default "
                 f"of {py} on {platform.system() or sys.platform} would be '{default}').")
     case = _START_METHOD_CASES[method]
-    if method != here:
-        case = case[0].lower() + case[1:]
-    return head + " " + case
+    return head + " " + (case if method == here else case[0].lower() + case[1:])
 
 
 def resolve_context(multiprocessing_context: Any, where: str = "") -> tuple[Any, str]:
-    """(context for a DataLoader or None, start method name) for ``multiprocessing_context``
-    (None: this process's default; a name is checked against what this platform offers)."""
+    """(context for a DataLoader or None, start method) for ``multiprocessing_context`` (None:
+    this process's default; a name must be one this platform offers)."""
     if multiprocessing_context is None:
         return None, start_method()
     if isinstance(multiprocessing_context, BaseContext):

@@ -14,21 +14,9 @@ import torch
 
 from course_utils.__main__ import main
 
-from course_utils.machine import (
-    AcceleratorInfo,
-    CpuInfo,
-    DoctorReport,
-    accelerator,
-    advise,
-    cpu_info,
-    default_device,
-    doctor,
-    explain_start_method,
-    machine_summary,
-    platform_default_start_method,
-    start_method,
-    usable_cpus,
-)
+from course_utils.machine import (AcceleratorInfo, CpuInfo, DoctorReport, accelerator, advise,
+                                  cpu_info, default_device, doctor, machine_summary, usable_cpus)
+from course_utils.start_methods import explain_start_method, platform_default_start_method, start_method
 from course_utils.threads import ThreadPools
 
 GIB = 1024**3
@@ -182,7 +170,7 @@ def test_doctor_render_is_for_a_person(report):
 
 
 # ----------------------------------------------------------------------------- advice
-def _pools(opencv: int = 1, blas: int = 1, omp: int = 1, intra: int = 1) -> ThreadPools:
+def _pools(opencv: int = 1, blas: int = 1, omp: int = 1, intra: int = 1, thread_env=None) -> ThreadPools:
     torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib", "libgomp.so.1")
     return ThreadPools(
         torch_intra=intra,
@@ -195,6 +183,7 @@ def _pools(opencv: int = 1, blas: int = 1, omp: int = 1, intra: int = 1) -> Thre
              "filepath": torch_lib, "prefix": "libgomp"},
         ],
         pid=1,
+        thread_env=thread_env or {},
     )
 
 
@@ -206,7 +195,6 @@ def _fake(report: DoctorReport, **changes) -> DoctorReport:
         start_method="forkserver",
         ram_total_bytes=64 * GIB,
         ram_available_bytes=48 * GIB,
-        thread_env={},
         advice=[],
     )
     base.update(changes)
@@ -252,9 +240,9 @@ def test_advice_torch_threads_above_usable(report):
 
 
 def test_advice_env_var_set_after_import(report):
-    text = _joined(_fake(report, thread_env={"OMP_NUM_THREADS": "1"}, pools=_pools(omp=8)))
+    text = _joined(_fake(report, pools=_pools(omp=8, thread_env={"OMP_NUM_THREADS": "1"})))
     assert "OMP_NUM_THREADS=1" in text
-    assert "OMP_NUM_THREADS" not in _joined(_fake(report, thread_env={"OMP_NUM_THREADS": "1"}))
+    assert "OMP_NUM_THREADS" not in _joined(_fake(report, pools=_pools(thread_env={"OMP_NUM_THREADS": "1"})))
 
 
 def test_advice_follows_the_accelerator(report):

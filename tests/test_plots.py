@@ -115,14 +115,3 @@ def test_plot_curve_log_axis_and_prebuilt_title():
     assert ax.get_xscale() == "log"
     assert ax.get_title(loc="left") == made  # not wrapped twice
     assert ax.get_legend() is None  # a single series needs no legend
-
-
-@pytest.mark.parametrize("x, ys, kwargs, word", [
-    ([], {"a": []}, {}, "x must"),
-    ([1, 2], {}, {}, "ys"),
-    ([1, 2], {"a": [1]}, {}, "ys\\['a'\\]"),
-    ([0, 1], {"a": [1, 2]}, {"logx": True}, "logx"),
-])
-def test_plot_curve_bad_input(x, ys, kwargs, word):
-    with pytest.raises(ValueError, match=word):
-        plot_curve(x, ys, xlabel="x", ylabel="y", title="t", **kwargs)
