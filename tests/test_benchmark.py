@@ -67,7 +67,7 @@ def test_every_ratio_and_target_by_hand():
                        _row(DECODE_ONLY, 8e-4, 0.16), _row(SHIPPING, 3e-4, 0.1)], baseline=IMAGENET)
     storage = compare([_row(RAM_BYTES, 1e-3, 0.3), _row(TUNED, 1e-3, 0.25),
                        _row(MEMMAP, 1e-3, 0.5), _row(RAM_GATHER, 1e-3, 0.4)], baseline=RAM_BYTES)
-    result = BenchmarkResult(loaders, storage, "m", "d", "f", "c")
+    result = BenchmarkResult(loaders, storage, "d", "f", "c")
     assert result.speedup == pytest.approx(256 / 80)              # 3.2: met (>= 2)
     assert result.cpu_ratio == pytest.approx(1e-3 / 4e-3)         # 0.25: met (<= 0.5)
     assert result.decode_share == pytest.approx(256 / 400)        # 0.64: NOT met (>= 0.8)
@@ -90,7 +90,7 @@ def test_every_ratio_and_target_by_hand():
 def test_shipping_share_is_none_where_the_cpu_clock_read_nothing(shipping_cpu, share):
     rows = [_row(SEED, 3e-3), _row(IMAGENET, 3e-3), _row(TUNED, 1e-3), _row(DECODE_ONLY, 8e-4),
             _row(SHIPPING, shipping_cpu)]
-    result = BenchmarkResult(compare(rows, baseline=IMAGENET), None, "m", "d", "f", "c")
+    result = BenchmarkResult(compare(rows, baseline=IMAGENET), None, "d", "f", "c")
     assert result.shipping_share == pytest.approx(share) if share else result.shipping_share is None
     assert ("sending its pixels alone" in str(result)) == (share is not None)
 
@@ -99,11 +99,11 @@ def test_the_dali_row_by_hand():
     """DALI 0.4 s (160/s, 2 ms CPU per sample) against the recipe's 0.8 s (80/s, 4 ms)."""
     rows = [_row(SEED, 5e-3, 1.6), _row(IMAGENET, 4e-3, 0.8), _row(TUNED, 1e-3, 0.25),
             _row(DECODE_ONLY, 8e-4, 0.16), _row(SHIPPING, 3e-4, 0.1), _row(DALI, 2e-3, 0.4)]
-    result = BenchmarkResult(compare(rows, baseline=IMAGENET), None, "m", "d", "f", "c", "cpu, 2 threads")
+    result = BenchmarkResult(compare(rows, baseline=IMAGENET), None, "d", "f", "c", "cpu, 2 threads")
     assert result.dali_speedup == pytest.approx(2.0)
     text = str(result)
     assert "DALI:    cpu, 2 threads" in text
     assert "DALI ran the ImageNet recipe at 2.00x its DataLoader's samples/s, and at 0.50x its CPU-s/sample." in text
     assert result.to_dict()["dali_speedup"] == pytest.approx(2.0)
-    without = BenchmarkResult(compare(rows[:5], baseline=IMAGENET), None, "m", "d", "f", "c")
+    without = BenchmarkResult(compare(rows[:5], baseline=IMAGENET), None, "d", "f", "c")
     assert without.dali_speedup is None and "DALI ran" not in str(without)

@@ -1,35 +1,30 @@
-"""NVIDIA DALI beside the DataLoader: the ImageNet training recipe as a DALI pipeline.
+"""NVIDIA DALI beside the DataLoader: the ImageNet training recipe as a DALI pipeline, which
+lesson 05 (deep dive 11) writes out and ``bench`` runs as a row of its own.
 
-Lesson 05 (deep dive 11) writes this pipeline out and measures it; ``bench`` runs it as a row of
-its own. DALI runs one pipeline inside this process on a pool of ``num_threads`` C++ threads (no
-worker processes), reading the same ImageFolder JPEG files as the recipes: decode fused with the
-random resized crop, resize, random flip, normalise, channels first. ``device="cpu"`` runs every
-step on the CPU; ``device="mixed"`` decodes with nvJPEG (parsing and Huffman decoding on the
-CPU threads, the rest on the GPU) and resizes, flips and normalises on the GPU.
-
-DALI is an optional extra (``pip install .[dali]``; wheels for Linux x86_64 and aarch64 only):
-:func:`dali_missing` says why it cannot run here, and nothing here imports it before then.
+One pipeline in this process on ``num_threads`` C++ threads (no worker processes), on the same
+ImageFolder JPEG files as the recipes: decode fused with the random resized crop, resize, random
+flip, normalise, channels first. ``device="cpu"``: every step on the CPU; ``"mixed"``: nvJPEG
+(parsing and Huffman decoding on the CPU threads, the rest on the GPU), then the GPU. DALI is an
+optional extra (``pip install .[dali]``, Linux x86_64 and aarch64 only): :func:`dali_missing`
+says why it cannot run here, and nothing imports it before then.
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
 import math
-import os
 import platform
-from pathlib import Path
-from typing import Any, Iterator, Sequence, Union
+from typing import Any, Iterator, Sequence
 
 import torch
 
 from course_utils.checks import check_int
 
 from .recipes import IMAGENET_MEAN, IMAGENET_STD
-from .storage import image_files
+from .storage import folder_files_and_labels
 
 __all__ = ["DALI_DEVICES", "DaliLoader", "dali_missing", "folder_files_and_labels"]
 
-PathLike = Union[str, os.PathLike]
 #: where the pipeline runs: everything on the CPU, or nvJPEG decode + GPU augmentation
 DALI_DEVICES = ("cpu", "mixed")
 #: the ImageNet recipe's RandomResizedCrop ranges, as DALI names them
@@ -45,15 +40,6 @@ def dali_missing() -> str | None:
     if importlib.util.find_spec("nvidia.dali") is None:
         return "NVIDIA DALI is not installed: pip install -e .[dali] (make lab and make test do)."
     return None
-
-
-def folder_files_and_labels(root: PathLike) -> tuple[list[str], list[int]]:
-    """The JPEG files of an ImageFolder tree and their labels, numbered as ``ImageFolder`` numbers
-    its classes (sorted sub-folder names)."""
-    files = [Path(f) for f in image_files(root)]
-    classes = sorted({f.parent.name for f in files})
-    index = {name: k for k, name in enumerate(classes)}
-    return [str(f) for f in files], [index[f.parent.name] for f in files]
 
 
 def _recipe_pipeline(files: Sequence[str], labels: Sequence[int], *, batch_size: int, size: int,

@@ -1,20 +1,16 @@
-"""The loaders learners run, written as they are written, and the course's loaders on the same files.
+"""The loaders learners run, as they are written, and the course's, on the same JPEG files
+(``ImageFolder`` layout); workers unpickle these datasets, so they live in the package.
 
-All read JPEG files in the ``ImageFolder`` layout. The baselines: :func:`seed_recipe_loader`
-(the recipe this course started from; run it inside
-:class:`~course_utils.pipelines.recipe_process_settings`) and
-:func:`imagenet_recipe_loader` (the *training* loader of pytorch/examples ``imagenet/main.py``,
-RandomResizedCrop + RandomHorizontalFlip; lesson 01 times that script's validation transform,
-Resize + CenterCrop. Only the batch size is a parameter: its 256 is more than a laptop's course
-data holds). The course's:
-:func:`tuned_files_loader` (what lessons 01-03 teach: batched fetch, reduced-scale decode, uint8
-batches; crops, flips and floats later on the device) and :class:`DecodeOnlyFiles` (the decode
-ceiling). Workers unpickle these datasets, so they live in the package.
+Baselines: :func:`seed_recipe_loader` (the recipe this course started from; run it inside
+:class:`~course_utils.pipelines.recipe_process_settings`) and :func:`imagenet_recipe_loader`
+(pytorch/examples ``imagenet/main.py``'s *training* loader; only its batch size of 256 is a
+parameter). The course's: :func:`tuned_files_loader` (lessons 01-03: batched fetch,
+reduced-scale decode, uint8 batches; crops, flips and floats later, on the device) and
+:class:`DecodeOnlyFiles` (the decode ceiling).
 """
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Union
 
 import cv2
@@ -29,7 +25,7 @@ from course_utils.pipelines import BatchedDecode, keep_batch
 from course_utils.threads import make_worker_init
 
 from ..batch_buffers import ReusedSegments
-from .storage import image_files, reduced_decode_flag
+from .storage import FOLDER_HINT, folder_files_and_labels, reduced_decode_flag
 
 PathLike = Union[str, os.PathLike]
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
@@ -39,18 +35,15 @@ IMAGENET_STD = [0.229, 0.224, 0.225]
 _DECODE_RGB = cv2.IMREAD_COLOR_RGB if hasattr(cv2, "IMREAD_COLOR_RGB") else None
 
 
-def _folder(root: PathLike, where: str) -> str:
-    return str(check_folder(root, f"{where}: root", "pass a folder of class sub-folders of JPEG "
-                            "files (ImageFolder layout), e.g. "
-                            "course_utils.tools.bench.storage.write_image_folder(JpegDataset())."))
+def _folder(root: PathLike) -> str:
+    return str(check_folder(root, "root", FOLDER_HINT))
 
 
 def seed_recipe_loader(root: PathLike, *, batch_size: int = 64, size: int = 224) -> DataLoader:
     """The seed recipe's loader over the JPEG folder ``root`` (run it inside
     :class:`recipe_process_settings`). Batches: float32 (N, 3, size, size) in [0, 1]."""
-    batch_size = check_int("batch_size", batch_size, 1, "seed_recipe_loader")
     transform = transforms.Compose([transforms.Resize((size, size)), transforms.ToTensor()])
-    dataset = datasets.ImageFolder(_folder(root, "seed_recipe_loader"), transform)
+    dataset = datasets.ImageFolder(_folder(root), transform)
     return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=4,
                       pin_memory=True)
 
@@ -58,10 +51,9 @@ def seed_recipe_loader(root: PathLike, *, batch_size: int = 64, size: int = 224)
 def imagenet_recipe_loader(root: PathLike, *, batch_size: int = 64, size: int = 224) -> DataLoader:
     """pytorch/examples' ImageNet training loader, as written, over the JPEG folder ``root``.
     Batches: float32 (N, 3, size, size), normalised with the ImageNet mean and std."""
-    batch_size = check_int("batch_size", batch_size, 1, "imagenet_recipe_loader")
     normalize = transforms.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD)
     train_dataset = datasets.ImageFolder(
-        _folder(root, "imagenet_recipe_loader"),
+        _folder(root),
         transforms.Compose([
             transforms.RandomResizedCrop(size),
             transforms.RandomHorizontalFlip(),
@@ -73,19 +65,15 @@ def imagenet_recipe_loader(root: PathLike, *, batch_size: int = 64, size: int = 
 
 
 class _JpegFiles(Dataset):
-    """Every JPEG file under ``root`` with ImageFolder labels (sorted sub-folder names)."""
+    """Every JPEG file under ``root``, labelled as ``ImageFolder`` labels them."""
 
     def __init__(self, root: PathLike, where: str) -> None:
-        folder = Path(_folder(root, where))
-        files = image_files(folder)
+        files, labels = folder_files_and_labels(root)
         if not files:
             raise ValueError(f"{where}: root={str(root)!r} has no .jpg/.jpeg files; pass a "
                              f"folder of JPEG files.")
-        classes = sorted({p.parent.name for p in files})
-        index = {c: k for k, c in enumerate(classes)}
-        self.root, self.classes = folder, classes
-        self.paths = np.array([str(p) for p in files])      # no Python objects: copy-on-read safe
-        self.labels = np.array([index[p.parent.name] for p in files], dtype=np.int64)
+        self.paths = np.array(files)      # no Python objects: copy-on-read safe
+        self.labels = np.array(labels, dtype=np.int64)
 
     def __len__(self) -> int:
         return int(self.paths.shape[0])
@@ -145,7 +133,6 @@ def files_loader(dataset: Dataset, *, batch_size: int = 64, num_workers: int | N
     """A DataLoader over a batched file dataset (``BatchedJpegFiles``, ``DecodeOnlyFiles``):
     batched fetch, workers = usable CPUs by default, every pool limited to 1 thread in them,
     ``pin_memory`` only with a CUDA device to copy to."""
-    batch_size = check_int("batch_size", batch_size, 1, "files_loader")
     workers = usable_cpus() if num_workers is None else check_int(
         "num_workers", num_workers, 0, "files_loader", " Pass None for the usable CPUs.")
     return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, collate_fn=keep_batch,

@@ -1,13 +1,13 @@
 """``python -m course_utils bench``: the recipes learners run vs the course's pipeline, on files.
 
-Every row is measured in one run on the same JPEG files, repeats interleaved (a slow drift of a
-shared machine hits every row alike): the recipes as written (:mod:`course_utils.tools.bench.recipes`), the
-tuned pipeline, a decode-only pass (the ceiling), the tuned batches sent with nothing decoded
-(what shipping the pixels costs alone) and, where NVIDIA DALI is installed, the ImageNet recipe
-as a DALI pipeline (:mod:`course_utils.tools.bench.dali`: ``cpu`` here, ``mixed`` on CUDA); then
-storage: JPEG bytes in RAM, warm and cold page cache, and a
-:class:`~course_utils.tools.bench.storage.PackedStore` through ``np.memmap`` vs RAM. The targets are
-:data:`TARGETS`, ratios to the ImageNet training recipe (memmap: to RAM).
+Every row is measured by :func:`~course_utils.timing.measure_loader` in one run on the same JPEG
+files, repeats interleaved (a slow drift of a shared machine hits every row alike): the recipes
+as written (:mod:`.recipes`), the tuned pipeline, a decode-only pass (the ceiling), the tuned
+batches sent with nothing decoded (what shipping the pixels costs alone) and, where NVIDIA DALI
+is installed, the ImageNet recipe as a DALI pipeline (:mod:`.dali`); then storage: JPEG bytes in
+RAM, warm and cold page cache, and a :class:`~.storage.PackedStore` through ``np.memmap`` vs RAM.
+The result is two core :class:`~course_utils.measurement.Comparison` tables and the ratios to
+:data:`TARGETS` (to the ImageNet training recipe; memmap: to RAM).
 """
 from __future__ import annotations
 
@@ -16,18 +16,18 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable, ContextManager
 
 import torch
 from torch.utils.data import Dataset
 
-from course_utils.checks import check_int
 from course_utils.config import pick
 from course_utils.data import JpegDataset
-from course_utils.machine import machine_summary, usable_cpus
-from course_utils.measurement import Comparison, Measurement, compare
+from course_utils.machine import usable_cpus
+from course_utils.measurement import Comparison, Measurement, compare, jsonable
 from course_utils.pipelines import BatchedJpegDataset, recipe_process_settings
-from course_utils.timing import MIN_TIMED_BATCHES, measure_loader
+from course_utils.timing import MIN_TIMED_BATCHES, default_warmup, measure_loader
 
 from ..batch_buffers import ReusedSegments, shared_uint8, slot_batch
 from .dali import DaliLoader, dali_missing, folder_files_and_labels
@@ -48,11 +48,11 @@ RAM_GATHER = "packed uint8 store, gathered from RAM"
 
 
 class ShippingOnly(Dataset):
-    """``n`` samples sent like :class:`~course_utils.tools.bench.recipes.BatchedJpegFiles`'s batches (N x 3 x
-    size x size uint8, allocated the same way), every byte written but nothing read or decoded."""
+    """``n`` samples sent like :class:`~.recipes.BatchedJpegFiles`'s batches (N x 3 x size x size
+    uint8, allocated the same way), every byte written but nothing read or decoded."""
 
     def __init__(self, n: int, size: int) -> None:
-        self.n, self.size = check_int("n", n, 1, "ShippingOnly"), check_int("size", size, 1, "ShippingOnly")
+        self.n, self.size = n, size
 
     def __len__(self) -> int:
         return self.n
@@ -66,53 +66,55 @@ class ShippingOnly(Dataset):
 
 class ReusedJpegBatches(ReusedSegments, BatchedJpegDataset):
     """The lessons' :class:`~course_utils.pipelines.BatchedJpegDataset` (JPEG bytes in RAM) on
-    reused shared segments, as the files rows' batches are, so that the rows differ only in
-    where the JPEG bytes come from."""
+    reused shared segments, as the files rows' batches are: the rows differ only in where the
+    JPEG bytes come from."""
 
 
 TARGETS = {"speedup": 2.0, "cpu_ratio": 0.5, "decode_share": 0.8, "memmap_share": 0.6}
 
+
 def min_batches() -> int:
-    """Batches per epoch every row needs here: the batches in flight of its loader with the
-    most workers (the recipes' 4, or the tuned rows' one per usable CPU, at prefetch_factor 2)
-    untimed, then :data:`~course_utils.timing.MIN_TIMED_BATCHES` timed."""
-    return 2 * max(4, usable_cpus()) + MIN_TIMED_BATCHES
+    """Batches per epoch every row needs: the engine's warm-up for the loader with the most
+    workers (the recipes' 4, or the tuned rows' one per usable CPU), then
+    :data:`~course_utils.timing.MIN_TIMED_BATCHES` timed."""
+    busiest = SimpleNamespace(num_workers=max(4, usable_cpus()), prefetch_factor=None)
+    return default_warmup(busiest) + MIN_TIMED_BATCHES
 
 
 def benchmark_sizes(n: int | None = None, batch_size: int | None = None,
                     repeats: int | None = None, *, names: tuple[str, str] = ("n=", "batch_size="),
                     ) -> tuple[int, int, int]:
-    """``(n, batch_size, repeats)`` with the quick/full defaults filled in, checked; ``names``
-    spell the first two in the ValueError (the command line passes its own flags)."""
-    batch_size = check_int("batch_size", pick(full=64, quick=16) if batch_size is None else batch_size,
-                           1, "run_benchmark")
+    """``(n, batch_size, repeats)`` with the quick/full defaults for None; a ValueError, spelling
+    the first two as ``names``, when ``n`` images hold fewer than :func:`min_batches` batches."""
+    batch_size = pick(full=64, quick=16) if batch_size is None else batch_size
     need = min_batches()
     if n is None:          # the default holds every row's window on any machine
         n = max(pick(full=2000, quick=400), need * batch_size)
-    n = check_int("n", n, 1, "run_benchmark")
-    repeats = check_int("repeats", pick(full=5, quick=2) if repeats is None else repeats, 1,
-                        "run_benchmark")
     if n < need * batch_size:
         n_name, batch_name = names
         raise ValueError(f"{n_name}{n} is too few images for {batch_name}{batch_size}: every loader "
                          f"needs {need} batches here (the batches its workers make ahead, then "
                          f"{MIN_TIMED_BATCHES} timed); pass {n_name}{need * batch_size} or more, or "
                          f"a smaller {batch_name.strip(' =')}.")
-    return n, batch_size, repeats
+    return n, batch_size, pick(full=5, quick=2) if repeats is None else repeats
 
 
 @dataclass
 class BenchmarkResult:
-    """The loaders (and the storage variants) measured side by side in one run."""
+    """The loaders (and the storage variants) measured side by side in one run: two core
+    Comparisons (samples/s, CPU seconds per sample, ...) and the ratios their targets name."""
 
     loaders: Comparison
     storage: Comparison | None
-    machine: str
     dataset: str
     folder: str
     cold_cache: str
     dali: str = "not measured"
     targets: dict[str, float] = field(default_factory=lambda: dict(TARGETS))
+
+    @property
+    def machine(self) -> str:
+        return self.loaders.rows[0].machine
 
     @property
     def speedup(self) -> float:
@@ -165,7 +167,7 @@ class BenchmarkResult:
     def __str__(self) -> str:
         lines = ["Benchmark: the recipes learners run vs the course's pipeline, on JPEG files, "
                  "side by side in one run",
-                 f"machine: {self.machine}", f"data:    {self.dataset}", f"files:   {self.folder}",
+                 f"data:    {self.dataset}", f"files:   {self.folder}",
                  "", str(self.loaders), f"DALI:    {self.dali}"]
         if self.storage is not None:
             lines += ["", "Storage (the tuned pipeline's reads; packed store = decoded once, "
@@ -185,14 +187,10 @@ class BenchmarkResult:
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
-        return {"machine": self.machine, "dataset": self.dataset, "folder": self.folder,
-                "cold_cache": self.cold_cache, "targets": self.targets,
-                "speedup": self.speedup, "cpu_ratio": self.cpu_ratio,
-                "decode_share": self.decode_share, "memmap_share": self.memmap_share,
-                "shipping_share": self.shipping_share, "dali": self.dali,
-                "dali_speedup": self.dali_speedup,
-                "loaders": self.loaders.to_dict(),
-                "storage": None if self.storage is None else self.storage.to_dict()}
+        return jsonable({name: getattr(self, name) for name in (
+            "machine", "dataset", "folder", "cold_cache", "targets", "speedup", "cpu_ratio",
+            "decode_share", "memmap_share", "shipping_share", "dali", "dali_speedup", "loaders",
+            "storage")})
 
 
 def _packed_store(base: JpegDataset, folder: Path, size: int) -> PackedStore:
@@ -216,12 +214,11 @@ def _evicting(files: list[Path]) -> Callable[[], ContextManager]:
     return cold
 
 
-def run_benchmark(*, n: int | None = None, batch_size: int | None = None,
-                  repeats: int | None = None, size: int = 224, storage: bool = True,
-                  progress: bool = True) -> BenchmarkResult:
-    """Measure every row (module docstring) on the course JPEGs written as files, in one run;
-    the seed recipe's process-wide settings apply only while it runs."""
-    n, batch_size, repeats = benchmark_sizes(n, batch_size, repeats)
+def run_benchmark(*, n: int, batch_size: int, repeats: int, size: int = 224,
+                  storage: bool = True, progress: bool = True) -> BenchmarkResult:
+    """Measure every row (module docstring) on ``n`` course JPEGs written as files, ``repeats``
+    interleaved rounds of one epoch each; sizes as :func:`benchmark_sizes` returns them. The seed
+    recipe's process-wide settings apply only while it runs."""
     base = JpegDataset(n=n, progress=progress)
     folder = write_image_folder(base)
     files = image_files(folder)
@@ -274,6 +271,6 @@ def run_benchmark(*, n: int | None = None, batch_size: int | None = None,
     if storage:
         storage_table = compare([merged[k] for k in (RAM_BYTES, TUNED, COLD, MEMMAP, RAM_GATHER)
                                  if k in merged], baseline=RAM_BYTES)
-    return BenchmarkResult(loaders, storage_table, machine_summary(), base.describe(), str(folder),
-                           cold_cache, dali_note)
+    return BenchmarkResult(loaders, storage_table, base.describe(), str(folder), cold_cache,
+                           dali_note)
 

@@ -25,6 +25,8 @@ from course_utils.data import JpegDataset
 
 PathLike = Union[str, os.PathLike]
 MARKER = ".course_folder.json"
+FOLDER_HINT = ("pass a folder of class sub-folders of JPEG files (ImageFolder layout), e.g. "
+               "course_utils.tools.bench.storage.write_image_folder(JpegDataset()).")
 # JPEG start-of-frame markers (baseline, extended, progressive, lossless, ... ; not DHT/JPG/DAC)
 _SOF_MARKERS = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 _REDUCED = ((8, cv2.IMREAD_REDUCED_COLOR_8), (4, cv2.IMREAD_REDUCED_COLOR_4),
@@ -86,8 +88,16 @@ def write_image_folder(base: JpegDataset, root: PathLike | None = None) -> Path:
 
 def image_files(root: PathLike) -> list[Path]:
     """Every ``.jpg``/``.jpeg`` file under ``root`` (recursive), sorted by path."""
-    root = check_folder(root, "root", "pass a folder of JPEG files.")
+    root = check_folder(root, "root", FOLDER_HINT)
     return sorted(p for p in root.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg") and p.is_file())
+
+
+def folder_files_and_labels(root: PathLike) -> tuple[list[str], list[int]]:
+    """The JPEG files under ``root`` (sorted) and their labels, numbered as ``ImageFolder``
+    numbers its classes (sorted sub-folder names)."""
+    files = image_files(root)
+    index = {name: k for k, name in enumerate(sorted({f.parent.name for f in files}))}
+    return [str(f) for f in files], [index[f.parent.name] for f in files]
 
 
 def jpeg_size(data: bytes | np.ndarray) -> tuple[int, int] | None:
