@@ -19,12 +19,13 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 import torch
 
+from .checks import check_int
 from .device import constants_on
 from .image_ops import (IMAGENET_MEAN, IMAGENET_STD, center_crop, check_hwc, crop_box, numpy_hflip,
                         numpy_normalize, numpy_resize, numpy_to_chw, opencv_hflip, opencv_normalize,
-                        opencv_resize, opencv_to_chw, positive_int, resized_hw, rgb_triple,
-                        torch_center_crop, torch_from_image, torch_hflip, torch_normalize,
-                        torch_resize, torch_scale_shift, torch_to_chw)
+                        opencv_resize, opencv_to_chw, resized_hw, rgb_triple, torch_center_crop,
+                        torch_from_image, torch_hflip, torch_normalize, torch_resize,
+                        torch_scale_shift, torch_to_chw)
 
 __all__ = [
     "IMAGENET_MEAN", "IMAGENET_STD", "BACKENDS", "MAX_DIFF_LEVELS", "MEAN_DIFF_LEVELS",
@@ -61,8 +62,8 @@ class PipelineParams:
     def __post_init__(self) -> None:
         where = "PipelineParams"
         set_ = functools.partial(object.__setattr__, self)
-        set_("resize", positive_int("resize", self.resize, where))
-        set_("crop", positive_int("crop", self.crop, where))
+        for name in ("resize", "crop"):
+            set_(name, check_int(name, getattr(self, name), 1, where, " It is a size in pixels."))
         if self.crop > self.resize:
             raise ValueError(f"{where}: crop={self.crop} is larger than resize={self.resize}; the "
                              f"crop is taken from the resized image, so pass crop <= resize.")
@@ -81,11 +82,6 @@ class PipelineParams:
     def crop_box(self, height: int, width: int) -> tuple[int, int]:
         """(top, left) of the centre crop in an image of ``height`` x ``width`` pixels."""
         return crop_box(height, width, self.crop)
-
-    @property
-    def output_shape(self) -> tuple[int, int, int]:
-        """Shape of one output sample: (3, crop, crop)."""
-        return (3, self.crop, self.crop)
 
 
 _DEFAULT = PipelineParams()
@@ -123,24 +119,19 @@ class Stage:
 
     def __init__(self, backend: str, name: str, params: Optional[PipelineParams] = None) -> None:
         self.backend = _backend(backend, "Stage")
-        names = ("to tensor",) + tuple(_OPS[self.backend]) if backend == "torch" else tuple(_OPS[self.backend])
+        names = ("to tensor",) * (backend == "torch") + tuple(_OPS[self.backend])
         if name not in names:
             raise ValueError(f"Stage: name={name!r} is not a {backend} stage; use one of {names}.")
         self.name = name
         self.params = _params(params, "Stage")
 
     def __call__(self, x: ImageOrTensor) -> ImageOrTensor:
-        p = self.params
-        if self.name == "to tensor":
-            return torch_from_image(x)
-        op = _OPS[self.backend][self.name]
+        p, op = self.params, _OPS[self.backend].get(self.name, torch_from_image)
         if self.name == "resize":
             return op(x, p.resized_hw(*(x.shape[-2:] if isinstance(x, torch.Tensor) else x.shape[:2])))
-        if self.name == "crop":
-            return op(x, p.crop)
-        if self.name == "normalize":
-            return op(x, p.mean, p.std)
-        return op(x)  # flip, to CHW
+        if self.name in ("crop", "normalize"):
+            return op(x, p.crop) if self.name == "crop" else op(x, p.mean, p.std)
+        return op(x)  # to tensor, flip, to CHW
 
     def __repr__(self) -> str:
         return f"Stage({self.backend!r}, {self.name!r})"
@@ -162,8 +153,7 @@ def run_pipeline(backend: str, image: np.ndarray, flip: bool = False,
                  params: Optional[PipelineParams] = None, *, normalize: bool = True) -> torch.Tensor:
     """Run ``backend``'s pipeline on a decoded (H, W, 3) uint8 RGB image -> contiguous (3, crop,
     crop) tensor; ``flip`` is the flip decision (the random draw is the transforms' job)."""
-    check_hwc(image, f"run_pipeline({backend!r})", uint8_only=True)
-    x: Any = image
+    x: Any = check_hwc(image, f"run_pipeline({backend!r})", uint8_only=True)
     for _, stage in pipeline_stages(backend, params, flip=bool(flip), normalize=normalize):
         x = stage(x)
     return x
@@ -171,19 +161,19 @@ def run_pipeline(backend: str, image: np.ndarray, flip: bool = False,
 
 def numpy_pipeline(image: np.ndarray, flip: bool = False,
                    params: Optional[PipelineParams] = None) -> torch.Tensor:
-    """The reference pipeline in NumPy (the tensor is made only at the end, without a copy)."""
+    """The reference pipeline in NumPy (the tensor made at the end, without a copy)."""
     return run_pipeline("numpy", image, flip, params)
 
 
 def opencv_pipeline(image: np.ndarray, flip: bool = False,
                     params: Optional[PipelineParams] = None) -> torch.Tensor:
-    """The reference pipeline with OpenCV calls (crop is a NumPy slice: OpenCV's ROI)."""
+    """The reference pipeline in OpenCV calls (the crop a NumPy slice: OpenCV's ROI)."""
     return run_pipeline("opencv", image, flip, params)
 
 
 def torch_pipeline(image: np.ndarray, flip: bool = False,
                    params: Optional[PipelineParams] = None) -> torch.Tensor:
-    """The reference pipeline in torch, on CPU tensors (starting from a zero-copy view)."""
+    """The reference pipeline in torch on CPU tensors (from a zero-copy view)."""
     return run_pipeline("torch", image, flip, params)
 
 
@@ -279,10 +269,7 @@ class PerProcessRandom:
     """
 
     def __init__(self, seed: Optional[int], *, owner: str = "transform") -> None:
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)
-                                 or seed < 0):
-            raise ValueError(f"{owner}: seed must be None or an int >= 0, got {seed!r}.")
-        self.seed = None if seed is None else int(seed)
+        self.seed = check_int("seed", seed, 0, owner, allow_none=True)
         self._pid: Optional[int] = None
         self._rng: Optional[np.random.Generator] = None
 
@@ -301,13 +288,10 @@ class PerProcessRandom:
         return self._rng
 
     def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state["_rng"] = None
-        state["_pid"] = None
-        return state
+        return self.__dict__ | {"_rng": None, "_pid": None}
 
 
-class ReferenceTransform:
+class ReferenceTransform(PerProcessRandom):
     """The reference pipeline as a picklable DataLoader transform: decoded image -> (3, crop,
     crop) float32, with a per-process random flip (:class:`PerProcessRandom`)."""
 
@@ -316,18 +300,14 @@ class ReferenceTransform:
     def __init__(self, backend: str = "opencv", params: Optional[PipelineParams] = None,
                  seed: Optional[int] = None) -> None:
         where = type(self).__name__
+        super().__init__(seed, owner=where)
         self.backend = _backend(backend, where)
         self.params = _params(params, where)
-        self._flips = PerProcessRandom(seed, owner=where)
-
-    @property
-    def seed(self) -> Optional[int]:
-        return self._flips.seed
 
     def draw_flip(self) -> bool:
         """The next random flip decision of this process (no draw when flip_p is 0 or 1)."""
         p = self.params.flip_p
-        return p >= 1.0 or (p > 0.0 and bool(self._flips._generator().random() < p))
+        return p >= 1.0 or (p > 0.0 and bool(self._generator().random() < p))
 
     def apply(self, image: np.ndarray, flip: bool) -> torch.Tensor:
         """Run the pipeline with the flip decision ``flip``."""
