@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from .checks import check_int
 from .device import constants_on
-from .image_ops import IMAGENET_MEAN, IMAGENET_STD
+from .image_ops import IMAGENET_MEAN, IMAGENET_STD, check_hwc, numpy_normalize, rgb_triple, torch_scale_shift
 from .transforms import PerProcessRandom
 
 __all__ = ["GRAY_WEIGHTS", "AGREE_MAX_LEVELS", "AGREE_MEAN_LEVELS", "EXACT_MAX_LEVELS", "AugmentParams",
@@ -91,15 +91,8 @@ class AugmentParams:
         set_("flip_p", _unit("flip_p", self.flip_p, where))
         set_("brightness", _unit("brightness", self.brightness, where, hi=10.0))
         set_("contrast", _unit("contrast", self.contrast, where, hi=10.0))
-        for name in ("mean", "std"):
-            try:
-                triple = tuple(float(v) for v in getattr(self, name))
-            except (TypeError, ValueError):
-                triple = ()
-            if len(triple) != 3 or (name == "std" and min(triple) <= 0):
-                raise ValueError(f"{where}: {name} must be three numbers (R, G, B)"
-                                 f"{', all > 0' if name == 'std' else ''}, got {getattr(self, name)!r}.")
-            set_(name, triple)
+        set_("mean", rgb_triple("mean", self.mean, where, positive=False))
+        set_("std", rgb_triple("std", self.std, where, positive=True))
 
     @property
     def brightness_range(self) -> tuple[float, float]:
@@ -195,10 +188,6 @@ class AugmentDraws:
                    col("brightness", torch.float32), col("contrast", torch.float32))
 
 
-def _check_hw(height: Any, width: Any, where: str) -> tuple[int, int]:
-    return check_int("height", height, 1, where), check_int("width", width, 1, where)
-
-
 def draw_batch(n: int, height: int, width: int, params: Optional[AugmentParams] = None, *,
                generator: Optional[torch.Generator] = None, device: Any = None) -> AugmentDraws:
     """Draw the random parameters of ``n`` samples of ``height`` x ``width`` pixels, batched.
@@ -209,8 +198,7 @@ def draw_batch(n: int, height: int, width: int, params: Optional[AugmentParams] 
     ``device``; the result is moved to ``device``.
     """
     where = "draw_batch"
-    n = check_int("n", n, 1, where)
-    height, width = _check_hw(height, width, where)
+    n, height, width = (check_int(k, v, 1, where) for k, v in (("n", n), ("height", height), ("width", width)))
     p = _params(params, where)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"{where}: generator must be a torch.Generator or None, got "
@@ -248,7 +236,7 @@ def draw_sample(height: int, width: int, params: Optional[AugmentParams] = None,
     """Draw one sample's random parameters on the CPU with ``rng`` (default unseeded), looping
     over the attempts as torchvision's ``RandomResizedCrop`` does."""
     where = "draw_sample"
-    height, width = _check_hw(height, width, where)
+    height, width = check_int("height", height, 1, where), check_int("width", width, 1, where)
     p = _params(params, where)
     if rng is None:
         rng = np.random.default_rng()
@@ -276,7 +264,6 @@ def draw_sample(height: int, width: int, params: Optional[AugmentParams] = None,
 def crop_grid(draws: AugmentDraws, height: int, width: int, size: int) -> torch.Tensor:
     """The (N, size, size, 2) sampling grid of ``F.grid_sample`` for every sample's crop box:
     half-pixel centres clamped to the box (as ``cv2.resize`` of the crop), a flip mirrored."""
-    height, width = _check_hw(height, width, "crop_grid")
     j = (torch.arange(size, device=draws.device, dtype=torch.float32) + 0.5) / size
 
     def axis(start: torch.Tensor, length: torch.Tensor, limit: int) -> torch.Tensor:
@@ -308,22 +295,11 @@ def _check_batch(batch: Any, where: str) -> torch.Tensor:
     return batch
 
 
-def _channel_affine(p: AugmentParams, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """(scale, shift) per channel with (x / 255 - mean) / std == x * scale + shift."""
-    std = torch.tensor(p.std, dtype=torch.float64)
-    mean = torch.tensor(p.mean, dtype=torch.float64)
-    scale = (1.0 / (255.0 * std)).to(torch.float32)
-    shift = (-mean / std).to(torch.float32)
-    return scale.to(device), shift.to(device)
-
-
 def _constants(p: AugmentParams, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(scale (1, 3, 1, 1), shift (1, 3, 1, 1), grey weights (3,)) on ``device``, made once."""
-    def make() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        scale, shift = _channel_affine(p, "cpu")
-        return (scale.view(1, 3, 1, 1), shift.view(1, 3, 1, 1),
-                torch.tensor(GRAY_WEIGHTS, dtype=torch.float32))
-    return constants_on(device, ("augment", p.mean, p.std), make)
+    """(shift, scale) of the normalisation ((x - shift) * scale, each (3, 1, 1)) and the grey
+    weights (3,), on ``device``, made once per device."""
+    return constants_on(device, ("augment", p.mean, p.std), lambda: (
+        *torch_scale_shift(p.mean, p.std), torch.tensor(GRAY_WEIGHTS, dtype=torch.float32)))
 
 
 def augment_batch(batch: torch.Tensor, params: Optional[AugmentParams] = None, *,
@@ -350,24 +326,12 @@ def augment_batch(batch: torch.Tensor, params: Optional[AugmentParams] = None, *
     x = F.grid_sample(x, grid, mode="bilinear", padding_mode="border", align_corners=False)
     if p.brightness > 0:
         x.mul_(draws.brightness.view(-1, 1, 1, 1)).clamp_(0.0, 255.0)
-    scale, shift, gray = _constants(p, x.device)
+    shift, scale, gray = _constants(p, x.device)
     if p.contrast > 0:
         m = (x.mean(dim=(2, 3)) * gray).sum(dim=1).view(-1, 1, 1, 1)        # (N, 1, 1, 1) grey means
         c = draws.contrast.view(-1, 1, 1, 1)
         x.mul_(c).add_(m * (1 - c)).clamp_(0.0, 255.0)
-    return x.mul_(scale).add_(shift)                                       # (x / 255 - mean) / std
-
-
-def _check_image(image: Any, where: str) -> np.ndarray:
-    if isinstance(image, torch.Tensor):
-        raise TypeError(f"{where}: image must be a NumPy (H, W, 3) uint8 RGB array, got a "
-                        f"torch.Tensor; use a dataset without a to-tensor transform.")
-    if not isinstance(image, np.ndarray) or image.ndim != 3 or image.shape[2] != 3:
-        raise ValueError(f"{where}: image must be a (H, W, 3) array, got "
-                         f"{getattr(image, 'shape', type(image).__name__)}.")
-    if image.dtype != np.uint8:
-        raise TypeError(f"{where}: image must be uint8, got {image.dtype}.")
-    return image
+    return x.sub_(shift).mul_(scale)                                       # (x / 255 - mean) / std
 
 
 def augment_sample(image: np.ndarray, draw: SampleDraw, params: Optional[AugmentParams] = None,
@@ -375,7 +339,7 @@ def augment_sample(image: np.ndarray, draw: SampleDraw, params: Optional[Augment
     """Augment one (H, W, 3) uint8 RGB image with the given parameters -> float32 (3, size,
     size), as :func:`augment_batch` does; ``exact=True`` resizes in float32, not uint8."""
     where = "augment_sample"
-    image = _check_image(image, where)
+    image = check_hwc(image, where, uint8_only=True)
     p = _params(params, where)
     if not isinstance(draw, SampleDraw):
         raise TypeError(f"{where}: draw must be a SampleDraw (see draw_sample), got {type(draw).__name__}.")
@@ -400,10 +364,7 @@ def augment_sample(image: np.ndarray, draw: SampleDraw, params: Optional[Augment
         x *= c
         x += m * (np.float32(1) - c)
         np.clip(x, 0.0, 255.0, out=x)
-    scale, shift = (t.numpy() for t in _channel_affine(p, "cpu"))
-    x *= scale
-    x += shift
-    return torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1)))
+    return torch.from_numpy(np.ascontiguousarray(numpy_normalize(x, p.mean, p.std).transpose(2, 0, 1)))
 
 
 class AugmentTransform(PerProcessRandom):
@@ -421,8 +382,7 @@ class AugmentTransform(PerProcessRandom):
         return draw_sample(height, width, self.params, self._generator())
 
     def __call__(self, image: np.ndarray) -> torch.Tensor:
-        image = _check_image(image, "AugmentTransform")
-        return augment_sample(image, self.draw(*image.shape[:2]), self.params, exact=self.exact)
+        return augment_sample(image, self.draw(*np.shape(image)[:2]), self.params, exact=self.exact)
 
     def __repr__(self) -> str:
         return f"AugmentTransform(params={self.params!r}, seed={self.seed!r}, exact={self.exact})"
