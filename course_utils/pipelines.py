@@ -8,9 +8,9 @@ workers from the usable CPUs, batched fetching into one preallocated uint8 batch
 """
 from __future__ import annotations
 
-from typing import Any, Callable
-
+import contextlib
 import os
+from typing import Any, Callable, Iterator
 
 import cv2
 import numpy as np
@@ -41,43 +41,28 @@ class TransformedDataset(Dataset):
         return self.transform(image), label
 
 
-def uint8_batch(n: int, size: int) -> tuple[torch.Tensor, np.ndarray]:
-    """An empty (n, size, size, 3) uint8 batch: the tensor and a NumPy view to fill in place.
-
-    It is plain memory. Returned from a DataLoader worker, it is copied into shared memory when
-    it is sent, as any tensor a worker returns is (``bench``'s loaders write into reused shared
-    segments instead: :mod:`course_utils.tools.batch_buffers`)."""
-    tensor = torch.empty((n, size, size, 3), dtype=torch.uint8)
-    return tensor, tensor.numpy()
-
-
 def keep_batch(batch: Any) -> Any:
     """A ``collate_fn`` that returns what the dataset's ``__getitems__`` made, unchanged (lesson
     03 shows it)."""
     return batch
 
 
-class recipe_process_settings:
-    """Context manager: the process-wide lines the common and seed recipes paste at the top of a
-    script (``torch.set_num_threads(1)``, the thread environment variables at "1"), undone on
-    exit."""
-
-    def __enter__(self) -> "recipe_process_settings":
-        self._threads = torch.get_num_threads()
-        self._env = {k: os.environ.get(k) for k in RECIPE_ENV_VARS}
-        torch.set_num_threads(1)
-        for key in RECIPE_ENV_VARS:
-            os.environ[key] = "1"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        torch.set_num_threads(self._threads)
-        for key, value in self._env.items():
+@contextlib.contextmanager
+def recipe_process_settings() -> Iterator[None]:
+    """The process-wide lines the common and seed recipes paste at the top of a script
+    (``torch.set_num_threads(1)``, the thread environment variables at "1"), undone on exit."""
+    threads, env = torch.get_num_threads(), {k: os.environ.get(k) for k in RECIPE_ENV_VARS}
+    torch.set_num_threads(1)
+    os.environ.update(dict.fromkeys(RECIPE_ENV_VARS, "1"))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        for key, value in env.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-
 
 
 class BatchedDecode(Dataset):
@@ -95,10 +80,11 @@ class BatchedDecode(Dataset):
         raise NotImplementedError
 
     def new_batch(self, n: int) -> tuple[torch.Tensor, np.ndarray, Any]:
-        """An empty (n, size, size, 3) uint8 batch, its NumPy view, and a token for
-        ``finish_batch`` (here None: :func:`uint8_batch`'s plain memory)."""
-        images, view = uint8_batch(n, self.size)
-        return images, view, None
+        """An empty (n, size, size, 3) uint8 batch, its NumPy view to fill, and a token for
+        ``finish_batch`` (here None). Plain memory: a worker's batch is copied into shared
+        memory when sent (``bench``'s loaders reuse shared segments: ``tools.batch_buffers``)."""
+        images = torch.empty((n, self.size, self.size, 3), dtype=torch.uint8)
+        return images, images.numpy(), None
 
     def finish_batch(self, items: tuple, token: Any) -> tuple:
         """The ``(images, labels)`` tuple ``__getitems__`` returns."""
@@ -114,7 +100,7 @@ class BatchedDecode(Dataset):
         return self.finish_batch(self._fill(indices, images, view), token)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        images, labels = self._fill([index], *uint8_batch(1, self.size))
+        images, labels = self._fill([index], *BatchedDecode.new_batch(self, 1)[:2])
         return images[0].contiguous(), int(labels[0])
 
 
