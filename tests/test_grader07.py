@@ -8,13 +8,16 @@ from __future__ import annotations
 import collections
 import itertools
 import math
+import os
+import types
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from course_utils.grading.checker import CheckResult, ExerciseFailed, check, exercise_ids
-from course_utils.grading.ex07_fix_sharding import EPOCHS, function_module_source
+from course_utils.grading.ex07_fix_sharding import EPOCHS, module_of
+from course_utils.lessons.l07_scaling_out import simulate_ranks
 
 pytestmark = pytest.mark.timeout(240)
 BATCH_SIZE = 8
@@ -152,14 +155,9 @@ def test_wrong_answers_fail_with_a_teaching_message(answer, problem, hint):
 @pytest.mark.parametrize("answer, problem", [
     (None, "not a function"),
     (DataLoader, "not a function"),
-    (three_args, "takes 3 argument"),
-    (lambda d, e, r, w: reference(d, e, r, w), None),
+    (three_args, "does not take 4 arguments"),
 ])
 def test_not_a_four_argument_function(answer, problem):
-    if problem is None:  # a lambda passes the simulation but cannot be shipped to ranks
-        with pytest.raises(ExerciseFailed, match="lambda"):
-            function_module_source(answer)
-        return
     with pytest.raises(ExerciseFailed, match=problem):
         check("07.sharding", answer, torchrun=False)
 
@@ -169,24 +167,21 @@ def test_the_stub_is_not_done_yet():
         check("07.sharding", stub)
 
 
-UNSENDABLE = {"seed": 0}
+def test_the_ranks_get_the_module_and_folder_that_define_the_function():
+    assert module_of(reference) == (__name__, os.path.dirname(os.path.abspath(__file__)))
+    local = lambda d, e, r, w: reference(d, e, r, w)  # noqa: E731 - not a module's top-level name
+    with pytest.raises(ExerciseFailed, match="not a top-level function of a module") as info:
+        module_of(local)
+    assert "%%writefile" in info.value.hint and "lesson07_ddp.py" in info.value.hint
 
 
-def uses_a_notebook_dict(dataset, epoch, rank, world_size):
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank,
-                                 seed=UNSENDABLE["seed"])
-    sampler.set_epoch(epoch)
-    return DataLoader(dataset, batch_size=BATCH_SIZE, sampler=sampler)
+def test_a_notebook_function_passes_the_simulation_and_is_sent_to_write_a_module():
+    notebook = types.FunctionType(reference.__code__, reference.__globals__, "reference")
+    notebook.__module__ = "__main__"
+    with pytest.raises(ExerciseFailed, match="cannot import make_epoch_loader"):
+        check("07.sharding", notebook)
 
 
-def test_the_shipped_module_has_imports_constants_and_helpers():
-    source = function_module_source(by_hand)
-    assert "import torch" in source and "SEED = 0" in source and "BATCH_SIZE = 8" in source
-    assert "from torch.utils.data.dataset import Subset" in source
-    assert "import math" in source
-    namespace: dict = {}
-    exec(compile(source, "<shipped>", "exec"), namespace)
-    assert callable(namespace["by_hand"])
-    with pytest.raises(ExerciseFailed, match="notebook variable 'UNSENDABLE'") as info:
-        function_module_source(uses_a_notebook_dict)
-    assert "inside the function" in info.value.hint
+def test_a_copy_of_the_course_helper_is_refused():
+    with pytest.raises(ExerciseFailed, match=r"course's own `simulate_ranks` \(course_utils\."):
+        check("07.sharding", simulate_ranks, torchrun=False)

@@ -128,8 +128,8 @@ def test_the_right_copy_passes_and_is_checked_on_meta_without_a_gpu():
 
 
 @pytest.mark.parametrize("wrong, words", [
-    (Unmoved, "stayed on cpu"), (ToFloat, "changed on the way"), (ImagesOnly, "did not return the"),
-    (LabelsAsList, "did not return the"), (Zeroed, "arrived with other values"), (NotWritten, "not done yet"),
+    (Unmoved, "stayed on cpu"), (ToFloat, "changed dtype on the way"), (ImagesOnly, "single tensor"),
+    (LabelsAsList, "pair of tensors"), (Zeroed, "wrong values"), (NotWritten, "not done yet"),
 ])
 def test_wrong_copies_fail(wrong, words):
     if wrong is Unmoved and torch.cuda.is_available():
@@ -183,4 +183,5 @@ def test_wrong_batched_fetches_fail(wrong, words):
 
 
 def test_the_course_dataset_is_refused_for_the_step():
-    assert "06.batched_fetch" in str(failure("06.batched_fetch", BatchedJpegDataset))
+    message = str(failure("06.batched_fetch", BatchedJpegDataset))
+    assert message.startswith("06.batched_fetch: the answer is the course's own `BatchedJpegDataset`")

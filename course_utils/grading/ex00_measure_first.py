@@ -1,6 +1,6 @@
 """Grader for exercise 00: ``time_loader(loader, batches, warmup_batches=2)`` returns the
 steady-state samples per second, judged against :func:`~course_utils.timing.measure_loader`
-on the same slow-starting loader in the same run; the course's own timers are refused.
+on the same slow-starting loader in the same run.
 """
 from __future__ import annotations
 
@@ -11,17 +11,11 @@ from typing import Any, Callable, Iterator, Sequence
 import torch.utils.data as tud
 
 from course_utils.data import LatencyDataset
-from course_utils.measurement import Measurement
-from course_utils.scaling import sweep_workers
-from course_utils.timing import measure, measure_data_wait, measure_loader, time_op
+from course_utils.timing import measure_loader
 
-from .checker import (CheckResult, ExerciseFailed, describe, grader, refuse_course_helper,
-                      require_callable)
+from .checker import CheckResult, ExerciseFailed, describe, grader, require_callable
 
 EXERCISE = "00.time_loader"
-#: the course's timers, refused as (or inside) an answer: the exercise is to write one
-COURSE_TIMERS = (measure_loader, measure, measure_data_wait, Measurement, sweep_workers,
-                 time_op)
 
 
 class RecordingLoader:
@@ -63,9 +57,6 @@ def grade_time_loader(time_loader: Callable[..., Any], *, latency_s: float = 0.0
     """Check ``time_loader`` returns the loader's steady-state samples per second."""
     require_callable(EXERCISE, time_loader, "a function time_loader(loader, batches, "
                                             "warmup_batches=2)")
-    refuse_course_helper(EXERCISE, time_loader, COURSE_TIMERS,
-                         write="pull the batches from the loader yourself and time them with a "
-                               "clock such as time.perf_counter()")
     dataset = LatencyDataset(n=batch_size * (warmup_batches + batches + 4), latency_s=latency_s,
                              startup_s=startup_s, item_shape=(3, 8, 8))
     loader = tud.DataLoader(dataset, batch_size=batch_size, num_workers=1)

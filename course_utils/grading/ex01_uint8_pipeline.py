@@ -1,10 +1,11 @@
 """Grader for exercise 01: a pipeline (resize, crop, flip, to_tensor per sample in the
 workers; normalize per batch) that stays uint8 until normalize. Each stage is checked on real
 course JPEGs against :func:`~course_utils.transforms.exact_pipeline`, then the four worker
-stages run in real DataLoader workers; the course's own pipelines and stages are refused.
+stages run in real DataLoader workers.
 """
 from __future__ import annotations
 
+import functools
 import multiprocessing
 from typing import Any, Callable
 
@@ -12,39 +13,20 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from course_utils import data, transforms
 from course_utils.data import JpegDataset
 from course_utils.machine import start_method
 from course_utils.threads import make_worker_init
 from course_utils.transforms import (MAX_DIFF_LEVELS, MEAN_DIFF_LEVELS, PipelineParams, center_crop,
                                      exact_pipeline, numpy_resize, output_difference)
 
-from .checker import (CheckResult, ExerciseFailed, call_answer, describe, grader,
-                      refuse_course_helper)
+from .checker import CheckResult, ExerciseFailed, call_answer, describe, grader
 
 EXERCISE = "01.uint8_pipeline"
-#: the course's pipelines and stages, refused in an answer (PipelineParams is given)
-COURSE_STAGES = (
-    transforms.ReferenceTransform, transforms.Uint8Transform, transforms.ToFloat32,
-    transforms.Stage, transforms.pipeline_stages, transforms.run_pipeline,
-    transforms.numpy_pipeline, transforms.opencv_pipeline, transforms.torch_pipeline,
-    transforms.exact_pipeline, transforms.normalize_batch,
-    transforms.numpy_resize, transforms.opencv_resize, transforms.torch_resize,
-    transforms.center_crop, transforms.torch_center_crop,
-    transforms.numpy_hflip, transforms.opencv_hflip, transforms.torch_hflip,
-    transforms.numpy_normalize, transforms.opencv_normalize, transforms.torch_normalize,
-    transforms.numpy_to_chw, transforms.opencv_to_chw, transforms.torch_to_chw,
-    transforms.torch_from_image, data.ToTensorUint8, data.CommonRecipeTransform)
-_WRITE = ("write each stage yourself, with NumPy, OpenCV or torch calls on the image (or "
-          "batch) it receives")
 STAGES = ("resize", "crop", "flip", "to_tensor", "normalize")
 _WHY_UINT8 = ("uint8 is 1 byte per value and float32 is 4: every stage after the conversion "
               "reads and writes 4x the bytes, and the batch crosses from the worker to the main "
               "process (shared memory, collation) and later to the GPU 4x bigger")
-
-
-def _fail(problem: str, **kw: str) -> ExerciseFailed:
-    return ExerciseFailed(EXERCISE, problem, **kw)
+_fail = functools.partial(ExerciseFailed, EXERCISE)
 
 
 def _hint_for(stage: str, exc: Exception) -> str:
@@ -295,11 +277,9 @@ def _run_in_workers(pipeline: Any, images: Any, refs: list[torch.Tensor], params
 def grade_uint8_pipeline(pipeline: Any, *, n_images: int = 8, num_workers: int = 2,
                          batch_size: int = 4, seed: int = 1, timeout_s: float = 60.0) -> CheckResult:
     """Check that ``pipeline``'s stages stay uint8 until ``normalize`` and match the reference."""
-    refuse_course_helper(EXERCISE, pipeline, COURSE_STAGES, write=_WRITE)
     if isinstance(pipeline, type):
         pipeline = call_answer(EXERCISE, pipeline, what=f"{pipeline.__name__}()",
                                hint="pass an instance, e.g. check(..., Uint8Pipeline()).")
-        refuse_course_helper(EXERCISE, pipeline, COURSE_STAGES, write=_WRITE)
     missing = [s for s in STAGES if not callable(getattr(pipeline, s, None))]
     if missing:
         raise _fail(f"the answer has no {', '.join(missing)} method(s).",

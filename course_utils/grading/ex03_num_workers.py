@@ -1,7 +1,7 @@
 """Graders for exercise 03. ``03.choose_workers``: pick ``num_workers`` from synthetic curves
 of known shape (each also shuffled: the order must not matter) and one measured here.
 ``03.copy_on_read``: a dataset equal to ``RecordListDataset`` without a Python object per
-record, whose forked workers' private memory does not grow. The course's versions are refused.
+record, whose forked workers' private memory does not grow.
 """
 from __future__ import annotations
 
@@ -15,14 +15,13 @@ import torch
 
 from course_utils.config import pick
 from course_utils.data import JpegDataset, ToTensorUint8
-from course_utils.lessons.l03_num_workers import (RecordArrayDataset, RecordListDataset, make_records,
-                                             worker_memory)
+from course_utils.lessons.l03_num_workers import RecordListDataset, make_records, worker_memory
 from course_utils.machine import usable_cpus
-from course_utils.scaling import CurveShape, describe_curve, find_knee, sweep_workers
+from course_utils.scaling import sweep_workers
 from course_utils.threads import limit_threads, make_worker_init
 
-from .checker import (CheckResult, ExerciseFailed, call_answer, grader, refuse_course_helper,
-                      require_callable)
+from .checker import (CheckResult, ExerciseFailed, call_answer, describe, grader,
+                      refuse_course_code, require_callable)
 
 CHOOSE = "03.choose_workers"
 COPY = "03.copy_on_read"
@@ -46,9 +45,6 @@ MIN_LIST_GROWTH_BYTES = 8e6
 #: growth. Measured (60,000 records, 2 workers): packed arrays 0.04-0.07 of it, packed but the
 #: paths left in a list of str 0.24-0.26: the limit sits between, with room for both.
 GROWTH_FRACTION = 0.15
-#: the course's own knee finders and packed dataset, refused in an answer
-COURSE_CHOOSERS = (find_knee, describe_curve, CurveShape)
-COURSE_PACKED = (RecordArrayDataset,)
 
 
 # --------------------------------------------------------------------------------------------
@@ -211,9 +207,6 @@ def grade_choose_workers(choose_num_workers: Callable[..., Any], *,
     """Check ``choose_num_workers(workers, samples_per_s)`` on synthetic curves and a real one."""
     require_callable(CHOOSE, choose_num_workers,
                      "a function choose_num_workers(workers, samples_per_s)")
-    refuse_course_helper(CHOOSE, choose_num_workers, COURSE_CHOOSERS,
-                         write="read the best rate off the measurements and pick the worker "
-                               "count yourself, in plain Python")
     curves = synthetic_curves()
     answers = [_call_choice(choose_num_workers, c) for c in curves]
     # the same answer whatever the curve: say so before judging any single curve
@@ -251,8 +244,6 @@ def grade_choose_workers(choose_num_workers: Callable[..., Any], *,
 # 03.copy_on_read
 # --------------------------------------------------------------------------------------------
 
-_WRITE_PACKED = ("pack the records' fields into NumPy arrays in your class's __init__ and "
-                 "read them back in __getitem__")
 _LIST_BASELINE: dict[tuple, Any] = {}  # (n, seed, workers) -> WorkerMemory of the list version
 
 
@@ -304,37 +295,29 @@ def _containers(obj: Any, threshold: int, path: str, depth: int,
 
 
 def _same_item(i: int, want: Any, got: Any) -> None:
-    shape = ("a tuple (box, label, path): box a float32 tensor of shape (4,), label an int, "
-             "path a str")
+    """Raise ExerciseFailed naming the first part of item ``i`` that differs from ``want``."""
     if not isinstance(got, (tuple, list)) or len(got) != 3:
-        raise ExerciseFailed(COPY, f"item {i} has the wrong shape.", expected=shape,
-                             seen=f"{type(got).__name__}: {got!r}"[:300],
-                             hint="return exactly what RecordListDataset returns: "
-                                  "(box, label, path).")
+        raise ExerciseFailed(COPY, f"item {i} has the wrong shape.", seen=describe(got, 300),
+                             expected="a tuple (box, label, path): box a float32 tensor of shape "
+                                      "(4,), label an int, path a str",
+                             hint="return exactly what RecordListDataset returns: (box, label, path).")
     box, label, path = got
-    if not isinstance(box, torch.Tensor):
-        raise ExerciseFailed(COPY, f"item {i}: the box is not a torch tensor.", expected=shape,
-                             seen=f"{type(box).__name__}: {box!r}"[:300],
-                             hint="return the box as a torch tensor made from a copy of the "
-                                  "row (a copy, so the batch does not hold a view of the "
-                                  "dataset's array).")
-    if box.dtype != want[0].dtype or tuple(box.shape) != tuple(want[0].shape) \
-            or not torch.equal(box, want[0]):
-        raise ExerciseFailed(COPY, f"item {i}: the box differs from the original.",
-                             expected=f"{want[0]!r}", seen=f"{box!r}",
-                             hint="store the boxes as one float32 array of shape (n, 4) and "
-                                  "return row i as a tensor.")
-    if isinstance(label, bool) or not isinstance(label, numbers.Integral) or label != want[1]:
-        raise ExerciseFailed(COPY, f"item {i}: the label differs from the original.",
-                             expected=f"{want[1]!r} (an int)",
-                             seen=f"{type(label).__name__}: {label!r}",
-                             hint="store labels in an int64 array and return each as a plain "
-                                  "Python int.")
-    if not isinstance(path, str) or path != want[2]:
-        raise ExerciseFailed(COPY, f"item {i}: the path differs from the original.",
-                             expected=f"{want[2]!r} (a str)",
-                             seen=f"{type(path).__name__}: {path!r}",
-                             hint="a path is text: decode its UTF-8 bytes back to a str.")
+    tensor = isinstance(box, torch.Tensor)
+    for k, (part, kind, ok, hint) in enumerate((
+            ("box", "a float32 tensor of shape (4,)", tensor and box.dtype == want[0].dtype
+             and box.shape == want[0].shape and torch.equal(box, want[0]),
+             "store the boxes as one float32 array of shape (n, 4) and return row i as a torch "
+             "tensor made from a copy of the row (so the batch holds no view of the array)."),
+            ("label", "an int", not isinstance(label, bool) and isinstance(label, numbers.Integral)
+             and label == want[1], "store labels in an int64 array and return each as a plain "
+                                   "Python int."),
+            ("path", "a str", isinstance(path, str) and path == want[2],
+             "a path is text: decode its UTF-8 bytes back to a str."))):
+        if not ok:
+            problem = "is not a torch tensor" if k == 0 and not tensor else "differs from the original"
+            raise ExerciseFailed(COPY, f"item {i}: the {part} {problem}.", hint=hint,
+                                 expected=f"{want[k]!r} ({kind})",
+                                 seen=f"{type(got[k]).__name__}: {got[k]!r}"[:300])
 
 
 @grader(COPY)
@@ -346,7 +329,6 @@ def grade_copy_on_read(make_safe: Callable[[list], Any], *, n_records: int = 60_
     require_callable(COPY, make_safe, "a class (or function) called with the list of records, "
                                       "returning a dataset", what="class or function",
                      hint="pass the class itself, without calling it.")
-    refuse_course_helper(COPY, make_safe, COURSE_PACKED, write=_WRITE_PACKED)
     records = make_records(n_records, seed=seed)
     reference = RecordListDataset(records)
     safe = make_safe(records)
@@ -356,7 +338,7 @@ def grade_copy_on_read(make_safe: Callable[[list], Any], *, n_records: int = 60_
                              seen=type(safe).__name__,
                              hint="pack the fields into arrays in __init__ and read them in "
                                   "__getitem__.")
-    refuse_course_helper(COPY, safe, COURSE_PACKED, write=_WRITE_PACKED)
+    refuse_course_code(COPY, safe)
     if not hasattr(safe, "__getitem__") or not hasattr(safe, "__len__"):
         raise ExerciseFailed(COPY, "the answer is not a dataset.",
                              expected="an object with __len__ and __getitem__ (a "
@@ -397,30 +379,25 @@ def grade_copy_on_read(make_safe: Callable[[list], Any], *, n_records: int = 60_
     del reference, records
     answer = worker_memory(safe, num_workers, multiprocessing_context="fork",
                            label=type(safe).__name__)
-    mb = 1e6
     details = {"list_growth_bytes": baseline.growth_bytes,
                "answer_growth_bytes": answer.growth_bytes}
     verdict = growth_verdict(baseline.growth_bytes, answer.growth_bytes)
     if verdict == "too little to compare":
         return CheckResult(COPY, f"items equal and no Python object per record; on this machine "
-                                 f"even the list version grew only "
-                                 f"{baseline.mean_growth_bytes / mb:.1f} MB per worker, too little "
-                                 f"to compare.", details)
-    limit = GROWTH_FRACTION * baseline.mean_growth_bytes
-    seen = (f"your dataset: {' / '.join(f'{g / mb:.1f}' for g in answer.growth_bytes)} MB per "
-            f"worker; the list of dicts: "
-            f"{' / '.join(f'{g / mb:.1f}' for g in baseline.growth_bytes)} MB per worker")
+                                 f"even the list version grew only {baseline.mean_growth_bytes / 1e6:.1f}"
+                                 f" MB per worker, too little to compare.", details)
+    yours, lists = (" / ".join(f"{g / 1e6:.1f}" for g in m.growth_bytes) + " MB per worker"
+                    for m in (answer, baseline))
     if verdict == "fail":
         raise ExerciseFailed(
             COPY, "reading your dataset still copies memory into every worker.",
-            expected=f"each worker's private memory to grow by at most {limit / mb:.1f} MB over "
-                     f"an epoch ({GROWTH_FRACTION:.0%} of the list version's growth)",
-            seen=seen,
+            expected=f"each worker's private memory to grow by at most "
+                     f"{GROWTH_FRACTION * baseline.mean_growth_bytes / 1e6:.1f} MB over an epoch "
+                     f"({GROWTH_FRACTION:.0%} of the list version's growth)",
+            seen=f"your dataset: {yours}; the list of dicts: {lists}",
             hint="something __getitem__ reads is still a Python object per record (maybe held "
                  "inside another object, a closure or a bound method). Read only from NumPy "
                  "arrays made in __init__.")
     return CheckResult(COPY, f"items equal; over one epoch in {num_workers} forked workers each "
-                             f"worker's private memory grew "
-                             f"{' / '.join(f'{g / mb:.1f}' for g in answer.growth_bytes)} MB, vs "
-                             f"{' / '.join(f'{g / mb:.1f}' for g in baseline.growth_bytes)} MB for "
-                             f"the list of dicts.", details)
+                             f"worker's private memory grew {yours}, vs {lists} for the list of "
+                             f"dicts.", details)

@@ -2,33 +2,23 @@
 order, values, placement and dtypes (also on 'meta' when the device is the CPU), epochs, and
 that batch k+1 is requested before batch k is handed out. On CUDA only: that copies overlap
 compute and that no batch is read mid-copy or after its memory was reused (``wait_stream``,
-``record_stream``). The course's ``DevicePrefetcher`` is refused. Step 1, ``04.copy``, checks the
-class's ``copy`` alone (:func:`grade_copy`).
+``record_stream``). Step 1, ``04.copy``, checks the class's ``copy`` alone (:func:`grade_copy`).
 """
 from __future__ import annotations
 
+import functools
 import statistics
-import time
 from typing import Any, Callable, Iterator
 
 import torch
 
 from course_utils.device import move_to_device, resolve_device, synchronize
 from course_utils.lessons.l04_overlap import calibrated_compute
-from course_utils.prefetch import DevicePrefetcher
 from course_utils.timing import time_op
 
-from .checker import (CheckResult, ExerciseFailed, call_answer, describe, grader,
-                      refuse_course_helper)
+from .checker import CheckResult, ExerciseFailed, call_answer, describe, grader
 
 EXERCISE = "04.prefetcher"
-
-#: the course's prefetcher, refused in an answer
-COURSE_PREFETCHERS = (DevicePrefetcher,)
-
-_SIGNATURE_HINT = ("pass the class itself: check(\"04.prefetcher\", Prefetcher); the grader "
-                   "calls Prefetcher(loader, device) and iterates over the result.")
-
 
 class _RecordingLoader:
     """``n`` batches ``(images uint8 (B, *shape), labels int64 (B,))``, each different: batch
@@ -58,28 +48,22 @@ class _RecordingLoader:
             yield batch
 
 
-def _fail(problem: str, **kw: str) -> ExerciseFailed:
-    return ExerciseFailed(EXERCISE, problem, **kw)
+_fail = functools.partial(ExerciseFailed, EXERCISE)
 
 
 def _build(answer: Any, loader: Any, device: torch.device) -> Any:
+    """``answer(loader, device)``: the learner's class made for one loader."""
     if not isinstance(answer, type) and (hasattr(answer, "__iter__") or not callable(answer)):
         raise _fail("the answer looks like a prefetcher object, not the class."
                     if hasattr(answer, "__iter__") else
                     f"the answer is a {type(answer).__name__}, not a class.",
                     expected="check(\"04.prefetcher\", Prefetcher)", seen=describe(answer),
-                    hint=_SIGNATURE_HINT)
-    try:
-        return answer(loader, device)
-    except NotImplementedError:
-        raise
-    except TypeError as exc:
-        raise _fail(f"Prefetcher(loader, device) could not be created: {exc}",
-                    expected="__init__(self, loader, device)", hint=_SIGNATURE_HINT) from exc
-    except Exception as exc:
-        raise _fail(f"Prefetcher(loader, device) raised {type(exc).__name__}: {exc}",
-                    hint="__init__ should only store the loader and the device (and, on CUDA, "
-                         "may create the side stream).") from exc
+                    hint="pass the class itself: the grader calls Prefetcher(loader, device) and "
+                         "iterates over the result.")
+    return call_answer(EXERCISE, answer, loader, device, what="Prefetcher(loader, device)",
+                       signature="__init__(self, loader, device)",
+                       hint="__init__ should only store the loader and the device (and, on "
+                            "CUDA, may create the side stream).")
 
 
 def _iteration_hint(exc: Exception, device: torch.device) -> str:
@@ -93,9 +77,9 @@ def _iteration_hint(exc: Exception, device: torch.device) -> str:
     return "run a loop over your Prefetcher in a cell of its own and read the traceback."
 
 
-def _run_pass(prefetcher: Any, loader: _RecordingLoader,
-              device: torch.device) -> tuple[list, list[int]]:
-    """Iterate once; return the batches and loader.pulled at the moment each was handed out."""
+def _batches(prefetcher: Any, loader: _RecordingLoader,
+             device: torch.device) -> Iterator[tuple[Any, int]]:
+    """The prefetcher's batches, each with the number the loader had handed out by then."""
     it = call_answer(EXERCISE, iter, prefetcher, what="iter(prefetcher)",
                      hint="__iter__ should return an iterator (a generator: a function with "
                           "`yield` in it).")
@@ -103,11 +87,19 @@ def _run_pass(prefetcher: Any, loader: _RecordingLoader,
         raise _fail("iter(prefetcher) did not return an iterator.", seen=type(it).__name__,
                     hint="write __iter__ as a generator: `yield batch` inside it (no return "
                          "value).")
-    out, pulled, end = [], [], object()
+    end = object()
     while (batch := call_answer(EXERCISE, next, it, end, what="iterating",
                                 hint=lambda exc: _iteration_hint(exc, device))) is not end:
-        pulled.append(loader.pulled)
+        yield batch, loader.pulled
+
+
+def _run_pass(prefetcher: Any, loader: _RecordingLoader,
+              device: torch.device) -> tuple[list, list[int]]:
+    """One pass: the batches, and how many the loader had handed out as each came."""
+    out, pulled = [], []
+    for batch, handed_out in _batches(prefetcher, loader, device):
         out.append(batch)
+        pulled.append(handed_out)
         if len(out) > 3 * loader.n + 3:
             raise _fail("the prefetcher yields more batches than the loader has.",
                         expected=f"{loader.n} batches", seen=f"more than {3 * loader.n + 3}",
@@ -164,6 +156,8 @@ def _check_order(batches: list, loader: _RecordingLoader, device: torch.device) 
 
 
 def _check_batches(batches: list, loader: _RecordingLoader, device: torch.device) -> None:
+    """Every batch once, in order, with the loader's values and dtypes, on ``device``."""
+    _check_order(batches, loader, device)
     for k, batch in enumerate(batches):
         images, labels = _split(batch, k)
         want_images, want_labels = loader.batches[k]
@@ -171,7 +165,8 @@ def _check_batches(batches: list, loader: _RecordingLoader, device: torch.device
         if images.device.type != device.type or labels.device.type != device.type:
             images_only = labels.device.type == device.type
             raise _fail(f"the images of batch {k} stayed on {images.device}; only the labels "
-                        f"moved to {device}." if images_only else f"batch {k} is not on {device}.",
+                        f"moved to {device}." if images_only else
+                        f"batch {k} stayed on {images.device}, not moved to {device}.",
                         expected=f"images and labels on {device}", seen=where,
                         hint="move every tensor of the batch: the images are the big part, the "
                              "one whose copy you want to overlap." if images_only else
@@ -221,9 +216,7 @@ def _check_lookahead(pulled: list[int], n: int) -> None:
                          "memory. Keep exactly one batch ahead.")
 
 
-# --------------------------------------------------------------------------------------
-# CUDA-only checks
-# --------------------------------------------------------------------------------------
+# ---- CUDA-only checks ----------------------------------------------------------------
 
 #: The race check's passes over 8 batches: False reads each batch the moment it arrives (a
 #: missing ``wait_stream`` reads a half-copied batch); True first keeps the current stream busy
@@ -267,17 +260,14 @@ def _cuda_race_check(answer: Any, device: torch.device, mib: int,
         for k, (host_images, _) in enumerate(loader.batches):
             host_images.fill_(_race_fill(p, k, n))   # the last pass was synchronised: no copy reads it
         flags: list[torch.Tensor] = []
-        it = iter(_build(answer, loader, device))
-        end = object()
-        while len(flags) < n and (batch := call_answer(
-                EXERCISE, next, it, end, what="iterating",
-                hint="run a loop over your Prefetcher in a cell of its own and read the "
-                     "traceback.")) is not end:
+        for batch, _ in _batches(_build(answer, loader, device), loader, device):
             images, _ = _split(batch, len(flags))
             if lagging and busy is not None:
                 busy()                                # the current stream falls behind the copies
             flags.append((images == _race_fill(p, len(flags), n)).all())
             del batch, images                         # free it, as a training loop does
+            if len(flags) == n:
+                break
         synchronize(device)
         bad += [(p, k) for k, ok in enumerate(flags) if not bool(ok.item())]
     if bad:
@@ -314,14 +304,9 @@ def _cuda_overlap_check(answer: Any, device: torch.device, mib: int, threshold: 
         chain()
 
     def timed(batches: Callable[[], Any]) -> float:
-        best = float("inf")
-        for i in range(4):    # the first round warms up
-            t0 = time.perf_counter()
-            for batch in batches():
-                step(batch)
-            torch.cuda.synchronize(device)
-            best = best if i == 0 else min(best, time.perf_counter() - t0)
-        return best
+        """The best of 3 passes (after one to warm up), the whole device synchronised."""
+        return min(time_op(lambda: [step(b) for b in batches()], device=device, repeats=3,
+                           events=False))
 
     step_s = statistics.median(time_op(lambda: step((dst, None)), device=device, repeats=5))
     t_plain = timed(lambda: (move_to_device(b, device, non_blocking=True) for b in loader))
@@ -349,9 +334,6 @@ def grade_prefetcher(answer: Any, *, device: Any = None, n_batches: int = 6, bat
                      overlap_threshold: float = 0.3) -> CheckResult:
     """Check a Prefetcher class: order, values, placement, dtypes and double buffering on any
     device; on CUDA also that copies overlap compute and that no batch is read mid-copy."""
-    refuse_course_helper(EXERCISE, answer, COURSE_PREFETCHERS,
-                         write="in your Prefetcher class, keep one batch ahead: start its copy "
-                               "before you hand out the current one")
     dev = resolve_device(device)
     checked: list[str] = []
     not_checked: list[str] = []
@@ -359,7 +341,6 @@ def grade_prefetcher(answer: Any, *, device: Any = None, n_batches: int = 6, bat
     loader = _RecordingLoader(n_batches, batch_size)
     prefetcher = _build(answer, loader, dev)
     batches, pulled = _run_pass(prefetcher, loader, dev)
-    _check_order(batches, loader, dev)
     _check_batches(batches, loader, dev)
     checked.append(f"all {n_batches} batches once, in order, with the loader's values and dtypes, "
                    f"images and labels on {dev}")
@@ -373,7 +354,7 @@ def grade_prefetcher(answer: Any, *, device: Any = None, n_batches: int = 6, bat
                     seen=f"{len(again)} batches",
                     hint="create the loader's iterator inside __iter__ (iter(self.loader)), not in "
                          "__init__, so every epoch starts afresh.")
-    _check_order(again, loader, dev)
+    _check_batches(again, loader, dev)
     for n in (0, 1):
         small = _RecordingLoader(n, batch_size)
         got, _ = _run_pass(_build(answer, small, dev), small, dev)
@@ -398,7 +379,6 @@ def grade_prefetcher(answer: Any, *, device: Any = None, n_batches: int = 6, bat
             not_checked.append(f"placement on a second device (an operation is not supported "
                                f"on 'meta' tensors: {exc})")
         else:
-            _check_order(mbatches, mloader, meta)
             _check_batches(mbatches, mloader, meta)
             checked.append("placement and dtypes again on PyTorch's 'meta' device (this machine's "
                            "device is the CPU, where everything is 'on the device' already)")
@@ -427,58 +407,28 @@ def grade_prefetcher(answer: Any, *, device: Any = None, n_batches: int = 6, bat
     return CheckResult(EXERCISE, summary, details)
 
 
-# --------------------------------------------------------------------------------------
-# step 1: copy() alone
-# --------------------------------------------------------------------------------------
+# ---- step 1: copy() alone ------------------------------------------------------------
 COPY = "04.copy"
-
-
-def _copied(prefetcher: Any, batch: tuple[torch.Tensor, torch.Tensor], target: torch.device) -> Any:
-    stream = torch.cuda.Stream(target) if target.type == "cuda" else None
-    out = call_answer(COPY, prefetcher.copy, batch, stream, what="prefetcher.copy(batch, stream)",
-                      hint=lambda exc: _iteration_hint(exc, target))
-    if stream is not None:
-        stream.synchronize()                    # the check reads the values: let the copy finish
-    return out
 
 
 @grader(COPY)
 def grade_copy(answer: Any, *, device: Any = None) -> CheckResult:
-    """Step 1: ``Prefetcher(loader, device).copy((images, labels), stream)`` returns the pair on
-    the device, dtypes and values kept. On a CPU-only machine also on PyTorch's 'meta' device,
-    where a copy() that returns the batch unchanged shows (on the CPU it would look right)."""
+    """Step 1: ``Prefetcher(loader, device).copy(batch, stream)`` returns the (images, labels)
+    pair on the device, dtypes and values kept; on a CPU-only machine also on PyTorch's 'meta'
+    device, where a copy() that returns the batch unchanged shows."""
     dev = resolve_device(device)
-    images = torch.arange(2 * 3 * 4 * 4, dtype=torch.uint8).reshape(2, 3, 4, 4)
-    labels = torch.tensor([3, 7], dtype=torch.int64)
-    targets = [dev] + ([torch.device("meta")] if dev.type == "cpu" else [])
-    for target in targets:
+    loader = _RecordingLoader(1, 2)
+    for target in [dev] + ([torch.device("meta")] if dev.type == "cpu" else []):
+        stream = torch.cuda.Stream(target) if target.type == "cuda" else None
         try:
-            prefetcher = _build(answer, [(images, labels)], target)
+            out = call_answer(COPY, _build(answer, loader, target).copy, loader.batches[0], stream,
+                              what="prefetcher.copy(batch, stream)",
+                              hint=lambda exc: _iteration_hint(exc, target))
+            if stream is not None:
+                stream.synchronize()                # the check reads the values: let it finish
+            _check_batches([out], loader, target)
         except ExerciseFailed as exc:
             raise exc.as_exercise(COPY) from None
-        out = _copied(prefetcher, (images, labels), target)
-        want = f"(images, labels) on {target}: torch.uint8 {tuple(images.shape)}, torch.int64 (2,)"
-        if not isinstance(out, (tuple, list)) or len(out) != 2 \
-                or not all(isinstance(t, torch.Tensor) for t in out):
-            raise ExerciseFailed(COPY, "copy() did not return the (images, labels) pair.",
-                                 expected=want, seen=describe(out, 200),
-                                 hint="return both moved tensors, as a tuple, from copy().")
-        for name, got, sent in (("images", out[0], images), ("labels", out[1], labels)):
-            if got.device.type != target.type:
-                raise ExerciseFailed(COPY, f"the {name} stayed on {got.device}.", expected=want,
-                                     seen=describe(got),
-                                     hint="move each tensor with .to(self.device) (on CUDA with "
-                                          "non_blocking=True, inside the side stream's block).")
-            if got.dtype != sent.dtype or tuple(got.shape) != tuple(sent.shape):
-                raise ExerciseFailed(COPY, f"the {name} changed on the way.", expected=want,
-                                     seen=describe(got),
-                                     hint="copy only: keep the dtype (uint8 images stay uint8; "
-                                          "the training step converts them on the device).")
-            if target.type != "meta" and not torch.equal(got.cpu(), sent):
-                raise ExerciseFailed(COPY, f"the {name} arrived with other values.", expected=want,
-                                     seen=f"{int((got.cpu() != sent).sum())} values differ",
-                                     hint="on CUDA, read a copy only after its stream has "
-                                          "finished it; copy() itself should only queue it.")
     where = " and on 'meta' (placement)" if dev.type == "cpu" else ""
     return CheckResult(COPY, f"copy() moved images and labels to {dev}{where}, dtypes and values "
                              f"kept. Now __iter__: check(\"04.prefetcher\", Prefetcher).")

@@ -3,27 +3,20 @@ on an (N, C, H, W) float batch: each sample mirrored (dim 3) with probability ``
 scaled by its own factor in ``[1 - brightness, 1 + brightness]``, clamped to [0, 1]. Each
 sample's flip and factor are read back from the output of asymmetric test images; also checked:
 dtype, device (on 'meta' as a stand-in for a GPU), reproducibility, and that the number of torch
-calls does not grow with the batch. The course's ``augment_batch`` is refused.
+calls does not grow with the batch.
 """
 from __future__ import annotations
 
-import inspect
 from typing import Any, Callable, Optional
 
 import torch
 
-from course_utils.augment import (AugmentDraws, AugmentTransform, augment_batch, augment_sample,
-                                  crop_grid, draw_batch, draw_sample)
 from course_utils.lessons.l05_measure import count_torch_calls
 
-from .checker import (CheckResult, ExerciseFailed, call_answer, describe, grader,
-                      refuse_course_helper, require_callable)
+from .checker import (CheckResult, ExerciseFailed, call_answer, describe, grader, require_callable,
+                      require_signature)
 
 EXERCISE = "05.batched_flip_brightness"
-
-#: the course's augmentation, refused in an answer
-COURSE_AUGMENT = (augment_batch, draw_batch, draw_sample, crop_grid, augment_sample, AugmentDraws,
-                  AugmentTransform)
 
 _DARK_MAX = 0.6       # test pixels <= this stay below 1 even at factor 1.6
 _BRIGHT = 0.95        # the bright stripe: needs clamping at factors > 1.05
@@ -351,19 +344,9 @@ def grade_flip_brightness(fn: Callable[..., Any], *, n: int = 64, side: int = 12
                           accelerators: bool = True) -> CheckResult:
     """Check a batched random flip + brightness with per-sample randomness on every device here."""
     require_callable(EXERCISE, fn, _SIGNATURE)
-    refuse_course_helper(EXERCISE, fn, COURSE_AUGMENT,
-                         write="draw one random number per sample with torch and apply the flip "
-                               "and the brightness to the whole batch at once")
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        params = {}
-    missing = [a for a in ("flip_p", "brightness", "generator") if params and a not in params
-               and not any(q.kind is inspect.Parameter.VAR_KEYWORD for q in params.values())]
-    if missing:
-        raise ExerciseFailed(EXERCISE, f"your function has no {', '.join(missing)} argument(s).",
-                             expected=_SIGNATURE, hint="keep the stub's signature.",
-                             seen=f"{getattr(fn, '__name__', 'function')}{inspect.signature(fn)}")
+    require_signature(EXERCISE, fn, "your function does not take the arguments batch, flip_p, "
+                      "brightness, generator.", _SIGNATURE, 0, flip_p=0.5, brightness=0.4,
+                      generator=None)
     cpu = torch.device("cpu")
     found = _check_values(fn, cpu, n=n, side=side, seed=seed)
     _check_half(fn, cpu, n=n, side=side, seed=seed)

@@ -1,14 +1,13 @@
 """Grader for exercise 06: ``build_loader(dataset, *, batch_size, size, cpu_budget)`` returns a
-DataLoader whose first batch, read as the DataLoader's fetcher reads it, equals the reference
-and is made by one dataset call per batch; it uses at most ``cpu_budget`` workers and cores,
-and reaches :data:`PASS_RATIO` of :func:`~course_utils.pipelines.tuned_loader`'s samples/s in
-interleaved rounds (:func:`speed_verdict`; between :data:`SLOW_RATIO` and :data:`PASS_RATIO` the
-result is noise-level and the check asks for a re-run on a quiet machine). The course's pipeline
-is refused, in the answer and in its loader. Step 1, ``06.batched_fetch``, checks the dataset's
-``__getitems__`` alone, on indices out of order (:func:`grade_batched_fetch`).
+DataLoader whose first batch, read as its fetcher reads it, equals the reference and is made by
+one dataset call; it uses at most ``cpu_budget`` workers and cores, and reaches
+:data:`PASS_RATIO` of :func:`~course_utils.pipelines.tuned_loader`'s samples/s in interleaved
+rounds (:func:`speed_verdict`). Step 1, ``06.batched_fetch``, checks the dataset's
+``__getitems__`` alone, on indices out of order.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, Sequence
 
@@ -21,15 +20,13 @@ from course_utils.config import pick
 from course_utils.data import JpegDataset, ToTensorUint8
 from course_utils.machine import usable_cpus
 from course_utils.measurement import Measurement, compare
-from course_utils.pipelines import BatchedJpegDataset, keep_batch, tuned_loader
-from course_utils.timing import measure_loader
+from course_utils.pipelines import tuned_loader
+from course_utils.timing import default_warmup, measure_loader
 from course_utils.tools.tune.search import WORKER_TIMEOUT_S
 
-from .checker import (CheckResult, ExerciseFailed, call_answer, describe, grader,
-                      refuse_course_helper, require_callable)
+from .checker import CheckResult, ExerciseFailed, call_answer, describe, grader, require_callable
 
 FAST = "06.fast_pipeline"
-
 #: the answer passes at this fraction of the reference's samples/s or more (median of the
 #: per-round ratios). On a busy 2-core machine the reference against itself read 0.59-1.16: the
 #: pass mark sits a margin below the lowest, so noise does not fail a right answer.
@@ -41,25 +38,10 @@ SLOW_RATIO = 0.3
 CPU_ALLOWANCE = 0.4
 #: interleaved rounds (answer, reference, answer, reference, ...)
 ROUNDS = 5
-#: the course's version of this exercise's answer, refused (see refuse_course_helper)
-COURSE_HELPERS = (tuned_loader, BatchedJpegDataset, keep_batch)
-
-_WRITE = ("write your own Dataset whose fetch decodes and resizes a whole batch into one uint8 "
-          "tensor, and choose the DataLoader's batching, collate_fn and workers yourself")
+_fail = functools.partial(ExerciseFailed, FAST)
 
 
-def default_cpu_budget() -> int:
-    """The budget the exercise uses, in cores: half the usable CPUs, at least 1."""
-    return max(1, usable_cpus() // 2)
-
-
-def _fail(problem: str, **kw: str) -> ExerciseFailed:
-    return ExerciseFailed(FAST, problem, **kw)
-
-
-# --------------------------------------------------------------------------------------
-# how the loader batches, and its first batch read as the fetcher reads it
-# --------------------------------------------------------------------------------------
+# ---- the first batch, read as the DataLoader's fetcher reads it ------------------------------
 def _per_batch(loader: DataLoader) -> int | None:
     """Samples per batch, or None when it cannot be told."""
     if loader.batch_sampler is not None:
@@ -67,27 +49,33 @@ def _per_batch(loader: DataLoader) -> int | None:
     return getattr(loader.sampler, "batch_size", None)
 
 
-def _first_indices(loader: DataLoader, batch_size: int) -> Any:
-    """What the fetcher gets for the first batch when read in order: ``[0, .., B-1]``, or, for
-    a loader without automatic batching, the first thing its sampler yields (checked)."""
-    indices = list(range(batch_size))
-    if loader.batch_sampler is not None:
-        return indices
-    first = next(iter(loader.sampler), None)
-    if not isinstance(first, (list, tuple)):
+def _first_indices(loader: DataLoader, batch_size: int) -> list[int]:
+    """``[0, .., B-1]``, after checking that a loader without automatic batching has a sampler
+    of lists of indices."""
+    if loader.batch_sampler is None and not isinstance(first := next(iter(loader.sampler), None),
+                                                         (list, tuple)):
         raise _fail("with batch_size=None the loader fetches one index at a time.",
                     expected=f"batches of {batch_size} samples, one dataset call per batch",
                     seen=f"the sampler yields {describe(first)}; each becomes a 'batch' as is",
                     hint="without automatic batching, dataset[...] receives exactly what the "
                          "sampler yields. Which sampler yields lists of indices?")
-    return indices
+    return list(range(batch_size))
+
+
+def _attempt(problem: str, fn: Callable[[], Any], hint: str) -> Any:
+    """``fn()``; an error (but NotImplementedError) fails the check with ``problem``."""
+    try:
+        return fn()
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        raise _fail(problem, seen=f"{type(exc).__name__}: {exc}"[:300], hint=hint) from exc
 
 
 def _fetch(loader: DataLoader, indices: list[int]) -> tuple[Any, Any]:
     """(what the dataset call returned, what collate_fn made of it) for ``indices``, in this
     process, as ``torch.utils.data._utils.fetch._MapDatasetFetcher`` does it."""
-    ds = loader.dataset
-    auto = loader.batch_sampler is not None
+    ds, auto = loader.dataset, loader.batch_sampler is not None
     getitems = getattr(ds, "__getitems__", None) if auto else None
     if not getitems and type(ds).__getitem__ is Dataset.__getitem__:
         call = "dataset[i] for every index" if auto else "dataset[indices] (__getitem__)"
@@ -98,39 +86,26 @@ def _fetch(loader: DataLoader, indices: list[int]) -> tuple[Any, Any]:
                     hint="read _MapDatasetFetcher.fetch in torch/utils/data/_utils/fetch.py: "
                          "which method does it call with batch_size=B, and which with "
                          "batch_size=None?")
-    try:
-        fetched = getitems(indices) if getitems else (
-            [ds[i] for i in indices] if auto else ds[indices])
-    except NotImplementedError:
-        raise
-    except Exception as exc:
-        raise _fail("fetching the first batch from your dataset failed.",
-                    seen=f"{type(exc).__name__}: {exc}"[:300],
-                    hint="call your dataset's fetch yourself on a few indices, e.g. "
-                         "ds.__getitems__([0, 1, 2]), and fix what it says.") from exc
-    try:
-        batch = loader.collate_fn(fetched)
-    except NotImplementedError:
-        raise
-    except Exception as exc:
-        given = ("what your __getitems__ returned" if getitems else "the fetched samples")
-        hint = ("collate_fn is default_collate, which takes its input for a list of samples "
-                "and stacks element 0 with element 1, ... What does it do with a batch that "
-                "is already made, and what should a collate_fn do with one?"
-                if loader.collate_fn is default_collate and getitems else
-                "call collate_fn on what your dataset returns, yourself, and fix what it says.")
-        raise _fail(f"collate_fn failed on {given}.", seen=f"{type(exc).__name__}: {exc}"[:300],
-                    hint=hint) from exc
-    return fetched, batch
+    fetched = _attempt("fetching the first batch from your dataset failed.", lambda: (
+        getitems(indices) if getitems else [ds[i] for i in indices] if auto else ds[indices]),
+        "call your dataset's fetch yourself on a few indices, e.g. ds.__getitems__([0, 1, 2]), "
+        "and fix what it says.")
+    hint = ("collate_fn is default_collate, which takes its input for a list of samples and "
+            "stacks element 0 with element 1, ... What does it do with a batch that is already "
+            "made, and what should a collate_fn do with one?"
+            if loader.collate_fn is default_collate and getitems else
+            "call collate_fn on what your dataset returns, yourself, and fix what it says.")
+    given = "what your __getitems__ returned" if getitems else "the fetched samples"
+    return fetched, _attempt(f"collate_fn failed on {given}.",
+                             lambda: loader.collate_fn(fetched), hint)
 
 
 def _check_batch(batch: Any, dataset: JpegDataset, indices: Sequence[int], size: int) -> None:
     """The batch of ``indices`` is (uint8 images equal to the reference's, int64 labels), in
     the order of the indices."""
-    batch_size = len(indices)
-    shape = (batch_size, 3, size, size)
+    shape = (len(indices), 3, size, size)
     want = (f"a tuple (images, labels): images a torch.uint8 tensor of shape {shape}, labels a "
-            f"torch.int64 tensor of shape ({batch_size},)")
+            f"torch.int64 tensor of shape ({len(indices)},)")
     if not isinstance(batch, (tuple, list)) or len(batch) != 2:
         raise _fail("a batch is not (images, labels).", expected=want, seen=describe(batch, 200))
     images, labels = batch
@@ -139,11 +114,11 @@ def _check_batch(batch: Any, dataset: JpegDataset, indices: Sequence[int], size:
                     seen=type(images).__name__,
                     hint="torch.from_numpy(array) makes a tensor that shares the array's memory.")
     if images.dtype != torch.uint8:
-        hint = ("keep uint8 until the end (lesson 01): convert to float on the device, for the "
-                "whole batch, in the training step - a float32 batch is 4x the bytes to make, "
-                "send between processes and copy.")
         raise _fail(f"the images are {images.dtype}, not torch.uint8.", expected=want,
-                    seen=f"{images.dtype}, shape {tuple(images.shape)}", hint=hint)
+                    seen=f"{images.dtype}, shape {tuple(images.shape)}",
+                    hint="keep uint8 until the end (lesson 01): convert to float on the device, "
+                         "for the whole batch, in the training step - a float32 batch is 4x the "
+                         "bytes to make, send between processes and copy.")
     if tuple(images.shape) != shape:
         raise _fail("the images have the wrong shape.", expected=f"{shape} (N, C, H, W)",
                     seen=str(tuple(images.shape)),
@@ -153,15 +128,15 @@ def _check_batch(batch: Any, dataset: JpegDataset, indices: Sequence[int], size:
     ref = torch.stack([ToTensorUint8(size)(dataset[i][0]) for i in indices])
     if not torch.equal(images, ref):
         diff = (images.int() - ref.int()).abs()
-        hint = ("the colour channels are in BGR order: OpenCV decodes to BGR; the check "
-                "wants RGB." if torch.equal(images, ref.flip(1)) else
-                "the reference decodes, resizes with cv2.resize(image, (size, size), "
-                "interpolation=cv2.INTER_LINEAR), RGB order, no normalisation: "
-                "ToTensorUint8(size)(dataset[i][0]). Compare one of your images with it.")
         raise _fail("the image values differ from the reference pipeline's.",
                     expected="images equal to ToTensorUint8(size)(dataset[i][0]) for sample i",
                     seen=f"{int((diff > 0).sum()):,} of {diff.numel():,} values differ (largest "
-                         f"difference {int(diff.max())})", hint=hint)
+                         f"difference {int(diff.max())})",
+                    hint="the colour channels are in BGR order: OpenCV decodes to BGR; the check "
+                         "wants RGB." if torch.equal(images, ref.flip(1)) else
+                         "the reference decodes, resizes with cv2.resize(image, (size, size), "
+                         "interpolation=cv2.INTER_LINEAR), RGB order, no normalisation: "
+                         "ToTensorUint8(size)(dataset[i][0]). Compare one of your images with it.")
     want_labels = torch.as_tensor(np.asarray(dataset.labels)[list(indices)], dtype=torch.int64)
     if not isinstance(labels, torch.Tensor) or labels.dtype != torch.int64 \
             or not torch.equal(labels, want_labels):
@@ -175,8 +150,7 @@ def _check_batch(batch: Any, dataset: JpegDataset, indices: Sequence[int], size:
 def _pointers(obj: Any) -> set[int]:
     """Start addresses of the tensors and arrays in ``obj`` and its first level of items."""
     out: set[int] = set()
-    items = list(obj) if isinstance(obj, (tuple, list)) and len(obj) <= 4 else []
-    for item in [obj] + items:
+    for item in [obj] + (list(obj) if isinstance(obj, (tuple, list)) and len(obj) <= 4 else []):
         if isinstance(item, torch.Tensor):
             out |= {item.data_ptr(), item.untyped_storage().data_ptr()}
         elif isinstance(item, np.ndarray):
@@ -214,19 +188,36 @@ def _check_one_fetch(loader: DataLoader, fetched: Any, images: torch.Tensor,
                          "what it is given? Do the images need to be contiguous in NCHW order?")
 
 
-# --------------------------------------------------------------------------------------
-# timing
-# --------------------------------------------------------------------------------------
-def _resampled(loader: DataLoader, batch_size: int, samples: int,
-               keep_workers: bool = False) -> DataLoader:
-    """The same loader (dataset, way of batching, collate, workers, worker init, prefetch,
-    persistence, pinning, start method), drawing ``samples`` random samples per epoch;
-    ``keep_workers``: its workers persist from one round to the next."""
+def _check_loader(loader: Any, batch_size: int) -> None:
+    """A map-style DataLoader batching ``batch_size``."""
+    if not isinstance(loader, DataLoader):
+        raise _fail("build_loader did not return a DataLoader.",
+                    expected="a torch.utils.data.DataLoader", seen=describe(loader, 200),
+                    hint="return DataLoader(...) itself, not a list of batches, an iterator or "
+                         "a generator: the training loop iterates it once per epoch.")
+    if isinstance(loader.dataset, IterableDataset):
+        raise _fail("the loader's dataset is an IterableDataset.",
+                    expected="a map-style Dataset (len and indexing), so the sampler can "
+                             "shuffle and the check can read the samples it chooses",
+                    seen=type(loader.dataset).__name__)
+    per_batch = _per_batch(loader)
+    if per_batch is not None and per_batch != batch_size:
+        raise _fail("the loader's batch size is not the one you were given.",
+                    expected=f"{batch_size} samples per batch (the model decides it)",
+                    seen=f"{per_batch} samples per batch",
+                    hint="use the batch_size argument of build_loader, wherever your loader "
+                         "decides how many indices make a batch.")
+
+
+# ---- speed and cores, side by side with the reference --------------------------------------
+def _resampled(loader: DataLoader, batch_size: int, samples: int, keep_workers: bool) -> DataLoader:
+    """The same loader (dataset, batching, collate, workers, worker init, prefetch, pinning,
+    start method) drawing ``samples`` random samples per epoch; ``keep_workers``: its workers
+    persist from one round to the next."""
     kwargs: dict[str, Any] = dict(num_workers=loader.num_workers, collate_fn=loader.collate_fn,
                                   pin_memory=loader.pin_memory)
     if loader.num_workers:
-        kwargs.update(worker_init_fn=loader.worker_init_fn,
-                      prefetch_factor=loader.prefetch_factor,
+        kwargs.update(worker_init_fn=loader.worker_init_fn, prefetch_factor=loader.prefetch_factor,
                       persistent_workers=loader.persistent_workers or keep_workers,
                       multiprocessing_context=loader.multiprocessing_context,
                       timeout=loader.timeout or WORKER_TIMEOUT_S)
@@ -240,14 +231,12 @@ def _resampled(loader: DataLoader, batch_size: int, samples: int,
 
 def _side_by_side(loader: DataLoader, reference: DataLoader, batch_size: int, window: int,
                   rounds: int) -> dict[str, list[Measurement]]:
-    """Interleaved measurements of both loaders: one of each per round, back to back."""
-    plans = []
-    # the reference keeps its workers between rounds: start-up is outside the timed window
-    # anyway (warm-up), and each round would otherwise start a worker (seconds under spawn)
-    for label, ld, keep in (("your loader", loader, False), ("reference", reference, True)):
-        warm = max(2, ld.num_workers * (ld.prefetch_factor or 2))
-        plans.append((label, warm, _resampled(ld, batch_size, (warm + window + 1) * batch_size,
-                                              keep_workers=keep)))
+    """Interleaved measurements of both loaders: one of each per round, back to back. The
+    reference keeps its workers between rounds (each round would otherwise start them again)."""
+    plans = [(label, default_warmup(ld), ld, keep) for label, ld, keep in
+             (("your loader", loader, False), ("reference", reference, True))]
+    plans = [(label, warm, _resampled(ld, batch_size, (warm + window + 1) * batch_size, keep))
+             for label, warm, ld, keep in plans]
     runs: dict[str, list[Measurement]] = {"your loader": [], "reference": []}
     for _ in range(rounds):
         for label, warm, ld in plans:
@@ -259,10 +248,9 @@ def _side_by_side(loader: DataLoader, reference: DataLoader, batch_size: int, wi
 def speed_verdict(answer_rates: Sequence[float], reference_rates: Sequence[float], *,
                   pass_ratio: float = PASS_RATIO,
                   slow_ratio: float = SLOW_RATIO) -> tuple[str, float]:
-    """("pass" | "re-run" | "slow", ratio) for the samples/s of interleaved rounds, the
-    answer's and the reference's in the same order. The ratio is the median of the per-round
-    ratios answer / reference: each round's pair ran back to back, so a drift of a busy machine
-    cancels out better than in the ratio of two medians, and one disturbed round does not count."""
+    """("pass" | "re-run" | "slow", ratio) for the samples/s of interleaved rounds: the median
+    of the per-round ratios answer / reference (a pair ran back to back, so a busy machine's
+    drift cancels out, and one disturbed round does not count)."""
     ratio = float(np.median([a / r if r > 0 else math.nan
                              for a, r in zip(answer_rates, reference_rates)] or [math.nan]))
     if not math.isfinite(ratio) or ratio < slow_ratio:
@@ -275,48 +263,20 @@ def over_cpu_budget(cores: float, budget: int) -> bool:
     return cores > budget + CPU_ALLOWANCE
 
 
-# --------------------------------------------------------------------------------------
-# the grader
-# --------------------------------------------------------------------------------------
-def _check_loader(loader: Any, batch_size: int) -> None:
-    """A map-style DataLoader, not built on the course's pipeline, batching ``batch_size``."""
-    if not isinstance(loader, DataLoader):
-        raise _fail("build_loader did not return a DataLoader.",
-                    expected="a torch.utils.data.DataLoader", seen=describe(loader, 200),
-                    hint="return DataLoader(...) itself, not a list of batches, an iterator or "
-                         "a generator: the training loop iterates it once per epoch.")
-    if isinstance(loader.dataset, IterableDataset):
-        raise _fail("the loader's dataset is an IterableDataset.",
-                    expected="a map-style Dataset (len and indexing), so the sampler can "
-                             "shuffle and the check can read the samples it chooses",
-                    seen=type(loader.dataset).__name__)
-    parts = (loader.dataset, loader.collate_fn, loader.sampler, loader.batch_sampler,
-             loader.worker_init_fn)
-    refuse_course_helper(FAST, parts, COURSE_HELPERS, write=_WRITE)
-    per_batch = _per_batch(loader)
-    if per_batch is not None and per_batch != batch_size:
-        raise _fail("the loader's batch size is not the one you were given.",
-                    expected=f"{batch_size} samples per batch (the model decides it)",
-                    seen=f"{per_batch} samples per batch",
-                    hint="use the batch_size argument of build_loader, wherever your loader "
-                         "decides how many indices make a batch.")
-
-
 @grader(FAST)
 def grade_fast_pipeline(build_loader: Callable[..., Any], *, cpu_budget: int | None = None,
                         batch_size: int = 32, size: int = 160, n_images: int | None = None,
                         batches: int | None = None, rounds: int = ROUNDS,
                         pass_ratio: float = PASS_RATIO,
                         slow_ratio: float = SLOW_RATIO) -> CheckResult:
-    """Check ``build_loader(dataset, batch_size=, size=, cpu_budget=)``: right samples made by
-    one fetch per batch, within the CPU budget (cores), at least ``pass_ratio`` of the
-    reference's samples/s measured side by side (:func:`speed_verdict`)."""
+    """``build_loader(dataset, batch_size=, size=, cpu_budget=)``: right samples made by one
+    fetch per batch, within the CPU budget (cores; default half the usable CPUs), at least
+    ``pass_ratio`` of the reference's samples/s measured side by side."""
     require_callable(FAST, build_loader, "a function build_loader(dataset, *, batch_size, size, "
                                          "cpu_budget) returning a DataLoader",
                      hint="pass the function itself, not what it returns: "
                           "check(\"06.fast_pipeline\", build_loader).")
-    refuse_course_helper(FAST, build_loader, COURSE_HELPERS, write=_WRITE)
-    k = default_cpu_budget() if cpu_budget is None else int(cpu_budget)
+    k = max(1, usable_cpus() // 2) if cpu_budget is None else int(cpu_budget)
     dataset = JpegDataset(n=pick(full=600, quick=240) if n_images is None else n_images,
                           min_side=200, max_side=480, seed=6)
     loader = build_loader(dataset, batch_size=batch_size, size=size, cpu_budget=k)
@@ -331,19 +291,17 @@ def grade_fast_pipeline(build_loader: Callable[..., Any], *, cpu_budget: int | N
                          "share the same cores (and the trainer's).")
 
     reference = tuned_loader(dataset, batch_size=batch_size, size=size, num_workers=k)
-    window = pick(full=40, quick=16) if batches is None else batches
-    runs = _side_by_side(loader, reference, batch_size, window, rounds)
+    runs = _side_by_side(loader, reference, batch_size,
+                         pick(full=40, quick=16) if batches is None else batches, rounds)
     verdict, ratio = speed_verdict([m.samples_per_s for m in runs["your loader"]],
                                    [m.samples_per_s for m in runs["reference"]],
                                    pass_ratio=pass_ratio, slow_ratio=slow_ratio)
     mine, ref = (Measurement.merge(runs[label]) for label in ("your loader", "reference"))
-    table = compare([ref, mine], baseline=0)
-    cores = (mine.cpu_s_per_sample or 0.0) * mine.samples_per_s
-    ref_cores = (ref.cpu_s_per_sample or 0.0) * ref.samples_per_s
+    cores, ref_cores = ((m.cpu_s_per_sample or 0.0) * m.samples_per_s for m in (mine, ref))
     seen = (f"your loader {mine.samples_per_s:,.0f} samples/s using {cores:.2f} cores; reference "
             f"{ref.samples_per_s:,.0f} samples/s using {ref_cores:.2f} cores ({ratio:.2f}x)")
     details = {"ratio": ratio, "cores": cores, "reference_cores": ref_cores, "cpu_budget": k,
-               "comparison": table.to_dict()}
+               "comparison": compare([ref, mine], baseline=0).to_dict()}
     if over_cpu_budget(cores, k):
         raise _fail(f"your loader kept {cores:.2f} cores busy; the budget is {k}.",
                     expected=f"at most {k} + {CPU_ALLOWANCE} cores (CPU-seconds per wall-second "
@@ -372,22 +330,17 @@ def grade_fast_pipeline(build_loader: Callable[..., Any], *, cpu_budget: int | N
                              f"using {cores:.2f} cores of a budget of {k}.", details)
 
 
-# --------------------------------------------------------------------------------------
-# step 1: the batched fetch alone
-# --------------------------------------------------------------------------------------
+# ---- step 1: the batched fetch alone -------------------------------------------------------
 BATCHED = "06.batched_fetch"
-#: indices out of order and not from 0, so that a fetch ignoring them shows
-STEP_INDICES = (5, 0, 9, 3)
 
 
 @grader(BATCHED)
 def grade_batched_fetch(answer: Callable[..., Any], *, size: int = 96) -> CheckResult:
-    """Step 1: ``JpegBatches(dataset, size).__getitems__(indices)`` returns ``(images, labels)``
-    for exactly those indices, in their order: uint8 images equal to the reference pipeline's,
-    int64 labels. No DataLoader, no workers: the fetch on its own, in this process."""
+    """Step 1: ``JpegBatches(dataset, size).__getitems__(indices)``, on indices out of order and
+    not from 0, returns ``(images, labels)`` for exactly those, in their order: uint8 images
+    equal to the reference pipeline's, int64 labels. No DataLoader, in this process."""
     require_callable(BATCHED, answer, "the class JpegBatches(dataset, size)",
                      hint="pass the class itself: check(\"06.batched_fetch\", JpegBatches).")
-    refuse_course_helper(BATCHED, answer, COURSE_HELPERS, write=_WRITE)
     dataset = JpegDataset(n=12, min_side=200, max_side=480, seed=6)
     batches = call_answer(BATCHED, answer, dataset, size, what=f"JpegBatches(dataset, {size})",
                           signature="JpegBatches(dataset, size)")
@@ -397,7 +350,7 @@ def grade_batched_fetch(answer: Callable[..., Any], *, size: int = 96) -> CheckR
                              seen=describe(batches),
                              hint="the DataLoader's fetcher calls dataset.__getitems__(indices) "
                                   "once per batch when the dataset has that method.")
-    indices = list(STEP_INDICES)
+    indices = [5, 0, 9, 3]
     batch = call_answer(BATCHED, batches.__getitems__, indices, what=f"__getitems__({indices})")
     try:
         _check_batch(batch, dataset, indices, size)

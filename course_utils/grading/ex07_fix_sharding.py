@@ -2,35 +2,27 @@
 correctly and reshuffles each epoch.
 
 It runs the function for every rank in this process (:func:`simulate_ranks`; fast, and enough to
-find most mistakes), then in 2 ranks started by ``torchrun``: the function's source (and what it
-uses from the notebook) goes into a temporary module the ranks import. Both times the dataset is
-an ``IndexDataset`` of :data:`N_SAMPLES` items (odd: 2 ranks cannot split it evenly) and the
-epochs are :data:`EPOCHS` (epoch 1 twice: a restart replays an epoch). From what the ranks drew:
-nothing dropped; no sample twice beyond ``DistributedSampler``'s padding; the same count on every
-rank (under DDP a rank with an extra batch waits for ever); a new order every epoch; a replayed
-epoch identical.
+find most mistakes), then in 2 ranks started by ``torchrun``, which import it from the module the
+exercise's ``%%writefile`` cell wrote. Both times the dataset is an ``IndexDataset`` of
+:data:`N_SAMPLES` items (odd: 2 ranks cannot split it evenly) and the epochs are :data:`EPOCHS`
+(epoch 1 twice: a restart replays an epoch). From what the ranks drew: nothing dropped; no sample
+twice beyond ``DistributedSampler``'s padding; the same count on every rank (under DDP a rank
+with an extra batch waits for ever); a new order every epoch; a replayed epoch identical.
 """
 from __future__ import annotations
 
-import builtins
-import dis
-import importlib
-import inspect
 import math
+import os
 import re
-import shutil
-import tempfile
+import sys
 import textwrap
-import types
-import uuid
-from pathlib import Path
 from typing import Any, Callable
 
 from course_utils.lessons.l07_scaling_out import (ShardingReport, sharding_report, shorten,
                                                simulate_ranks)
 from course_utils.tools.ddp.launch import DistributedError, launch
 
-from .checker import CheckResult, ExerciseFailed, grader
+from .checker import CheckResult, ExerciseFailed, describe, grader, require_signature
 
 SHARDING = "07.sharding"
 #: samples in the graded dataset: odd, so 2 ranks need one padding sample
@@ -39,130 +31,44 @@ WORLD_SIZE = 2
 #: the epochs each rank runs, in order; epoch 1 is replayed
 EPOCHS = (0, 1, 2, 1)
 
-_SIMPLE = (int, float, str, bytes, bool, type(None))
 
-
-def _global_names(code: types.CodeType) -> set[str]:
-    """Names the code reads as globals (not attribute names, which share co_names)."""
-    names = {ins.argval for ins in dis.get_instructions(code)
-             if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _global_names(const)
-    return names
-
-
-def _importable(obj: Any) -> tuple[str, str] | None:
-    """(module, qualname) when ``obj`` can be imported by name from a real module."""
-    module = getattr(obj, "__module__", None)
-    qualname = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
-    if not module or not qualname or module == "__main__" or "." in qualname or "<" in qualname:
-        return None
-    try:
-        found = getattr(importlib.import_module(module), qualname)
-    except Exception:
-        return None
-    return (module, qualname) if found is obj else None
-
-
-def function_module_source(fn: Callable, *, exercise: str = SHARDING) -> str:
-    """Python source of a module defining ``fn`` as the notebook did: its source, the source of
-    the notebook functions it calls, imports for what it uses from installed packages, and the
-    numbers/strings it reads. Anything else raises :class:`ExerciseFailed` naming the variable."""
-    lines: list[str] = ["# written by the course grader: the learner's function, for the ranks"]
-    bodies: list[str] = []
-    done: set[int] = set()
-
-    def source_of(f: Callable) -> str:
-        try:
-            src = inspect.getsource(f)
-        except (OSError, TypeError) as exc:
-            raise ExerciseFailed(
-                exercise, f"the source of {getattr(f, '__name__', f)!r} cannot be found, so it "
-                f"cannot be sent to the ranks ({exc}).",
-                expected="a function defined with `def` in a notebook cell or a .py file",
-                seen=repr(f),
-                hint="define it with `def make_epoch_loader(...):` in a cell and run that cell; "
-                     "functions made with exec() or typed at a console have no source.") from exc
-        return textwrap.dedent(src)
-
-    def add(f: Callable) -> None:
-        if id(f) in done:
-            return
-        done.add(id(f))
-        if getattr(f, "__closure__", None):
-            raise ExerciseFailed(
-                exercise, f"{f.__name__!r} is defined inside another function (it uses "
-                f"variables of the enclosing function), so it cannot be sent to the ranks.",
-                hint="define it at the top level of a cell; pass what it needs as constants.")
-        if f.__name__ == "<lambda>":
-            raise ExerciseFailed(exercise, "a lambda cannot be sent to the ranks.",
-                                 hint="define the function with `def`.")
-        glob = getattr(f, "__globals__", {})
-        for name in sorted(_global_names(f.__code__)):
-            if name not in glob or name == f.__name__:
-                continue
-            value = glob[name]
-            if isinstance(value, types.ModuleType):
-                lines.append(f"import {value.__name__}" if value.__name__ == name
-                             else f"import {value.__name__} as {name}")
-                continue
-            where = _importable(value)
-            if where is not None:
-                module, qualname = where
-                lines.append(f"from {module} import {qualname}" if qualname == name
-                             else f"from {module} import {qualname} as {name}")
-                continue
-            if isinstance(value, types.FunctionType):
-                add(value)
-                continue
-            if isinstance(value, _SIMPLE) or (isinstance(value, tuple)
-                                              and all(isinstance(v, _SIMPLE) for v in value)):
-                if isinstance(value, float) and not math.isfinite(value):
-                    lines.append(f"{name} = float({str(value)!r})")
-                else:
-                    lines.append(f"{name} = {value!r}")
-                continue
-            if hasattr(builtins, name):
-                continue
-            raise ExerciseFailed(
-                exercise, f"{f.__name__!r} uses the notebook variable {name!r} "
-                f"({type(value).__name__}), which cannot be sent to the ranks.",
-                expected="a function that uses only its arguments, imports, numbers/strings "
-                         "and other functions of the notebook",
-                seen=f"{name} = {value!r:.80}",
-                hint=f"build what {name!r} holds inside the function, from its arguments.")
-        bodies.append(source_of(f))
-
-    add(fn)
-    return "\n".join(dict.fromkeys(lines)) + "\n\n\n" + "\n\n".join(bodies)
+def module_of(fn: Callable) -> tuple[str, str]:
+    """(module name, folder to import it from) for a function the ranks can import by name."""
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    path = getattr(module, "__file__", None)
+    if module is None or module.__name__ == "__main__" or not path \
+            or getattr(module, fn.__name__, None) is not fn:
+        raise ExerciseFailed(
+            SHARDING, "the ranks cannot import make_epoch_loader: it is not a top-level function "
+                      "of a module.",
+            expected="make_epoch_loader defined with `def` in the module the %%writefile cell "
+                     "writes (exercise07_sharding.py), and imported from it",
+            seen=f"{getattr(fn, '__qualname__', fn)!r} in {getattr(fn, '__module__', None)!r}",
+            hint="the ranks are fresh processes: they import your function by its module and "
+                 "name, as lesson 07's ranks import lesson07_ddp.py. Run the %%writefile cell, "
+                 "then the cell that imports the function from it.")
+    return module.__name__, os.path.dirname(os.path.abspath(path))
 
 
 def _run_in_ranks(fn: Callable, *, timeout_s: float) -> tuple[list[dict], str]:
-    source = function_module_source(fn)
-    folder = Path(tempfile.mkdtemp(prefix="course_answer07_"))
-    module = f"course_answer07_{uuid.uuid4().hex[:8]}"
+    module, folder = module_of(fn)
     try:
-        (folder / f"{module}.py").write_text(source, encoding="utf-8")
-        try:
-            run = launch("learner", {"module": module, "name": fn.__name__, "n": N_SAMPLES,
-                                     "epochs": list(EPOCHS)}, nproc=WORLD_SIZE,
-                         timeout_s=timeout_s, backend="gloo", pythonpath=[str(folder)])
-        except DistributedError as exc:
-            err = next(iter(exc.rank_errors.values()), "")
-            if "NotImplementedError" in err:
-                raise NotImplementedError from exc
-            last = [l for l in err.strip().splitlines() if l.strip()][-1:] or ["(no traceback)"]
-            raise ExerciseFailed(
-                SHARDING, "make_epoch_loader failed in the ranks started by torchrun.",
-                expected="the same result as in this process",
-                seen=last[0] if not exc.timed_out else "the ranks did not finish in time",
-                hint="the ranks are fresh processes: the function may use only its arguments, "
-                     "imports and constants. The ranks' output:\n"
-                     + textwrap.indent(str(exc)[-1500:], "      ")) from exc
-        return run.ranks, run.backend
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        run = launch("learner", {"module": module, "name": fn.__name__, "n": N_SAMPLES,
+                                 "epochs": list(EPOCHS)}, nproc=WORLD_SIZE,
+                     timeout_s=timeout_s, backend="gloo", pythonpath=[folder])
+    except DistributedError as exc:
+        err = next(iter(exc.rank_errors.values()), "")
+        if "NotImplementedError" in err:
+            raise NotImplementedError from exc
+        last = [l for l in err.strip().splitlines() if l.strip()][-1:] or ["(no traceback)"]
+        raise ExerciseFailed(
+            SHARDING, "make_epoch_loader failed in the ranks started by torchrun.",
+            expected="the same result as in this process",
+            seen=last[0] if not exc.timed_out else "the ranks did not finish in time",
+            hint="the ranks are fresh processes that import your module: it must hold "
+                 "everything the function uses. The ranks' output:\n"
+                 + textwrap.indent(str(exc)[-1500:], "      ")) from exc
+    return run.ranks, run.backend
 
 
 def judge(report: ShardingReport, where: str) -> str:
@@ -271,23 +177,12 @@ def grade_sharding(make_epoch_loader: Any, *, torchrun: bool = True,
                    timeout_s: float = 180) -> CheckResult:
     """Grade ``make_epoch_loader(dataset, epoch, rank, world_size)`` (see the module docstring).
     ``torchrun=False`` skips the real run (the in-process simulation only; used in tests)."""
-    if not callable(make_epoch_loader) or isinstance(make_epoch_loader, type):
-        raise ExerciseFailed(
-            SHARDING, "the answer is not a function.",
-            expected="make_epoch_loader, a function (dataset, epoch, rank, world_size) -> loader",
-            seen=f"{type(make_epoch_loader).__name__}: {make_epoch_loader!r:.80}",
-            hint="pass the function itself: check('07.sharding', make_epoch_loader) - no "
-                 "parentheses after its name.")
-    try:
-        params = list(inspect.signature(make_epoch_loader).parameters.values())
-    except (TypeError, ValueError):
-        params = None
-    if params is not None and len(params) < 4 and not any(p.kind == p.VAR_POSITIONAL for p in params):
-        names = [p.name for p in params]
-        raise ExerciseFailed(
-            SHARDING, f"make_epoch_loader takes {len(names)} argument(s) {names}.",
-            expected="4 arguments: (dataset, epoch, rank, world_size)", seen=str(names),
-            hint="the grader calls make_epoch_loader(dataset, epoch, rank, world_size).")
+    if isinstance(make_epoch_loader, type) or not callable(make_epoch_loader):
+        raise ExerciseFailed(SHARDING, "the answer is not a function.", seen=describe(make_epoch_loader),
+                             expected="make_epoch_loader(dataset, epoch, rank, world_size) -> loader",
+                             hint="pass the function itself, without calling it.")
+    require_signature(SHARDING, make_epoch_loader, "make_epoch_loader does not take 4 arguments.",
+                      "make_epoch_loader(dataset, epoch, rank, world_size)", 0, 0, 0, 2)
     records = None
     try:
         records = simulate_ranks(make_epoch_loader, N_SAMPLES, WORLD_SIZE, EPOCHS)

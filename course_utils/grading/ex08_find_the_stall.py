@@ -2,7 +2,7 @@
 and "h2d copy" spans inside the counted ``ProfilerStep#N`` steps, over those steps' time, after
 the first ``warmup_steps`` in time order) and ``bottleneck(...)`` ("data" above ``threshold``).
 Checked on synthetic Chrome traces where each plausible mistake gives its own value and
-message, and on two loops profiled here; the grader's reference is refused.
+message, and on two loops profiled here.
 """
 from __future__ import annotations
 
@@ -22,8 +22,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 from torch.utils.data import DataLoader, Dataset
 
-from .checker import (CheckResult, ExerciseFailed, call_answer, describe, grader,
-                      refuse_course_helper, require_callable)
+from .checker import CheckResult, ExerciseFailed, call_answer, describe, grader, require_callable
 
 WAIT = "08.wait_fraction"
 STALL = "08.stall"
@@ -34,36 +33,21 @@ TOLERANCE = 1e-3          # synthetic traces: the answer is exact up to float ro
 REAL_TOLERANCE = 0.01     # real traces: the same events, so only rounding differs
 
 
-# --------------------------------------------------------------------------------------------
-# the grader's reference (refused as an answer)
-# --------------------------------------------------------------------------------------------
-
 #: On CUDA every annotation is recorded twice; this category is the GPU-side copy.
 GPU_COPY = "gpu_user_annotation"
 
 
-def _steps(events: Sequence[dict]) -> list[dict]:
-    return sorted((e for e in events if e.get("ph") == "X"
-                   and str(e.get("name", "")).startswith("ProfilerStep#")), key=lambda e: e["ts"])
-
-
 def _reference_fraction(events: Sequence[dict], warmup_steps: int = 1) -> float:
-    """Wait in "fetch" + "h2d copy" over the counted ProfilerStep spans' time (0..1), CPU side."""
-    events = [e for e in events if e.get("cat") != GPU_COPY]
-    counted = _steps(events)[warmup_steps:]
+    """The grader's reference: wait in "fetch" + "h2d copy" over the counted ProfilerStep spans'
+    time (0..1), CPU side."""
+    events = [e for e in events if e.get("cat") != GPU_COPY and e.get("ph") == "X"]
+    counted = sorted((e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")),
+                     key=lambda e: e["ts"])[warmup_steps:]
     if not counted:
         raise ValueError(f"warmup_steps={warmup_steps} leaves no step to count.")
-    wait = sum(e["dur"] for e in events if e.get("ph") == "X" and e.get("name") in WAIT_NAMES
+    wait = sum(e["dur"] for e in events if e.get("name") in WAIT_NAMES
                and any(s["ts"] <= e["ts"] < s["ts"] + s["dur"] for s in counted))
     return wait / sum(s["dur"] for s in counted)
-
-
-def _reference_bottleneck(events: Sequence[dict], warmup_steps: int = 1,
-                          threshold: float = 0.10) -> str:
-    return "data" if _reference_fraction(events, warmup_steps) > threshold else "compute"
-
-
-REFERENCE = (_reference_fraction, _reference_bottleneck)
 
 
 # --------------------------------------------------------------------------------------------
@@ -197,8 +181,7 @@ class SleepyBatches(Dataset):
         return self.n
 
     def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        if self.delay_s:
-            time.sleep(self.delay_s)
+        time.sleep(self.delay_s)
         return np.full((4, 3, 8, 8), float(i), dtype=np.float32), np.arange(4) % 10
 
 
@@ -207,9 +190,13 @@ def as_is(batch: Any) -> Any:
     return batch
 
 
-def profile_loop(loader: DataLoader, step: Callable[[Any], Any], steps: int) -> list[dict]:
-    """The trace events of ``steps + 1`` recorded steps; the first holds the workers' start-up
-    (``iter`` and the first ``next`` inside its "fetch" span), as when a whole loop is profiled."""
+def profile_loop(delay_s: float, step_s: float, steps: int) -> list[dict]:
+    """The trace events of ``steps + 1`` recorded steps of a loop whose loader sleeps
+    ``delay_s`` per batch (in 1 worker) and whose step sleeps ``step_s``; the first step holds
+    the worker's start-up (``iter`` and the first ``next`` in its "fetch"), as when a whole loop
+    is profiled."""
+    loader = DataLoader(SleepyBatches(steps + 4, delay_s), batch_size=None, collate_fn=as_is,
+                        num_workers=1, timeout=120)
     sched = schedule(wait=0, warmup=1, active=steps + 1, repeat=1)
     it = None
     with tempfile.TemporaryDirectory(prefix="course08_") as tmp:
@@ -218,13 +205,13 @@ def profile_loop(loader: DataLoader, step: Callable[[Any], Any], steps: int) -> 
                 prof.step()                         # the profiler's own warm-up: nothing in it
                 for _ in range(steps + 1):
                     with record_function("fetch"):
-                        if it is None:
-                            it = iter(loader)       # start-up inside the first recorded step
+                        it = iter(loader) if it is None else it
                         images, labels = next(it)
                     with record_function("h2d copy"):
                         batch = torch.as_tensor(images), torch.as_tensor(labels)
                     with record_function("step"):
-                        step(batch)
+                        batch[0].sum()
+                        time.sleep(step_s)
                     prof.step()
         finally:
             del it
@@ -234,20 +221,13 @@ def profile_loop(loader: DataLoader, step: Callable[[Any], Any], steps: int) -> 
             return json.load(fh)["traceEvents"]
 
 
-def _step(batch: Any, sleep_s: float = 0.0) -> None:
-    batch[0].sum()
-    time.sleep(sleep_s)                              # "training"
-
-
 @functools.lru_cache(maxsize=1)
 def real_traces(steps: int = 8) -> tuple[dict, ...]:
     """Two loops profiled here (cached per process): a data-bound and a compute-bound one."""
     out = []
-    for name, delay, sleep_s in (("a loader that sleeps 30 ms per batch, a fast step", 0.03, 0.0),
-                                 ("a ready loader, a step that takes 50 ms", 0.0, 0.05)):
-        loader = DataLoader(SleepyBatches(steps + 4, delay), batch_size=None, collate_fn=as_is,
-                            num_workers=1, timeout=120)
-        events = profile_loop(loader, functools.partial(_step, sleep_s=sleep_s), steps)
+    for name, delay_s, step_s in (("a loader that sleeps 30 ms per batch, a fast step", 0.03, 0.0),
+                                  ("a ready loader, a step that takes 50 ms", 0.0, 0.05)):
+        events = profile_loop(delay_s, step_s, steps)
         out.append({"name": name, "warmup_steps": 1, "events": events,
                     "answer": _reference_fraction(events, 1)})
     return tuple(out)
@@ -306,13 +286,6 @@ def _judge(value: float, answer: float, mistakes: dict[str, float], where: str, 
              "first `warmup_steps` in time order. Print what you add up for each step.")
 
 
-def _check_function(answer: Any, exercise: str, what: str) -> None:
-    require_callable(exercise, answer, what)
-    refuse_course_helper(exercise, answer, REFERENCE,
-                         write="pick the ProfilerStep, 'fetch' and 'h2d copy' spans out of the "
-                               "events and add up their 'dur' yourself")
-
-
 # --------------------------------------------------------------------------------------------
 # the graders
 # --------------------------------------------------------------------------------------------
@@ -321,7 +294,7 @@ def _check_function(answer: Any, exercise: str, what: str) -> None:
 def grade_wait_fraction(data_wait_fraction: Callable[..., Any], *, real: bool = True) -> CheckResult:
     """Check ``data_wait_fraction(events, warmup_steps=1)`` on synthetic and real traces."""
     signature = "data_wait_fraction(events, warmup_steps=1)"
-    _check_function(data_wait_fraction, WAIT, signature)
+    require_callable(WAIT, data_wait_fraction, signature)
 
     def cases() -> Iterator[tuple[str, dict, dict[str, float], float]]:
         for case in synthetic_cases():
@@ -346,7 +319,7 @@ def grade_wait_fraction(data_wait_fraction: Callable[..., Any], *, real: bool = 
 def grade_bottleneck(bottleneck: Callable[..., Any], *, real: bool = True) -> CheckResult:
     """Check ``bottleneck(events, warmup_steps=1, threshold=0.10)`` names the held-back loops."""
     signature = "bottleneck(events, warmup_steps=1, threshold=0.10)"
-    _check_function(bottleneck, STALL, signature)
+    require_callable(STALL, bottleneck, signature)
     # (what, events, warmup_steps, threshold, fraction)
     trials = [(c["name"], c["events"], c["warmup_steps"], 0.10, c["answer"])
               for c in synthetic_cases()]

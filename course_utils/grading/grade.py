@@ -92,10 +92,10 @@ def _failure_message(longrepr: str) -> str:
     return "\n".join(tail[-3:])
 
 
-def read_notebook(path: str | os.PathLike, *, argument: str = "path") -> dict:
-    """The notebook at ``path`` as a dict; errors name ``argument`` and say what to pass."""
+def read_notebook(path: str | os.PathLike) -> dict:
+    """The notebook at ``path`` as a dict; an error names the path and says what to pass."""
     nb_path = Path(path)
-    where = f"{argument} {str(path)!r}"
+    where = f"NOTEBOOK {str(path)!r}"
     if not nb_path.exists():
         raise FileNotFoundError(f"{where} does not exist; pass a notebook path like {_EXAMPLE}.")
     if nb_path.is_dir():
@@ -120,18 +120,10 @@ def read_notebook(path: str | os.PathLike, *, argument: str = "path") -> dict:
     return notebook
 
 
-def grade_notebook(path: str | os.PathLike, *, cell_timeout: int = 600) -> NotebookGrade:
-    """Run ``path`` through ``pytest --nbval-lax`` and return the grade per exercise (a path that
-    is not a readable notebook raises before anything runs)."""
-    return grade_notebooks([path], cell_timeout=cell_timeout)[0]
-
-
 def grade_notebooks(paths: list[str | os.PathLike], *, cell_timeout: int = 600) -> list[NotebookGrade]:
     """Grade every notebook of ``paths`` in one ``pytest --nbval-lax`` run (each in its own fresh
     kernel, one after another) and return one grade per path, in order; a path that is not a
-    readable notebook raises before anything runs. One run saves pytest's start-up per notebook."""
-    if not paths:
-        raise ValueError("paths is empty; pass at least one notebook, e.g. [" + repr(_EXAMPLE) + "].")
+    readable notebook raises (OSError, ValueError) before anything runs."""
     nb_paths = [Path(p) for p in paths]
     checks = {p: exercise_cells(read_notebook(p)) for p in nb_paths}
     real = {p: os.path.realpath(p) for p in nb_paths}       # how the report names each notebook

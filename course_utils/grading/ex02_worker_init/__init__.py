@@ -3,11 +3,10 @@ giving every pool of a worker ``max(1, cpu_budget // num_workers)`` threads, and
 ``fork``. It runs in real DataLoaders (:data:`RUNS`), forked after this process used OpenCV,
 BLAS and torch, and in fresh workers; each worker reports its pools before and after the answer
 and after real work, and a hung worker dumps where it was stuck. Pools that start at the
-expected size are named as not checked; the course's ``make_worker_init`` is refused.
+expected size are named as not checked.
 """
 from __future__ import annotations
 
-import inspect
 import multiprocessing
 import pickle
 import re
@@ -15,11 +14,10 @@ from typing import Any, Callable
 
 import cv2
 
-from course_utils.threads import (THREAD_ENV_VARS, ThreadPools, WorkerThreadLimiter, is_torch_openmp,
-                                  limit_threads, make_worker_init)
+from course_utils.threads import THREAD_ENV_VARS, ThreadPools, is_torch_openmp
 
-from ..checker import (CheckResult, ExerciseFailed, call_answer, grader, refuse_course_helper,
-                       require_callable)
+from ..checker import (CheckResult, ExerciseFailed, call_answer, grader, refuse_course_code,
+                       require_callable, require_signature)
 from .workers import EXERCISE, Hung, run_in_workers, stuck_frames, use_parent_pools, with_code
 
 from .share import SHARE, grade_share      # step 1: the share alone (importing registers it)
@@ -34,10 +32,6 @@ _WHY_MODULE = ("spawn and forkserver workers receive the worker_init_fn by pickl
                "only a module and a name, and they cannot import a notebook (__main__): lesson 00 "
                "showed it. Write make_budget_init and what it returns into a module with a "
                "%%writefile cell, as lesson 02 did with lesson02_workers.py, and import it.")
-
-#: the course's versions of the answer, refused (see refuse_course_helper)
-_COURSE_LIMITERS = (make_worker_init, WorkerThreadLimiter, limit_threads)
-_WRITE = "in your worker_init_fn, size each library's pool in the worker with that library's own call"
 
 _FIX = ("each library's own control over its running pool: threadpoolctl reaches the "
         "BLAS/OpenMP pools (for the worker's whole life, so not in a with-block), and OpenCV "
@@ -127,17 +121,6 @@ def _not_shown(before: ThreadPools, expect: int) -> list[str]:
     return [name for name, n in before.pools.items() if n == expect and name not in skip]
 
 
-def _takes_one(fn: Callable, problem: str, expected: str, label: str) -> None:
-    """Fail with ``problem`` unless ``fn`` can be called with one positional argument."""
-    try:
-        inspect.signature(fn).bind(0)
-    except TypeError:
-        raise ExerciseFailed(EXERCISE, problem, expected=expected,
-                             seen=f"{label} has the signature {inspect.signature(fn)}") from None
-    except ValueError:
-        pass  # builtins without a signature: let the real call decide
-
-
 def _init_for(answer: Callable[[int], Any], budget: int) -> Callable[[int], Any]:
     """``answer(budget)``, checked to be a worker_init_fn spawn/forkserver workers can receive."""
     name = getattr(answer, "__name__", "make_budget_init")
@@ -145,9 +128,9 @@ def _init_for(answer: Callable[[int], Any], budget: int) -> Callable[[int], Any]
     if not callable(init):
         raise ExerciseFailed(EXERCISE, f"{name}({budget}) returned {type(init).__name__}, not a "
                                        f"worker_init_fn.", expected="a callable taking the worker id")
-    refuse_course_helper(EXERCISE, init, _COURSE_LIMITERS, write=_WRITE)
-    _takes_one(init, "a worker_init_fn is called with one argument, the worker id.",
-               f"{name}({budget})(worker_id)", f"{name}({budget})")
+    refuse_course_code(EXERCISE, init)
+    require_signature(EXERCISE, init, "a worker_init_fn is called with one argument, the worker "
+                      "id.", f"{name}({budget})(worker_id)", 0)
     try:  # a notebook's function or class is found by pickle here, but not in fresh workers
         data = b"__main__" if getattr(init, "__module__", None) == "__main__" else pickle.dumps(init)
     except Exception as exc:
@@ -301,9 +284,8 @@ def grade_worker_init(answer: Callable[[int], Any], *, timeout_s: float = 20.0,
     a worker that does not answer in time fails the check with the place it was stuck.
     """
     require_callable(EXERCISE, answer, "a function make_budget_init(cpu_budget)")
-    refuse_course_helper(EXERCISE, answer, _COURSE_LIMITERS, write=_WRITE)
-    _takes_one(answer, "make_budget_init is called with one argument, the CPU budget.",
-               "def make_budget_init(cpu_budget): ...", getattr(answer, "__name__", "the answer"))
+    require_signature(EXERCISE, answer, "make_budget_init is called with one argument, the CPU "
+                      "budget.", "def make_budget_init(cpu_budget): ...", 7)
     methods = multiprocessing.get_all_start_methods()
     fresh = "forkserver" if "forkserver" in methods else "spawn"
     plan = [(fresh if m == "fresh" else m, int(b), int(w)) for m, b, w in runs]

@@ -3,10 +3,10 @@ each pool of one worker gets. A pure function, checked on cases in and just outs
 the share is whole threads (integer division), never below 1, and 1 in a forked worker."""
 from __future__ import annotations
 
-import inspect
 from typing import Any, Callable
 
-from ..checker import CheckResult, ExerciseFailed, call_answer, grader, require_callable
+from ..checker import (CheckResult, ExerciseFailed, call_answer, grader, require_callable,
+                       require_signature)
 
 SHARE = "02.share"
 
@@ -48,14 +48,8 @@ def grade_share(answer: Callable[[int, int, bool], int]) -> CheckResult:
     """Call ``answer(cpu_budget, num_workers, forked)`` on :data:`CASES`; each must return the
     expected int."""
     require_callable(SHARE, answer, "a function thread_share(cpu_budget, num_workers, forked)")
-    try:
-        inspect.signature(answer).bind(1, 1, False)
-    except TypeError:
-        raise ExerciseFailed(SHARE, "thread_share takes three arguments.",
-                             expected="def thread_share(cpu_budget, num_workers, forked): ...",
-                             seen=f"the signature {inspect.signature(answer)}") from None
-    except ValueError:
-        pass                                    # no signature to read: let the call decide
+    require_signature(SHARE, answer, "thread_share takes three arguments.",
+                      "def thread_share(cpu_budget, num_workers, forked): ...", 1, 1, False)
     for args, want in CASES:
         call = f"thread_share({', '.join(map(repr, args))})"
         got = call_answer(SHARE, answer, *args, what=call)
