@@ -1,20 +1,13 @@
 """Shared-memory batches that DataLoader workers reuse once the main process has let go of them.
 
-A worker sends its batch to the main process in shared memory. The lessons' loader fills plain
-memory, which the DataLoader copies into a fresh segment when it sends it, and a fresh segment
-pays its page faults every time: the first write to each page makes the kernel find and zero a
-new one. ``bench``'s loaders reuse segments instead (``bench``'s "shipping only" row measures
-what sending the batches costs on your machine): each worker keeps :data:`SLOTS` segments and
-writes its next batch into one that is free. :class:`ReusedSegments` adds that to a
-:class:`~course_utils.pipelines.BatchedDecode` dataset.
-
-Free is checked, never assumed. When a batch is unpickled in the main process,
-:func:`_received` keeps a weak reference to its storage; a segment goes back to its worker only
-when that storage is gone (no tensor, view or NumPy array of the batch is left). A batch that a
-training loop keeps is never overwritten. With no free segment, the worker allocates a fresh
-one, as before. Workers unpickle this module, so it lives in the package. It uses a private
-torch call (``UntypedStorage._new_shared``, as ``default_collate`` does), which is why it is a
-tool and not what the lessons' loader does.
+A worker sends its batch in shared memory. The lessons' loader fills plain memory, which the
+DataLoader copies into a fresh segment, paying a page fault for every page each time; ``bench``'s
+loaders reuse segments instead (its "shipping only" row measures what sending costs): each worker
+keeps :data:`SLOTS` segments and writes its next batch into a free one (:class:`ReusedSegments`).
+Free is checked, never assumed: the main process watches each batch's storage through a weak
+reference (:func:`_received`) and frees its slot only once no tensor, view or array of it is
+left; with no free slot the worker allocates a fresh segment. It uses a private torch call
+(``UntypedStorage._new_shared``, as ``default_collate`` does), so it is a tool, not the lessons'.
 """
 from __future__ import annotations
 
@@ -33,8 +26,8 @@ SLOTS = 4
 
 
 class _Ring:
-    """One worker's segments and their free flags (1: free), a shared tensor that the main
-    process writes; it travels with the ring's first batch only (one fd fewer per batch)."""
+    """One worker's segments and their free flags (1: free; a shared tensor the main process
+    writes, sent with the ring's first batch only)."""
 
     def __init__(self) -> None:
         self.pid = os.getpid()
@@ -49,9 +42,9 @@ _ring: _Ring | None = None
 
 
 def shared_uint8(nbytes: int) -> tuple[torch.Tensor, int | None]:
-    """A flat uint8 tensor of ``nbytes`` for a batch, and its slot: in a DataLoader worker, a
-    free reused segment (slot 0 .. SLOTS-1) or a fresh one (slot None); elsewhere plain memory
-    (slot None). Return the batch through :func:`slot_batch` so that the slot comes back."""
+    """A flat uint8 tensor of ``nbytes`` and its slot: in a worker a free reused segment (slot
+    0..SLOTS-1) or a fresh one (None); elsewhere plain memory (None). Return the batch through
+    :func:`slot_batch` so that the slot comes back."""
     global _ring
     if get_worker_info() is None:
         return torch.empty(nbytes, dtype=torch.uint8), None
@@ -69,16 +62,14 @@ def shared_uint8(nbytes: int) -> tuple[torch.Tensor, int | None]:
 
 
 def slot_batch(items: tuple, slot: int | None) -> tuple:
-    """The batch tuple ``(images, *rest)`` for ``__getitems__`` to return, ``images`` on the
-    segment of ``slot`` (from :func:`shared_uint8`). Sent from a worker, it arrives in the main
-    process as a plain tuple whose slot is freed once the images are gone."""
+    """The tuple ``(images, *rest)`` for ``__getitems__`` to return, ``images`` on ``slot``'s
+    segment: it arrives in the main process as a plain tuple, its slot freed once it is gone."""
     return tuple(items) if slot is None else _SlotBatch(items, slot)
 
 
 class ReusedSegments:
-    """Put before a :class:`~course_utils.pipelines.BatchedDecode` subclass in the bases: its
-    ``__getitems__`` batches go on the worker's reused segments (``class D(ReusedSegments,
-    BatchedJpegDataset)``). The values are the same; only where the bytes live changes."""
+    """Put before a :class:`~course_utils.pipelines.BatchedDecode` subclass in the bases
+    (``class D(ReusedSegments, BatchedJpegDataset)``): the same batches, on reused segments."""
 
     size: int
 
@@ -94,8 +85,8 @@ class ReusedSegments:
 
 
 class _SlotBatch(tuple):
-    """A batch tuple that pickles as :func:`_received` of its images, its ``rest`` by value (the
-    small labels: one shared-memory segment fewer per batch) and its ring's key and slot."""
+    """A batch tuple that pickles as :func:`_received` of its images, its ``rest`` by value (one
+    segment fewer per batch) and its ring's key and slot."""
 
     def __new__(cls, items: tuple, slot: int) -> "_SlotBatch":
         batch = super().__new__(cls, items)

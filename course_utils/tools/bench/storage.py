@@ -1,10 +1,8 @@
-"""Images as files on disk, the way learners keep them: folders, the page cache, a packed store.
-
-:func:`write_image_folder` (the ``ImageFolder`` layout torchvision and the course's loaders
-read), :func:`reduced_decode_flag`, :func:`evict_from_page_cache` (a "cold" read measures the
-disk, not memory; ``bench`` uses it) and :class:`PackedStore`, the FFCV idea: every image
-decoded and resized once into one uint8 file read back through ``np.memmap``. Workers unpickle
-:class:`PackedStoreDataset`, so it lives in the package.
+"""Images as files on disk, the way learners keep them: :func:`write_image_folder` (the
+``ImageFolder`` layout), :func:`reduced_decode_flag`, :func:`evict_from_page_cache` (a "cold" read
+times the disk, not memory) and :class:`PackedStore`, the FFCV idea: every image decoded and
+resized once into one uint8 file, read back through ``np.memmap`` (workers unpickle
+:class:`PackedStoreDataset`, so it lives in the package).
 """
 from __future__ import annotations
 
@@ -33,25 +31,19 @@ _REDUCED = ((8, cv2.IMREAD_REDUCED_COLOR_8), (4, cv2.IMREAD_REDUCED_COLOR_4),
             (2, cv2.IMREAD_REDUCED_COLOR_2))
 
 
-def default_folder_root() -> Path:
-    """Where the course writes its image folders: ``<temp dir>/feed-the-gpu``."""
-    return Path(tempfile.gettempdir()) / "feed-the-gpu"
-
-
 def write_image_folder(base: JpegDataset, root: PathLike | None = None) -> Path:
-    """Write ``base``'s JPEG bytes as files, ``root/c<label>/<index:06d>.jpg``; return the folder.
-
-    ``root`` defaults to one named after the dataset's settings, reused when it holds the same
-    dataset. Files are fsynced (so their pages can be evicted) into a sibling folder renamed
-    into place, so two notebooks writing the same folder never see half of it.
-    """
+    """Write ``base``'s JPEG bytes as ``root/c<label>/<index:06d>.jpg``; return the folder.
+    ``root`` defaults to ``<temp dir>/feed-the-gpu/jpegs-<settings>``, reused when it holds the
+    same dataset. Files are fsynced (so their pages can be evicted) into a sibling folder renamed
+    into place: two notebooks writing the same folder never see half of it."""
     if not isinstance(base, JpegDataset):
         raise TypeError(f"base must be a course JpegDataset (its .encoded(i) bytes are written), "
                         f"got {type(base).__name__}.")
     settings = {"n": base.n, "seed": base.seed, "quality": base.quality,
                 "min_side": base.min_side, "max_side": base.max_side, "nbytes": base.nbytes}
     if root is None:
-        root = default_folder_root() / ("jpegs-" + "-".join(f"{k}{v}" for k, v in settings.items()))
+        name = "jpegs-" + "-".join(f"{k}{v}" for k, v in settings.items())
+        root = Path(tempfile.gettempdir()) / "feed-the-gpu" / name
     root = Path(root).expanduser()
     marker = root / MARKER
     if marker.exists():
@@ -136,10 +128,9 @@ def reduced_decode_flag(data: bytes | np.ndarray, size: int) -> int:
 
 
 def evict_from_page_cache(paths: Sequence[PathLike]) -> bool:
-    """Ask the OS to drop the cached pages of ``paths`` (``posix_fadvise DONTNEED``, after an
-    ``fsync``: only clean pages are dropped); False where Python has no ``posix_fadvise``
-    (macOS, Windows). A VM's host may still cache the disk, so "cold" is measured, not assumed.
-    """
+    """Ask the OS to drop the cached pages of ``paths`` (``fsync``, then ``posix_fadvise
+    DONTNEED``); False where Python has no ``posix_fadvise`` (macOS, Windows). A VM's host may
+    still cache the disk: "cold" is measured, not assumed."""
     if not hasattr(os, "posix_fadvise"):
         return False
     for path in paths:
@@ -153,18 +144,15 @@ def evict_from_page_cache(paths: Sequence[PathLike]) -> bool:
 
 
 class PackedStore:
-    """One uint8 ``.npy`` file of decoded, resized images (N x S x S x 3, RGB) plus a
-    ``.labels.npy``: read back as a memory-mapped gather (no decode, pages shared by every
-    worker). The price: the decoded bytes on disk (the dataset's describe() prints how many times
-    the JPEG bytes), and no crop of the full-size original.
-    """
+    """One uint8 ``.npy`` file of decoded, resized images (N x S x S x 3, RGB) and a
+    ``.labels.npy``, read back as a memory-mapped gather (no decode, pages shared by every
+    worker). The price: the decoded bytes on disk, and no crop of the full-size original."""
 
     def __init__(self, path: PathLike) -> None:
         self.path = Path(path)
         if not self.path.exists():
             raise FileNotFoundError(f"path={str(self.path)!r}: no packed store there; write one "
                                     f"with PackedStore.write(base, path, size).")
-        self.labels_path = self.path.with_suffix(".labels.npy")
 
     @classmethod
     def write(cls, base: JpegDataset, path: PathLike, size: int = 224) -> "PackedStore":
@@ -195,9 +183,8 @@ class PackedStore:
 
 class PackedStoreDataset(Dataset):
     """Batches gathered from a :class:`PackedStore`: ``__getitems__`` returns (N x 3 x S x S uint8,
-    labels) in channels_last memory (``collate_fn=keep_batch``); memory-mapped in each worker,
-    or (``in_memory=True``) read into RAM first: the gather a memmap is compared with.
-    """
+    labels) in channels_last memory (``collate_fn=keep_batch``); memory-mapped in each worker, or
+    (``in_memory=True``) read into RAM first: the gather a memmap is compared with."""
 
     def __init__(self, path: PathLike, in_memory: bool = False) -> None:
         self.path, self.in_memory = str(path), bool(in_memory)

@@ -1,30 +1,24 @@
-"""Tune a DataLoader on this machine within a time budget (lesson 06).
+"""Tune a DataLoader on this machine within a time budget (lesson 06): :func:`tune_loader`.
 
-:func:`tune_loader` runs a coordinate search of fixed structure, each stage starting from the
-best settings so far, then measures the best side by side with the common recipe and with
-DataLoader defaults and recommends that side by side's winner (a baseline, when one wins):
+A coordinate search of fixed structure, each stage starting from the best so far:
 
 1. ``num_workers`` 0, 1, 2, ...: stops after :data:`LADDER_FALLS` rungs in a row below
-   :data:`LADDER_FALL_FRACTION` of the best (two, because one worker is often slower than none
-   before two are faster).
-2. ``batch_size`` doublings up, then halvings down; each stops at its first falling rung.
-3. ``prefetch_factor`` 1 and 4, and ``persistent_workers=True``.
-4. ``pin_memory=True`` only where CUDA exists (pinning pays off only in the copy to the GPU);
-   more threads per worker only where ``num_workers x threads`` fits in the usable CPUs.
+   :data:`LADDER_FALL_FRACTION` of the best (one worker is often slower than none);
+2. ``batch_size`` doublings up, then halvings down, each stopping at its first falling rung;
+3. ``prefetch_factor`` 1 and 4, and ``persistent_workers=True``;
+4. ``pin_memory=True`` only with CUDA; more threads per worker only where they fit the CPUs.
 
-A trial is a probe window (:data:`PROBE_FRACTION` of a full one) and, unless the probe scores
-below :data:`PROBE_THRESHOLD` of the best, a full window (:mod:`course_utils.tools.tune.window`);
-the score is :func:`~course_utils.tools.tune.result.epoch_score`. The budget (wall seconds) covers
-everything, ``COMPARE_SHARE`` of it the side by side; a trial starts only when its estimated
-time fits, and what did not is listed in :attr:`TuningResult.not_tried`. Ctrl-C shuts every
-worker down (``finally`` blocks) and raises :class:`TuningInterrupted` with what was measured.
+A trial is a probe window (:data:`PROBE_FRACTION` of a full one) and, unless it scores below
+:data:`PROBE_THRESHOLD` of the best, a full window (:mod:`.window`), scored by
+:func:`~.result.epoch_score`. The budget (wall seconds) covers everything, :data:`COMPARE_SHARE`
+of it the side by side with the baselines (:mod:`.side_by_side`), whose winner is recommended; a
+trial starts only when its estimate fits (the rest: ``not_tried``). Ctrl-C stops every worker and
+raises :class:`TuningInterrupted` with what was measured.
 """
 from __future__ import annotations
 
 import gc
-import math
 import multiprocessing
-import numbers
 import os
 import time
 from dataclasses import dataclass, field
@@ -32,11 +26,12 @@ from typing import Any, Callable, Iterable, Sequence
 
 from torch.utils.data import DataLoader, Dataset
 
-from course_utils.checks import check_folder, check_int
+from course_utils.checks import check_folder, check_int, check_seconds
 from course_utils.config import pick
 from course_utils.data import JpegDataset, ToTensorUint8
 from course_utils.image_folder import ImageFolderDataset
 from course_utils.machine import start_method, usable_cpus
+from course_utils.measurement import Measurement
 from course_utils.pipelines import BatchedJpegDataset, keep_batch
 from course_utils.scaling import default_worker_counts
 from course_utils.timing import default_warmup
@@ -134,16 +129,6 @@ def _pipeline(data: Any, size: int, n_images: int | None, progress: bool = True)
 
 # ---- the search ----------------------------------------------------------------------
 
-def _check_budget(budget_s: Any) -> float:
-    if isinstance(budget_s, bool) or not isinstance(budget_s, numbers.Real) \
-            or not math.isfinite(budget_s):
-        raise TypeError(f"budget_s must be a number of seconds, got {budget_s!r}; pass e.g. 60.")
-    if budget_s < MIN_BUDGET_S:
-        raise ValueError(f"budget_s={budget_s!r} is too small to try anything (the first trial "
-                         f"needs about {MIN_BUDGET_S:g} s); pass e.g. budget_s=60.")
-    return float(budget_s)
-
-
 def _check_int_list(name: str, values: Any, lo: int) -> list[int] | None:
     if values is None:
         return None
@@ -156,7 +141,7 @@ def _check_int_list(name: str, values: Any, lo: int) -> list[int] | None:
 
 
 class _Search:
-    """The state of one tuning run (kept out of the public API)."""
+    """The state of one tuning run."""
 
     def __init__(self, pipe: _Pipeline, *, budget_s: float, search_s: float, epoch_samples: int,
                  device: Any, consumer: tuple[Callable[[Any], Any] | None, str],
@@ -192,13 +177,16 @@ class _Search:
         return max(full, key=lambda t: t.score) if full else None
 
     def plan(self, s: LoaderSettings) -> tuple[int, int, int]:
-        """(warm-up, probe, full) batches for ``s``: the warm-up covers every batch the workers
-        hold in flight; the full window lasts about ``trial_s`` at the best rate so far."""
+        """(warm-up, probe, full) batches for ``s``: the engine's warm-up; a full window lasts
+        about ``trial_s`` seconds at the best rate so far."""
         warm = default_warmup(s)
         if self.rate_est is None:   # the first trial calibrates: a few batches
             return warm, 2, 4
         full = max(2, round(self.rate_est * self.trial_s / s.batch_size))
         return warm, max(1, round(PROBE_FRACTION * full)), full
+
+    def score(self, s: LoaderSettings, m: Measurement, startup_s: float) -> float:
+        return epoch_score(m.samples_per_s, startup_s, s.batch_size, self.epoch_samples)
 
     def estimate_s(self, s: LoaderSettings, plan: tuple[int, int, int]) -> float:
         warm, probe, full = plan
@@ -230,14 +218,14 @@ class _Search:
         trial = Trial(len(self.trials) + 1, stage, s, "full")
         try:
             parts = [measure_window(timed, probe, s.label())]
-            score1 = pooled(parts, s.label(), s.batch_size, self.epoch_samples)[2]
             best = self.best_trial
-            if best is not None and score1 < PROBE_THRESHOLD * best.score:
+            if best is not None and self.score(s, *pooled(parts, s.label())) < \
+                    PROBE_THRESHOLD * best.score:
                 trial.status = "stopped after probe"
             else:
                 parts.append(measure_window(timed, full, s.label()))
-            trial.measurement, trial.startup_s, trial.score = pooled(
-                parts, s.label(), s.batch_size, self.epoch_samples)
+            trial.measurement, trial.startup_s = pooled(parts, s.label())
+            trial.score = self.score(s, trial.measurement, trial.startup_s)
         except Exception as exc:  # one broken setting must not end the search
             if not self.trials:
                 raise
@@ -374,19 +362,20 @@ def tune_loader(data: Any = None, *, budget_s: float = 60.0, batch_size: int | N
                 step_s: float | None = None, step: Callable[[Any], Any] | None = None,
                 n_images: int | None = None, compare_with_baselines: bool = True,
                 device: Any = "auto", progress: bool = True) -> TuningResult:
-    """Find fast DataLoader settings for ``data`` on this machine within ``budget_s`` seconds.
+    """Fast DataLoader settings for ``data`` on this machine, found within ``budget_s`` seconds.
 
-    ``data``: None (the course's JPEG dataset, ``n_images`` images), a folder of images, a
-    JpegDataset or ImageFolderDataset (decoded to ``size`` x ``size`` uint8), or any map-style
-    Dataset (used as it is). ``batch_size``: where the batch-size ladder starts (default 64,
-    quick mode 32), and the baselines' batch size; ``batch_sizes=[batch_size]`` keeps it fixed.
-    ``epoch_samples``: the epoch length the score assumes (default: the dataset's length).
-    ``step_s``: seconds of sleep per batch, standing for a GPU training step that leaves the CPU
-    free; ``step``: instead, your training step called on each batch. ``device``: "auto" (CUDA
-    when available: batches are copied there and ``pin_memory`` is tried), None/"cpu", or a
-    device. Ctrl-C raises :class:`TuningInterrupted` (``.result``: what was measured so far).
+    ``data``: None (the course's JPEGs, ``n_images`` of them), a folder of images, a JpegDataset or
+    ImageFolderDataset (decoded to ``size`` x ``size`` uint8), or any map-style Dataset (as is).
+    ``batch_size``: where the batch-size ladder starts (default 64, quick mode 32) and the
+    baselines'; ``epoch_samples``: the epoch the score assumes (default: the dataset's length).
+    The consumer of each batch: ``step_s`` seconds of sleep (a GPU step leaving the CPU free) or
+    ``step(batch)``. ``device``: "auto" (CUDA when available: batches are copied there and
+    ``pin_memory`` is tried), or None. Ctrl-C raises :class:`TuningInterrupted`.
     """
-    budget_s = _check_budget(budget_s)
+    budget_s = check_seconds("budget_s", budget_s, "tune_loader")
+    if budget_s < MIN_BUDGET_S:
+        raise ValueError(f"budget_s={budget_s!r} is too small to try anything (the first trial "
+                         f"needs about {MIN_BUDGET_S:g} s); pass e.g. budget_s=60.")
     size = check_int("size", size, 1, maximum=8192, hint=" Pass e.g. size=224 (pixels).")
     batch_size = check_int("batch_size", pick(full=64, quick=32) if batch_size is None
                            else batch_size, 1, hint=" Pass e.g. batch_size=64.")

@@ -68,7 +68,7 @@ class SideBySide:
                                    - spent_per_round) / len(self.entries)
                 for label, _, context in self.entries:
                     t, parts = timed[label], self.runs[label]
-                    rate = pooled(parts, label, 1, 1)[0].samples_per_s if parts else 0.0
+                    rate = pooled(parts, label)[0].samples_per_s if parts else 0.0
                     batches = max(min_batches, round(window_s * rate / t.batch_size))
                     with context():
                         parts.append(measure_window(t, batches, label))
@@ -83,7 +83,7 @@ class SideBySide:
         has a window."""
         if not all(self.runs.values()):
             return None
-        pooled_rows = {label: pooled(parts, label, 1, 1) for label, parts in self.runs.items()}
-        return (compare([m for m, _, _ in pooled_rows.values()],
-                        baseline=RECIPE_LABEL if RECIPE_LABEL in pooled_rows else 0),
-                {label: startup for label, (_, startup, _) in pooled_rows.items()})
+        rows = {label: pooled(parts, label) for label, parts in self.runs.items()}
+        return (compare([m for m, _ in rows.values()],
+                        baseline=RECIPE_LABEL if RECIPE_LABEL in rows else 0),
+                {label: startup for label, (_, startup) in rows.items()})

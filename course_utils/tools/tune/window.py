@@ -32,15 +32,14 @@ from course_utils.measurement import Measurement
 from course_utils.process_tree import stop_workers
 from course_utils.timing import default_warmup, measure_loader
 
-from .result import epoch_score
 
 #: seconds a DataLoader waits for one batch from a worker before it gives up (a hung worker)
 WORKER_TIMEOUT_S = 120
 
 
 class Draws(Sampler):
-    """Random indices over ``n`` items (shuffled passes, one after another), ``length`` per
-    epoch: set before each window, so that the window ends its epoch (nothing left in flight)."""
+    """Random indices over ``n`` items (shuffled passes, one after another), ``length`` per epoch:
+    set before each window, so that the window ends its epoch."""
 
     def __init__(self, n: int) -> None:
         self.n, self.length = n, n
@@ -58,10 +57,8 @@ class Draws(Sampler):
 
 def drop_fd_sharer_resets(exc_type: type[BaseException], exc: BaseException,
                           tb: types.TracebackType | None) -> None:
-    """``sys.excepthook`` in a tuner worker. Multiprocessing's fd-sharing thread (it hands the
-    main process each batch's shared memory) catches every error itself and passes it to
-    ``sys.excepthook``; after Ctrl-C has ended the main process mid-handover it meets a closed
-    connection: not news, so not printed. Anything else is."""
+    """``sys.excepthook`` in a tuner worker: multiprocessing's fd-sharing thread meets a closed
+    connection once Ctrl-C ended the main process mid-handover; not news, so not printed."""
     if issubclass(exc_type, (ConnectionError, EOFError)) and any(
             frame.f_code.co_filename.endswith("resource_sharer.py")
             for frame, _ in traceback.walk_tb(tb)):
@@ -70,8 +67,8 @@ def drop_fd_sharer_resets(exc_type: type[BaseException], exc: BaseException,
 
 
 class QuietInit:
-    """A worker_init_fn that leaves Ctrl-C to the main process (a terminal sends SIGINT to
-    every process of the group; the main process stops the workers), then runs ``fn``."""
+    """A worker_init_fn that leaves Ctrl-C (a terminal sends it to the whole process group) to the
+    main process, which stops the workers; then runs ``fn``."""
 
     def __init__(self, fn: Callable[[int], None] | None) -> None:
         self.fn = fn
@@ -85,10 +82,9 @@ class QuietInit:
 
 @contextmanager
 def sigint_deferred() -> Iterator[None]:
-    """Ctrl-C held back while workers start, raised when the block ends. SIGINT is blocked in
-    this thread: workers inherit the mask (through exec too, under spawn; the forkserver too)
-    and never see it. In the main thread a Ctrl-C delivered meanwhile to another thread is only
-    noted: an iterator interrupted half-built could not be shut down."""
+    """Ctrl-C held back while workers start or stop, raised when the block ends: SIGINT is
+    blocked in this thread (workers inherit the mask, through exec too), and in the main thread
+    one delivered to another thread is only noted (a half-built iterator cannot be shut down)."""
     noted: list[bool] = []
     main = threading.current_thread() is threading.main_thread()
     old_handler = signal.signal(signal.SIGINT, lambda *_: noted.append(True)) if main else None
@@ -107,8 +103,8 @@ def sigint_deferred() -> Iterator[None]:
 
 @contextmanager
 def quiet_loader_warnings() -> Iterator[None]:
-    """DataLoader's warnings that the tuner's own settings cause (pin_memory without CUDA,
-    more workers than CPUs: the common recipe's 4) are not shown while it measures."""
+    """DataLoader's warnings about the tuner's own settings (pin_memory without CUDA, more workers
+    than CPUs) are not shown while it measures."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*pin_memory.*")
         warnings.filterwarnings("ignore", message="This DataLoader will create")
@@ -116,8 +112,7 @@ def quiet_loader_warnings() -> Iterator[None]:
 
 
 def rebuilt(loader: DataLoader) -> DataLoader:
-    """``loader`` again with a :class:`Draws` sampler, a worker timeout, and workers deaf to
-    Ctrl-C."""
+    """``loader`` again with a :class:`Draws` sampler, a worker timeout, workers deaf to Ctrl-C."""
     kwargs: dict[str, Any] = dict(batch_size=loader.batch_size, num_workers=loader.num_workers,
                                   collate_fn=loader.collate_fn, pin_memory=loader.pin_memory)
     if loader.num_workers:
@@ -198,16 +193,15 @@ def measure_window(timed: Timed, batches: int, label: str) -> tuple[Measurement,
     return m, timed.startups[-1]
 
 
-def pooled(parts: list[tuple[Measurement, float]], label: str, batch_size: int,
-           epoch_samples: int) -> tuple[Measurement, float, float]:
-    """The windows of one setting pooled: (Measurement, median start-up s, epoch score)."""
-    merged = Measurement.merge([m for m, _ in parts], label=label)
-    startup = statistics.median(s for _, s in parts)
-    return merged, startup, epoch_score(merged.samples_per_s, startup, batch_size, epoch_samples)
+def pooled(parts: list[tuple[Measurement, float]], label: str) -> tuple[Measurement, float]:
+    """The windows of one setting pooled: (their repeats as one Measurement, median start-up s)."""
+    return (Measurement.merge([m for m, _ in parts], label=label),
+            statistics.median(s for _, s in parts))
 
 
 def make_consumer(step_s: Any, step: Any) -> tuple[Callable[[Any], Any] | None, str]:
-    """The consumer of each batch and its description (module docstring)."""
+    """The consumer of each batch (a sleep of ``step_s`` seconds, or ``step(batch)``) and its
+    description."""
     if step is not None and step_s is not None:
         raise ValueError("give step_s (seconds your training step takes per batch) or step (a "
                          "function called on each batch), not both.")
@@ -229,8 +223,7 @@ def make_consumer(step_s: Any, step: Any) -> tuple[Callable[[Any], Any] | None, 
 
 
 def consumer_device(device: Any) -> str | None:
-    """The CUDA device each batch is copied to before the consumer ("auto": CUDA when
-    available), or None (no copy: "cpu" or None)."""
+    """The CUDA device each batch is copied to ("auto": CUDA when available), or None (no copy)."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else None
     if device is None or torch.device(device).type == "cpu":
