@@ -122,7 +122,6 @@ class Measurement:
                    max(known("peak_pss_bytes"), default=None), first.settings, first.machine,
                    list(dict.fromkeys(w for p in parts for w in p.notes)))
 
-    # -- derived from times_s ----------------------------------------------------------
     @property
     def repeats(self) -> int:
         return len(self.times_s)
@@ -241,13 +240,6 @@ class Comparison:
         if base == 0:
             return math.inf if value > 0 else math.nan
         return value / base
-
-    def best(self, metric: str = "samples_per_s") -> Measurement:
-        """The best row for ``metric``: the highest samples/s, the lowest of any other metric."""
-        rows = [m for m in self.rows if m.metric(metric) is not None]
-        if not rows:
-            raise ValueError(f"{metric} was not measured for any row.")
-        return (max if metric == "samples_per_s" else min)(rows, key=lambda m: m.metric(metric))
 
     def _ratio_text(self, i: int, metric: str) -> str:
         try:

@@ -17,6 +17,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+import cv2
 import numpy as np
 import threadpoolctl
 import torch
@@ -38,37 +39,18 @@ THREAD_ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
 _HINT = " It is a number of threads: 1 makes every pool sequential."
 
 
-def _cv2(import_if_missing: bool = True) -> Any:
-    """OpenCV's module, or None where it is not installed (or, ``import_if_missing=False``, not
-    imported yet)."""
-    if not import_if_missing:
-        return sys.modules.get("cv2")
-    try:
-        import cv2  # lazy: OpenCV is imported only where a pool is read or set
-    except ImportError:
-        return None
-    return cv2
-
-
-def _set_opencv_threads(n: int, *, import_if_missing: bool = True) -> None:
+def _set_opencv_threads(n: int) -> None:
     """Ask OpenCV for ``n`` threads; ``n <= 1`` as 0, "sequential" (1 joins the pool's threads,
-    which hangs in a fork), and not at all when it reads 1 already. An OpenCV not imported yet is
-    left to ``OPENCV_FOR_THREADS_NUM`` when ``import_if_missing=False``."""
-    cv2 = _cv2(import_if_missing)
-    if cv2 is not None and not (n <= 1 and int(cv2.getNumThreads()) <= 1):
+    which hangs in a fork), and not at all when it reads 1 already."""
+    if not (n <= 1 and int(cv2.getNumThreads()) <= 1):
         cv2.setNumThreads(0 if n <= 1 else int(n))
 
 
 def opencv_parallel_framework(build_information: str | None = None) -> str | None:
     """The framework OpenCV's pool runs on ("pthreads", "OpenMP", "TBB (ver ...)", ...): the
     "Parallel framework:" line of ``build_information`` (default: ``cv2.getBuildInformation()``);
-    None without OpenCV or such a line."""
-    if build_information is None:
-        cv2 = _cv2()
-        if cv2 is None:
-            return None
-        build_information = cv2.getBuildInformation()
-    for line in build_information.splitlines():
+    None without such a line."""
+    for line in (build_information or cv2.getBuildInformation()).splitlines():
         key, sep, value = line.partition(":")
         if sep and key.strip().lower() == "parallel framework":
             return value.strip() or None
@@ -86,11 +68,6 @@ def is_torch_openmp(entry: dict) -> bool:
     path = os.path.realpath(str(entry.get("filepath") or ""))
     torch_dir = os.path.realpath(os.path.dirname(torch.__file__))
     return entry.get("user_api") == "openmp" and path.startswith(torch_dir + os.sep)
-
-
-def _opencv_threads() -> int | None:
-    cv2 = _cv2()
-    return None if cv2 is None else int(cv2.getNumThreads())
 
 
 @dataclass
@@ -150,11 +127,10 @@ class ThreadPools:
 def thread_pools() -> ThreadPools:
     """This process's (or DataLoader worker's) thread pools; changes nothing."""
     watch_forks()
-    opencv = _opencv_threads()  # imports cv2 first, so threadpoolctl also sees its BLAS
     info = get_worker_info()
     keys = ("user_api", "internal_api", "num_threads", "filepath", "prefix", "version")
     return ThreadPools(torch_intra=int(torch.get_num_threads()),
-                       torch_interop=int(torch.get_num_interop_threads()), opencv=opencv,
+                       torch_interop=int(torch.get_num_interop_threads()), opencv=int(cv2.getNumThreads()),
                        blas=[{k: lib.get(k) for k in keys} for lib in threadpoolctl.threadpool_info()],
                        pid=os.getpid(), worker_id=None if info is None else int(info.id),
                        os_threads=count_os_threads(),
@@ -181,7 +157,7 @@ class limit_threads(contextlib.ContextDecorator):
                                "each with-block (e.g. `with limit_threads(1):`).")
         watch_forks()
         refuse_unsafe_fork(self.n, f"limit_threads({self.n})")
-        saved = (torch.get_num_threads(), _opencv_threads())
+        saved = (torch.get_num_threads(), int(cv2.getNumThreads()))
         _set_opencv_threads(self.n)  # first, as in WorkerThreadLimiter (before BLAS threads)
         self._saved = (*saved, threadpoolctl.threadpool_limits(limits=self.n))
         torch.set_num_threads(self.n)
@@ -194,8 +170,7 @@ class limit_threads(contextlib.ContextDecorator):
             # threadpoolctl first (it also resets torch's OpenMP runtime), then torch's own
             blas.restore_original_limits()
             torch.set_num_threads(saved_torch)
-            if saved_opencv is not None:
-                _set_opencv_threads(saved_opencv)
+            _set_opencv_threads(saved_opencv)
         return False
 
     def __repr__(self) -> str:
@@ -253,8 +228,7 @@ class WorkerThreadLimiter:
                 gc.freeze()
             if self.set_env:
                 os.environ.update({var: str(n) for var in THREAD_ENV_VARS})
-            # a forked worker whose parent never imported OpenCV: OPENCV_FOR_THREADS_NUM sizes it
-            _set_opencv_threads(n, import_if_missing=not (forked and self.set_env))
+            _set_opencv_threads(n)
             _worker_limits.append(threadpoolctl.threadpool_limits(limits=n))
             torch.set_num_threads(n)
         if self.seed is not None:
@@ -265,10 +239,9 @@ class WorkerThreadLimiter:
         return f"WorkerThreadLimiter(n_threads={self.n_threads}, seed={self.seed})"
 
 
-def make_worker_init(n_threads: int = 1, seed: int | None = None, *, set_env: bool = True) -> WorkerThreadLimiter:
-    """A picklable ``worker_init_fn`` limiting every pool in each worker to ``n_threads``
-    (:class:`WorkerThreadLimiter`); lesson 02 writes the mechanism in full."""
-    return WorkerThreadLimiter(n_threads, seed, set_env=set_env)
+#: ``make_worker_init(n_threads=1, seed=None, *, set_env=True)``: the worker_init_fn lesson 02
+#: writes in full, as the package's one class.
+make_worker_init = WorkerThreadLimiter
 
 
 class _PoolProbe(Dataset):
@@ -324,19 +297,16 @@ def pools_in_workers(worker_init_fn: Callable[[int], None] | None = None, num_wo
     try:   # the DataLoader hands index i to worker i % num_workers: one item per worker
         answers = [ThreadPools.from_dict(item) for item in iterator]
     except RuntimeError as exc:
-        if "timed out" in str(exc):
-            raise RuntimeError(f"pools_in_workers: a DataLoader worker (start method {method!r}) "
-                               f"did not answer within timeout_s={timeout_s} s. It is stuck in "
-                               f"worker_init_fn (a thread pool resized in a forked worker can "
-                               f"hang) or still starting up. Try multiprocessing_context="
-                               f"'forkserver' or 'spawn', a simpler worker_init_fn, or a larger "
-                               f"timeout_s.") from exc
-        if "exited unexpectedly" in str(exc):
-            raise RuntimeError(f"pools_in_workers: a DataLoader worker (start method {method!r}) "
-                               f"died. Under 'spawn'/'forkserver' this usually means it could not "
-                               f"import or unpickle the dataset or worker_init_fn; look at the "
-                               f"worker's error printed above. Original error: {exc}") from exc
-        raise
+        why = ("did not answer within timeout_s={timeout_s} s: stuck in worker_init_fn (a pool "
+               "resized in a forked worker can hang) or still starting. Try multiprocessing_context="
+               "'forkserver' or 'spawn', a simpler worker_init_fn or a larger timeout_s" if "timed out"
+               in str(exc) else "died: under 'spawn'/'forkserver' it could not import or unpickle the "
+               "dataset or worker_init_fn (its error is printed above)" if "exited unexpectedly"
+               in str(exc) else None)
+        if why is None:
+            raise
+        raise RuntimeError(f"pools_in_workers: a DataLoader worker (start method {method!r}) "
+                           f"{why.format(timeout_s=timeout_s)}. Original error: {exc}") from exc
     finally:
         stop_workers(iterator)
     answers.sort(key=lambda p: -1 if p.worker_id is None else p.worker_id)

@@ -28,7 +28,7 @@ import torch
 from .checks import check_int
 from .config import pick
 from .device import move_to_device, synchronize, synchronizer
-from .measurement import Measurement, fmt_time, jsonable
+from .measurement import Measurement, fmt_time
 from .process_tree import TreeMonitor, loader_worker_pids, stop_workers
 from .start_methods import start_method
 
@@ -181,7 +181,12 @@ def window_warnings(loader: Any, warmup: int, timed: int, what: str = "batches")
 
 def _plan(loader: Any, timed: int | None, warmup: int | None, what: str) -> tuple[int, int | None, bool]:
     """(warm-up, batches to time per repeat or None for the rest of the epoch, whether both were
-    left to the defaults); an epoch too short for them is refused here when its length is known."""
+    left to the defaults), the arguments checked; an epoch known to be too short is refused."""
+    if not hasattr(loader, "__iter__"):
+        raise TypeError(f"loader must be iterable (e.g. a torch.utils.data.DataLoader), got "
+                        f"{type(loader).__name__}.")
+    check_int(what, timed, 1, allow_none=True)
+    check_int(f"warmup_{what}", warmup, 0, allow_none=True)
     by_default = timed is None and warmup is None
     warmup = default_warmup(loader) if warmup is None else warmup
     try:
@@ -208,19 +213,21 @@ def _plan(loader: Any, timed: int | None, warmup: int | None, what: str) -> tupl
     return warmup, timed, by_default
 
 
-_END = object()
-
-
-def _next(it: Any, pulled: int, warmup: int, asked: int | None, what: str) -> Any:
-    """next(it); at the epoch's end :data:`_END` where the window runs to it, else an error."""
-    try:
-        return next(it)
-    except StopIteration:
-        if pulled >= warmup and asked is None:
-            return _END
-        asked_text = "" if pulled < warmup else f" + {what}={asked}"
-        raise ValueError(f"the loader ran out after {pulled} batches of warmup_{what}={warmup}"
-                         f"{asked_text}: ask for fewer, or use a loader with more batches.") from None
+def _batches(it: Any, warmup: int, n_timed: int | None, asked: int | None, what: str) -> Any:
+    """``warmup`` batches of ``it``, then up to ``n_timed`` more (None: to the epoch's end); an
+    epoch that ends sooner is an error, unless warm-up is done and no count was ``asked``."""
+    pulled = 0
+    while n_timed is None or pulled < warmup + n_timed:
+        try:
+            batch = next(it)
+        except StopIteration:
+            if pulled >= warmup and asked is None:
+                return
+            asked_text = "" if pulled < warmup else f" + {what}={asked}"
+            raise ValueError(f"the loader ran out after {pulled} batches of warmup_{what}={warmup}"
+                             f"{asked_text}: ask for fewer, or use a loader with more batches.") from None
+        pulled += 1
+        yield batch
 
 
 def _check_window(timed: int, samples: int, warmup: int, by_default: bool, what: str) -> None:
@@ -253,14 +260,9 @@ def measure_loader(loader: Iterable, *, batches: int | None = None,
     clock of the module header (``batches`` default: the rest of the epoch, exactly
     :data:`MIN_TIMED_BATCHES` in quick mode). ``settings`` is merged over the loader's own. CPU
     is this process's and this loader's workers' (any other iterator: every child process's)."""
-    if not hasattr(loader, "__iter__"):
-        raise TypeError(f"loader must be iterable (e.g. a torch.utils.data.DataLoader), got "
-                        f"{type(loader).__name__}.")
-    check_int("batches", batches, 1, allow_none=True)
-    check_int("warmup_batches", warmup_batches, 0, allow_none=True)
     check_int("repeats", repeats, 1)
-    all_settings = _loader_settings(loader) | _check_settings(settings)
     warmup, n_timed, by_default = _plan(loader, batches, warmup_batches, "batches")
+    all_settings = _loader_settings(loader) | _check_settings(settings)
     if label is None:
         label = (f"{type(loader).__name__}(num_workers={loader.num_workers}, batch_size="
                  f"{getattr(loader, 'batch_size', None)})" if hasattr(loader, "num_workers")
@@ -270,42 +272,35 @@ def measure_loader(loader: Iterable, *, batches: int | None = None,
 
     bar = tqdm(total=None if n_timed is None else repeats * n_timed, disable=not progress,
                desc=str(label)[:40], unit="batch", leave=False)
-    monitor, times, counts, timed_counts, windows = TreeMonitor(), [], [], [], []
+    monitor, times, runs, windows = TreeMonitor(), [], [], []   # runs: batch sizes per repeat
     try:
         for _ in range(repeats):
             it = iter(loader)  # starts the workers (unless persistent and already running)
             try:
                 monitor.roots = loader_worker_pids(it)   # this loader's workers, not another's
-                procs = monitor.list_tree()
-                for i in range(warmup):
-                    _next(it, i, warmup, batches, "batches")
+                procs, pull = monitor.list_tree(), _batches(it, warmup, n_timed, batches, "batches")
+                for _ in zip(range(warmup), pull):
+                    pass
                 monitor.start(procs)   # the workers keep working: keep this gap short
-                before = monitor.snapshot()
-                samples = timed = 0
+                before, sizes = monitor.snapshot(), []
                 t0 = _now()
-                while n_timed is None or timed < n_timed:
-                    batch = _next(it, warmup + timed, warmup, batches, "batches")
-                    if batch is _END:
-                        break
-                    timed += 1
-                    samples += batch_size_of(batch)
+                for batch in pull:
+                    sizes.append(batch_size_of(batch))
                     bar.update(1)
                 t1 = _now()
                 after = monitor.snapshot(fresh=True)
             finally:
                 monitor.stop()
-                batch = None
+                batch = pull = None
                 stop_workers(it, loader)  # outside the timed window; a Ctrl-C now is raised
-                del it
-            _check_window(timed, samples, warmup, by_default, "batches")
+            _check_window(len(sizes), sum(sizes), warmup, by_default, "batches")
             times.append(t1 - t0)
-            counts.append(samples)
-            timed_counts.append(timed)
+            runs.append(sizes)
             windows.append(monitor.window(before, after))
     finally:
         bar.close()
 
-    notes = window_warnings(loader, warmup, min(timed_counts))
+    notes, counts = window_warnings(loader, warmup, min(map(len, runs))), [sum(r) for r in runs]
     if len(set(counts)) > 1:   # every repeat scaled to the first repeat's samples
         times = [t * counts[0] / c for t, c in zip(times, counts)]
         notes.append(f"repeats timed different numbers of samples ({counts}); times were "
@@ -354,10 +349,6 @@ class DataWait:
         """Median seconds of a whole iteration, wait and step."""
         return float(np.median(self.iteration_s))
 
-    def to_dict(self) -> dict:
-        return jsonable({"steps": self.steps, "wait_s": self.wait_s, "step_s": self.step_s,
-                         "wait_fraction": self.wait_fraction})
-
     def __str__(self) -> str:
         return (f"data wait: {self.wait_fraction:.0%} of the loop's time (median wait "
                 f"{fmt_time(self.median_wait_s)}, median step {fmt_time(self.median_step_s)} "
@@ -371,41 +362,30 @@ def measure_data_wait(loader: Iterable, step_fn: Callable[[Any], Any], *,
     ``device`` when given) and the step. The warm-up and window are :func:`measure_loader`'s. On
     CUDA every clock reading waits for the device, so the wait is an upper bound (the syncs keep
     loading from overlapping the GPU's last kernels); on a CPU it is what the loop waited."""
-    if not hasattr(loader, "__iter__"):
-        raise TypeError(f"loader must be iterable (e.g. a torch.utils.data.DataLoader), got "
-                        f"{type(loader).__name__}.")
     if not callable(step_fn):
         raise TypeError(f"step_fn must be a callable taking one batch, got {type(step_fn).__name__}.")
-    check_int("steps", steps, 1, allow_none=True)
-    check_int("warmup_steps", warmup_steps, 0, allow_none=True)
     sync = synchronizer(device)
     warmup, n_timed, by_default = _plan(loader, steps, warmup_steps, "steps")
-
-    def fetch(pulled: int) -> Any:
-        batch = _next(it, pulled, warmup, steps, "steps")
-        return batch if batch is _END or device is None else move_to_device(batch, device)
-
     wait: list[float] = []
     step: list[float] = []
     it = iter(loader)
+    pull = (b if device is None else move_to_device(b, device)
+            for b in _batches(it, warmup, n_timed, steps, "steps"))
     try:
-        for i in range(warmup):
-            step_fn(fetch(i))
+        for _, batch in zip(range(warmup), pull):
+            step_fn(batch)
         sync()
-        while n_timed is None or len(step) < n_timed:
-            t0 = _now()
-            batch = fetch(warmup + len(step))
-            if batch is _END:
-                break
+        t0 = _now()
+        for batch in pull:
             sync()
             t1 = _now()
             step_fn(batch)
             sync()
             wait.append(t1 - t0)
-            step.append(_now() - t1)
+            t0 = _now()                 # the next wait starts as this step ends
+            step.append(t0 - t1)
     finally:
-        batch = None
+        batch = pull = None
         stop_workers(it, loader)
-        del it
     _check_window(len(step), len(step), warmup, by_default, "steps")
     return DataWait(wait_s=wait, step_s=step)

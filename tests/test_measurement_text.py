@@ -75,7 +75,6 @@ def test_cpu_ratios_are_lower_is_better_and_unknowns_print_as_n_a():
     b = Measurement.from_times("b", [0.02] * 3, 10, cpu_s_per_sample=0.001, machine="m")
     c = compare([a, b])
     assert c.ratio("b") == pytest.approx(0.5) and c.ratio("b", "cpu_s_per_sample") == pytest.approx(0.5)
-    assert c.best().label == "a" and c.best("cpu_s_per_sample").label == "b"
     row_b = str(c).splitlines()[3].split()
     assert row_b == ["b", "500", "0.50x", "1", "0.50x", "n/a", "n/a", "n/a"]
     zero = Measurement.from_times("z", [0.01] * 3, 10, cpu_s_per_sample=0.0, machine="m")
@@ -149,8 +148,6 @@ def test_ratios_of_unmeasured_or_zero_figures():
     zero = Measurement.from_times("z", [0.01] * 3, 10, cpu_s_per_sample=0.0, machine="m")
     small = Measurement.from_times("s", [0.01] * 3, 10, cpu_s_per_sample=0.5, machine="m")
     assert compare([zero, small]).ratio("s", "cpu_s_per_sample") == math.inf
-    with pytest.raises(ValueError, match="cpu_s_per_sample was not measured for any row"):
-        compare([none]).best("cpu_s_per_sample")
     with pytest.raises(ValueError, match=r"metric='speed' is not known: use one of samples_per_s, "):
         none.metric("speed")
 
