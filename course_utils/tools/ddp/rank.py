@@ -113,7 +113,7 @@ def _bench(cfg: dict, rank: int, world: int, local_rank: int, backend: str) -> d
     wait = measure_data_wait(loader, step)
     cpu_s, _ = monitor.window(start, monitor.snapshot(fresh=True))   # the workers are reaped
     return {"samples": sum(sizes[warm:]), "cpu_s": cpu_s, "wait_fraction": wait.wait_fraction,
-            "step_times": wait.step_s, "step_samples": sizes[warm:],
+            "step_times": wait.iteration_s, "step_samples": sizes[warm:],
             "pools": thread_pools().to_dict()}
 
 
