@@ -1,28 +1,17 @@
-"""What DataLoader workers inherit under each start method, measured in real workers.
-
-Lesson 02 judges the common recipe's ``os.environ[...] = "1"`` lines (set after the imports) in
-real workers: the verdict is :func:`env_limit_verdict` of the pools measured there. Here: that
-function on hand-made pool sizes just inside and outside its limits; real fork and spawn workers
-started after this process set the variables (a few seconds); OpenCV's parallel framework read
-from its build information; and the start-method and doctor texts that say what is inherited.
+"""What DataLoader workers inherit, as the core reads and says it: the thread variables a
+process's ThreadPools records, OpenCV's parallel framework read from its build information, and
+the start-method and doctor texts. (Lesson 02's verdict on the recipe's variables, measured in real
+workers, is tested with the lesson: tests/test_l02_threads.py.)
 """
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing as mp
 import os
 
 import cv2
 import pytest
 import torch
 
-from course_utils.lessons.l02_threads import (
-    ENV_VERDICTS,
-    RECIPE_ENV_VARS,
-    env_after_import_in_workers,
-    env_limit_verdict,
-    env_sized_pools,
-)
 from course_utils.machine import AcceleratorInfo, CpuInfo, advise, doctor
 from course_utils.start_methods import explain_start_method
 from course_utils.threads import (
@@ -32,7 +21,6 @@ from course_utils.threads import (
     thread_pools,
 )
 
-HAS = set(mp.get_all_start_methods())
 TORCH_GOMP = os.path.join(os.path.dirname(torch.__file__), "lib", "libgomp.so.1")
 
 
@@ -42,80 +30,6 @@ def _pools(openblas: int = 2, torch_omp: int = 2, opencv: int = 2) -> ThreadPool
          "filepath": "/x/numpy.libs/libscipy_openblas64_.so", "prefix": "libscipy_openblas"},
         {"user_api": "openmp", "internal_api": "openmp", "num_threads": torch_omp,
          "filepath": TORCH_GOMP, "prefix": "libgomp"}])
-
-
-# ------------------------------------------------------------------ the verdict, a pure function
-@pytest.mark.parametrize("worker, parent, limit, expected", [
-    ({"a": 1, "b": 1}, {"a": 2, "b": 1}, 1, "held"),            # every pool at the limit
-    ({"a": 1, "b": 2}, {"a": 2, "b": 2}, 1, "did not hold"),    # one pool just above it
-    ({"a": 2}, {"a": 2}, 1, "did not hold"),                    # fork: the parent's pool, as is
-    ({"a": 1}, {"a": 1}, 1, "nothing to limit"),                # one CPU: nothing was above 1
-    ({"a": 2}, {"a": 4}, 2, "held"),                            # just inside a limit of 2
-    ({"a": 3}, {"a": 4}, 2, "did not hold"),                    # just outside it
-    ({"a": 2}, {"a": 2}, 2, "nothing to limit"),
-])
-def test_env_limit_verdict_follows_the_measured_pools(worker, parent, limit, expected):
-    assert env_limit_verdict(worker, parent, limit) == expected
-    assert expected in ENV_VERDICTS
-
-
-def test_env_limit_verdict_rejects_bad_input():
-    with pytest.raises(ValueError, match="worker has no pool"):
-        env_limit_verdict({}, {"a": 2})
-    with pytest.raises(TypeError, match="worker"):
-        env_limit_verdict([1], {"a": 2})
-    with pytest.raises(ValueError, match="parent"):
-        env_limit_verdict({"a": 1}, {"a": -1})
-    with pytest.raises(ValueError, match="limit"):
-        env_limit_verdict({"a": 1}, {"a": 2}, limit=0)
-
-
-def test_env_sized_pools_leaves_out_torchs_openmp_and_opencv():
-    sized = env_sized_pools(_pools(openblas=3, torch_omp=5, opencv=7))
-    assert sized == {"openblas (libscipy_openblas)": 3}
-    with pytest.raises(TypeError, match="pools must be a ThreadPools"):
-        env_sized_pools({"openblas": 3})
-
-
-def test_a_verdict_comes_from_the_pools_not_the_start_method():
-    # the same pools give the same verdict whatever process they came from
-    parent = env_sized_pools(_pools(openblas=2))
-    assert env_limit_verdict(env_sized_pools(_pools(openblas=1, torch_omp=1)), parent) == "held"
-    assert env_limit_verdict(env_sized_pools(_pools(openblas=2, torch_omp=1)), parent) == "did not hold"
-
-
-# ------------------------------------------------------------------ real workers
-@pytest.mark.timeout(120)
-@pytest.mark.skipif(not {"fork", "spawn"} <= HAS, reason="needs fork and spawn")
-def test_variables_set_after_import_reach_spawn_workers_pools_but_not_forked_ones():
-    """This process has imported numpy, OpenCV and torch; the recipe's lines come after."""
-    here = {k: os.environ.get(k) for k in RECIPE_ENV_VARS}
-    results = {m: env_after_import_in_workers(m, timeout_s=90) for m in ("fork", "spawn")}
-    assert {k: os.environ.get(k) for k in RECIPE_ENV_VARS} == here, "os.environ was not put back"
-    for method, (parent, worker) in results.items():
-        # both workers got this process's current os.environ ...
-        assert all(worker.thread_env.get(k) == "1" for k in RECIPE_ENV_VARS), (method, worker.thread_env)
-        assert worker.worker_id == 0 and worker.pid != os.getpid()
-    above = any(n > 1 for n in env_sized_pools(results["fork"][0]).values())
-    fork = env_limit_verdict(env_sized_pools(results["fork"][1]), env_sized_pools(results["fork"][0]))
-    spawn = env_limit_verdict(env_sized_pools(results["spawn"][1]), env_sized_pools(results["spawn"][0]))
-    # ... but only the spawned one loaded its libraries after them
-    assert spawn == ("held" if above else "nothing to limit")
-    assert fork == ("did not hold" if above else "nothing to limit")
-    if above:
-        assert fork != spawn
-
-
-def test_env_after_import_in_workers_rejects_bad_arguments():
-    with pytest.raises(ValueError, match="method="):
-        env_after_import_in_workers("threads")
-    method = sorted(HAS)[0]
-    with pytest.raises(ValueError, match="variables"):
-        env_after_import_in_workers(method, variables="OMP_NUM_THREADS")
-    with pytest.raises(ValueError, match="value"):
-        env_after_import_in_workers(method, value=1)
-    with pytest.raises(ValueError, match="timeout_s"):
-        env_after_import_in_workers(method, timeout_s=0)
 
 
 def test_thread_pools_records_the_thread_variables_of_its_process(monkeypatch):
