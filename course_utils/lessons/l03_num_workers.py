@@ -1,12 +1,7 @@
-"""Lesson 03's copy-on-read measurement: the same annotation records as a Python list of dicts
-(:class:`RecordListDataset`, the trap) and packed into NumPy arrays (:class:`RecordArrayDataset`,
-the fix the exercise asks for), and each worker's private memory (USS, bytes, read with psutil
-inside the worker) over one epoch (:func:`worker_memory`).
-
-These stay in the package, not in the notebook, because the ``03.copy_on_read`` grader runs
-them too (the records, the list version as the baseline, the probe), and refuses
-``RecordArrayDataset`` as an answer. Lesson 03 writes the list-of-dicts dataset it measures, the
-byte count of its Python objects and the plot in its own cells. Nothing happens at import time.
+"""Lesson 03's copy-on-read measurement, which the ``03.copy_on_read`` grader runs too: annotation
+records as a Python list of dicts (:class:`RecordListDataset`, the trap) and packed into NumPy
+arrays (:class:`RecordArrayDataset`, the fix the exercise asks for), and each worker's private
+memory (USS, bytes, read by psutil inside the worker) over one epoch (:func:`worker_memory`).
 """
 from __future__ import annotations
 
@@ -28,24 +23,11 @@ from ..data import ram_budget_bytes
 from ..process_tree import stop_workers
 from ..start_methods import resolve_context
 
-
-__all__ = [
-    "RECORD_CLASSES",
-    "make_records",
-    "RecordListDataset",
-    "RecordArrayDataset",
-    "uss_bytes",
-    "WorkerUss",
-    "WorkerMemory",
-    "worker_memory",
-]
+__all__ = ["RECORD_CLASSES", "make_records", "RecordListDataset", "RecordArrayDataset", "uss_bytes",
+           "WorkerUss", "WorkerMemory", "worker_memory"]
 
 _MB = 1e6
 
-
-# --------------------------------------------------------------------------------------------
-# copy-on-read: records as Python objects vs NumPy arrays
-# --------------------------------------------------------------------------------------------
 
 #: Class names used by :func:`make_records` (label k is RECORD_CLASSES[k]).
 RECORD_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse",
@@ -75,13 +57,9 @@ def make_records(n: Optional[int] = None, seed: int = 0) -> list[dict]:
 
 
 class RecordListDataset(Dataset):
-    """The copy-on-read trap: the records of :func:`make_records` kept as a Python list of dicts.
-
-    ``ds[i]`` is ``(box, label, path)``: a float32 tensor of shape (4,), an int, a str. Reading
-    record ``i`` in a forked worker writes the reference counts of its dict, str and floats, so
-    the OS copies their pages into the worker; over an epoch each worker copies most of the list.
-    (Lesson 03 writes the same class in its own cell, as ``lesson03_records.RecordList``.)
-    """
+    """The copy-on-read trap: :func:`make_records`' list of dicts as it is; ``ds[i]`` is ``(box,
+    label, path)``, a float32 (4,) tensor, an int, a str. Reading a record in a forked worker
+    writes the reference counts of its objects, so the OS copies their pages into the worker."""
 
     def __init__(self, records: list[dict]) -> None:
         self.records = records
@@ -95,13 +73,9 @@ class RecordListDataset(Dataset):
 
 
 class RecordArrayDataset(Dataset):
-    """The fix: the same records packed into NumPy arrays (no Python object per record), so a
-    worker reading them writes no reference count and copies no page.
-
-    ``labels`` int64 (n,), ``boxes`` float32 (n, 4), and all paths UTF-8 encoded into one
-    uint8 buffer ``path_bytes`` with ``path_offsets`` int64 (n + 1,). ``ds[i]`` is exactly what
-    :class:`RecordListDataset` gives for the same records.
-    """
+    """The fix: the same records in NumPy arrays (``labels`` int64 (n,), ``boxes`` float32 (n, 4),
+    the paths UTF-8 in one uint8 ``path_bytes`` with ``path_offsets`` int64 (n + 1,)), so reading
+    one writes no reference count; ``ds[i]`` equals :class:`RecordListDataset`'s."""
 
     def __init__(self, records: Sequence[dict]) -> None:
         if isinstance(records, RecordListDataset):
@@ -134,16 +108,11 @@ class RecordArrayDataset(Dataset):
         return torch.from_numpy(self.boxes[i].copy()), int(self.labels[i]), path
 
 
-# --------------------------------------------------------------------------------------------
-# memory per worker over an epoch
-# --------------------------------------------------------------------------------------------
-
-def uss_bytes(pid: Optional[int] = None) -> Optional[int]:
-    """USS of a process (this one by default), in bytes: memory private to it. None where the
-    platform does not report it. On Linux this reads /proc/<pid>/smaps (a few ms)."""
+def uss_bytes() -> Optional[int]:
+    """This process's USS (memory private to it), in bytes; None where the platform does not
+    report it. On Linux this reads /proc/self/smaps (a few ms)."""
     try:
-        proc = psutil.Process(pid) if pid is not None else psutil.Process()
-        return int(proc.memory_full_info().uss)
+        return int(psutil.Process().memory_full_info().uss)
     except (psutil.Error, AttributeError, NotImplementedError, OSError):
         return None
 
@@ -215,13 +184,9 @@ class WorkerUss:
     timeline: list[tuple[int, int]]
 
     @property
-    def end_uss_bytes(self) -> int:
-        return self.timeline[-1][1] if self.timeline else self.start_uss_bytes
-
-    @property
     def growth_bytes(self) -> int:
         """USS at the end of the epoch minus USS at the start, in bytes."""
-        return self.end_uss_bytes - self.start_uss_bytes
+        return (self.timeline[-1][1] if self.timeline else self.start_uss_bytes) - self.start_uss_bytes
 
 
 @dataclass
@@ -233,16 +198,11 @@ class WorkerMemory:
     num_workers: int
     samples: int
     workers: list[WorkerUss]
-    gc_frozen: bool = False
 
     @property
     def growth_bytes(self) -> list[int]:
         """USS growth of each worker over the epoch, bytes."""
         return [w.growth_bytes for w in self.workers]
-
-    @property
-    def max_growth_bytes(self) -> int:
-        return max(self.growth_bytes)
 
     @property
     def mean_growth_bytes(self) -> float:
@@ -265,17 +225,12 @@ def worker_memory(dataset: Dataset, num_workers: int = 2, *, batch_size: int = 2
                   shuffle: bool = True, seed: int = 0, multiprocessing_context: Any = None,
                   readings: int = 6, freeze_gc: bool = False, timeout_s: float = 120.0,
                   label: Optional[str] = None) -> WorkerMemory:
-    """Run one epoch of ``dataset`` in real workers and measure each worker's private memory.
-
-    Each worker fetches its share as a DataLoader worker does (``dataset[i]`` per index,
-    shuffled with ``seed`` when ``shuffle``) and reads its own USS (bytes private to it) before
-    its first fetch and about ``readings`` times during the epoch, always at its end; the
-    samples are dropped, so only *reading* the dataset is measured. Under ``fork`` growth is
-    copy-on-read; under ``spawn``/``forkserver`` each worker unpickles its own copy first, so
-    the cost shows in the start USS. ``freeze_gc=True`` calls ``gc.freeze()`` here before the
-    workers start (``gc.unfreeze()`` after). Each request is awaited at most ``timeout_s``
-    seconds. Returns a :class:`WorkerMemory`.
-    """
+    """Each worker's private memory (USS, bytes) over one epoch of ``dataset`` in real workers:
+    read before its first fetch and about ``readings`` times during the epoch (always at its
+    end), the samples (``dataset[i]``, shuffled with ``seed``) dropped, so only *reading* the
+    dataset is measured. Under fork growth is copy-on-read; under spawn/forkserver each worker
+    unpickles its own copy first (the start USS). ``freeze_gc``: ``gc.freeze()`` here while the
+    workers run; ``timeout_s``: seconds a request may take."""
     where = "worker_memory"
     if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
         raise TypeError(f"{where}: dataset must be a map-style Dataset (with __getitem__ and "
@@ -297,17 +252,13 @@ def worker_memory(dataset: Dataset, num_workers: int = 2, *, batch_size: int = 2
     loader = DataLoader(_MemoryProbe(dataset), batch_size=None, sampler=requests,
                         num_workers=num_workers, multiprocessing_context=context,
                         timeout=timeout_s)
-    frozen = False
     if freeze_gc:
         gc.collect()
         gc.freeze()
-        frozen = True
-    reports: list[dict] = []
     try:
         it = iter(loader)
         try:
-            for report in it:
-                reports.append(report)
+            reports = list(it)
         except RuntimeError as exc:
             if "timed out" in str(exc):
                 raise RuntimeError(f"{where}: a worker did not answer within timeout_s="
@@ -319,19 +270,17 @@ def worker_memory(dataset: Dataset, num_workers: int = 2, *, batch_size: int = 2
             stop_workers(it)
             del it
     finally:
-        if frozen:
+        if freeze_gc:
             gc.unfreeze()
     by_pid: dict[int, WorkerUss] = {}
     for r in reports:
         w = by_pid.get(r["pid"])
-        if w is None:
-            if "start_uss" not in r or r["start_uss"] is None:  # pragma: no cover
-                raise RuntimeError(f"{where}: worker {r['pid']} did not report its start USS.")
+        if w is None:                       # a worker's first report carries its start USS
             w = by_pid[r["pid"]] = WorkerUss(worker_id=r["worker_id"], pid=r["pid"],
                                              start_uss_bytes=int(r["start_uss"]), timeline=[])
         if r.get("uss") is not None:
             w.timeline.append((int(r["fetched"]), int(r["uss"])))
     workers = sorted(by_pid.values(), key=lambda w: (w.worker_id is None, w.worker_id or 0))
     return WorkerMemory(label=label or type(dataset).__name__, start_method=method,
-                        num_workers=num_workers, samples=n, workers=workers, gc_frozen=frozen)
+                        num_workers=num_workers, samples=n, workers=workers)
 
