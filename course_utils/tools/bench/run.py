@@ -12,12 +12,13 @@ The result is two core :class:`~course_utils.measurement.Comparison` tables and 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 from torch.utils.data import Dataset
@@ -101,8 +102,12 @@ def benchmark_sizes(n: int | None = None, batch_size: int | None = None,
 
 @dataclass
 class BenchmarkResult:
-    """The loaders (and the storage variants) measured side by side in one run: two core
-    Comparisons (samples/s, CPU seconds per sample, ...) and the ratios their targets name."""
+    """The loaders and the storage variants side by side (two core Comparisons, samples/s and
+    CPU seconds per sample), and the ratios :data:`TARGETS` name: tuned / ImageNet recipe
+    samples/s (``speedup``) and CPU-s per sample (``cpu_ratio``), tuned / decode-only samples/s
+    (``decode_share``), memmap / RAM-gather samples/s (``memmap_share``; None without storage),
+    DALI / ImageNet recipe samples/s (``dali_speedup``; None without DALI), and shipping-only /
+    tuned CPU-s per sample (``shipping_share``; None where the CPU clock read nothing)."""
 
     loaders: Comparison
     storage: Comparison | None
@@ -118,37 +123,27 @@ class BenchmarkResult:
 
     @property
     def speedup(self) -> float:
-        """Tuned samples/s divided by the ImageNet training recipe's."""
-        return self.loaders.ratio(TUNED, "samples_per_s")
+        return self.loaders.ratio(TUNED)
 
     @property
     def cpu_ratio(self) -> float:
-        """Tuned CPU-seconds per sample divided by the ImageNet training recipe's."""
         return self.loaders.ratio(TUNED, "cpu_s_per_sample")
 
     @property
     def decode_share(self) -> float:
-        """Tuned samples/s divided by the decode-only samples/s of the same files."""
         return self.loaders.ratio(TUNED) / self.loaders.ratio(DECODE_ONLY)
 
     @property
     def dali_speedup(self) -> float | None:
-        """DALI's samples/s divided by the ImageNet training recipe's DataLoader's (None where
-        DALI did not run)."""
-        return (self.loaders.ratio(DALI, "samples_per_s")
-                if any(m.label == DALI for m in self.loaders.rows) else None)
+        return self.loaders.ratio(DALI) if DALI in [m.label for m in self.loaders.rows] else None
 
     @property
     def memmap_share(self) -> float | None:
-        """Packed-store samples/s through np.memmap divided by the same gather from RAM."""
-        if self.storage is None:
-            return None
-        return self.storage.ratio(MEMMAP) / self.storage.ratio(RAM_GATHER)
+        return None if self.storage is None else \
+            self.storage.ratio(MEMMAP) / self.storage.ratio(RAM_GATHER)
 
     @property
     def shipping_share(self) -> float | None:
-        """CPU-s/sample of sending the tuned loader's batches alone over the tuned loader's own
-        (what the decode-only ceiling does not pay); None where the CPU clock read nothing."""
         tuned, shipping = (self.loaders.row(k).cpu_s_per_sample for k in (TUNED, SHIPPING))
         return shipping / tuned if tuned and shipping else None
 
@@ -205,13 +200,11 @@ def _packed_store(base: JpegDataset, folder: Path, size: int) -> PackedStore:
     return PackedStore(path)
 
 
-def _evicting(files: list[Path]) -> Callable[[], ContextManager]:
-    """A context factory that drops the files' cached pages on entry (the cold-cache repeats)."""
-    @contextlib.contextmanager
-    def cold() -> Any:
-        evict_from_page_cache(files)
-        yield
-    return cold
+@contextlib.contextmanager
+def _cold(files: list[Path]) -> Iterator[None]:
+    """The files' cached pages dropped first (the cold-cache repeats)."""
+    evict_from_page_cache(files)
+    yield
 
 
 def run_benchmark(*, n: int, batch_size: int, repeats: int, size: int = 224,
@@ -244,7 +237,7 @@ def run_benchmark(*, n: int, batch_size: int, repeats: int, size: int = 224,
         can_evict = evict_from_page_cache(files[:1])
         if can_evict:
             rows.append((COLD, tuned_files_loader(folder, batch_size=batch_size, size=size),
-                         _evicting(files)))
+                         functools.partial(_cold, files)))
             cold_cache = ("the files' pages were dropped before each repeat (posix_fadvise "
                           "DONTNEED); a VM's host may still cache them")
         else:

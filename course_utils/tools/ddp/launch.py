@@ -37,10 +37,8 @@ class DistributedError(RuntimeError):
 
     def __init__(self, message: str, *, output: str = "", rank_errors: Mapping[int, str] | None = None,
                  timed_out: bool = False) -> None:
-        self.output = output
-        self.rank_errors = dict(rank_errors or {})
-        self.timed_out = timed_out
         super().__init__(message)
+        self.output, self.rank_errors, self.timed_out = output, dict(rank_errors or {}), timed_out
 
 
 @dataclass
@@ -67,8 +65,7 @@ def pick_backend(nproc: int) -> str:
 
 
 def _tail(text: str, chars: int = 3000) -> str:
-    text = text.strip()
-    return text if len(text) <= chars else "...\n" + text[-chars:]
+    return text.strip() if len(text.strip()) <= chars else "...\n" + text.strip()[-chars:]
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
@@ -106,7 +103,7 @@ def launch(task: str, config: Mapping | None = None, *, nproc: int = 2, timeout_
     and writes its record. ``backend``: 'gloo' or 'nccl' (default :func:`pick_backend`);
     ``pythonpath``: folders the ranks import from. After ``timeout_s`` seconds the whole group is
     killed. A timeout, a failed rank or a missing record raises :class:`DistributedError`."""
-    where = "launch"
+    where = "launch"    # every error names the function
     if task not in TASKS:
         raise ValueError(f"{where}: task={task!r} is not known; use one of {', '.join(TASKS)}.")
     nproc = check_int("nproc", nproc, 1, where, " It is the number of ranks (processes) to start.")
@@ -119,7 +116,7 @@ def launch(task: str, config: Mapping | None = None, *, nproc: int = 2, timeout_
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{where}: config must hold only JSON values (numbers, strings, lists, "
                         f"dicts, None): {exc}") from exc
-    backend = pick_backend(nproc) if backend is None else backend
+    backend = backend or pick_backend(nproc)
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"{where}: backend={backend!r}; use 'gloo' (CPU) or 'nccl' (one CUDA GPU "
                          f"per rank), or None to pick.")
@@ -128,9 +125,9 @@ def launch(task: str, config: Mapping | None = None, *, nproc: int = 2, timeout_
                          f"has not got them. Use backend='gloo' (or None).")
 
     tmp = Path(tempfile.mkdtemp(prefix="course_ddp_"))
+    out_dir, log_path = tmp / "out", tmp / "output.log"
     try:
         (tmp / "config.json").write_text(payload)
-        out_dir = tmp / "out"
         out_dir.mkdir()
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node", str(nproc), "--max-restarts", "0",
@@ -139,7 +136,6 @@ def launch(task: str, config: Mapping | None = None, *, nproc: int = 2, timeout_
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         env["PYTHONPATH"] = os.pathsep.join([*map(str, pythonpath), str(_PACKAGE_PARENT)]
                                             + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-        log_path = tmp / "output.log"
         t0 = time.perf_counter()
         with open(log_path, "wb") as log:
             group = {"start_new_session": True} if os.name == "posix" else {

@@ -18,6 +18,7 @@ starts more than one and the variable is unset). Tasks:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -43,9 +44,7 @@ from .launch import TASKS
 
 
 def _sampler(cfg: dict, rank: int, world: int) -> dict:
-    dataset = IndexDataset(int(cfg.get("n", 10)))
-    variants = {}
-    drawn = 0
+    dataset, variants, drawn = IndexDataset(int(cfg.get("n", 10))), {}, 0
     for v in cfg.get("variants", [{"name": "default"}]):
         sampler = DistributedSampler(dataset, num_replicas=world, rank=rank,
                                      shuffle=bool(v.get("shuffle", True)),
@@ -57,10 +56,10 @@ def _sampler(cfg: dict, rank: int, world: int) -> dict:
                             multiprocessing_context=v.get("start_method") if workers else None,
                             timeout=60 if workers else 0)
         calls = []
-        for epoch in v.get("epochs", [0, 1]):
+        for epoch in map(int, v.get("epochs", [0, 1])):
             if v.get("set_epoch", True):
-                sampler.set_epoch(int(epoch))
-            calls.append({"epoch": int(epoch), "indices": indices_of(loader)})
+                sampler.set_epoch(epoch)
+            calls.append({"epoch": epoch, "indices": indices_of(loader)})
         variants[str(v.get("name", len(variants)))] = calls
         drawn += sum(len(c["indices"]) for c in calls)
     total = torch.tensor([drawn])
@@ -159,10 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except BaseException:
         text = traceback.format_exc()
-        try:
+        with contextlib.suppress(OSError):
             (out / f"rank{rank}.error.txt").write_text(text)
-        except OSError:
-            pass
         print(f"[rank {rank}] {text}", file=sys.stderr, flush=True)
         return 1
 

@@ -127,18 +127,10 @@ class LoaderSettings:
         return dataclasses.replace(self, **changes)
 
     def call_args(self, worker_init: str) -> list[str]:
-        """The DataLoader arguments after the dataset, as code; ``worker_init`` is the
-        expression for ``worker_init_fn`` (``{n}``: the threads per worker)."""
-        args = [f"batch_size={self.batch_size}", "shuffle=True", f"num_workers={self.num_workers}"]
-        if self.num_workers:
-            args += [f"prefetch_factor={self.prefetch_factor}",
-                     f"persistent_workers={self.persistent_workers}"]
-        args.append(f"pin_memory={self.pin_memory}")
-        if self.num_workers and self.threads_per_worker is not None:
-            args.append(f"worker_init_fn={worker_init.format(n=self.threads_per_worker)}")
-        if self.num_workers and self.multiprocessing_context:
-            args.append(f"multiprocessing_context={self.multiprocessing_context!r}")
-        return args
+        """:meth:`loader_kwargs` as code; ``worker_init`` is the expression for ``worker_init_fn``
+        (``{n}``: the threads per worker)."""
+        return [f"{k}={worker_init.format(n=self.threads_per_worker) if k == 'worker_init_fn' else repr(v)}"
+                for k, v in self.loader_kwargs().items()]
 
 
 def _call(first: str, args: list[str], width: int = 96) -> list[str]:
@@ -185,13 +177,10 @@ class Trial:
 
 @dataclass
 class TuningResult:
-    """What :func:`tune_loader` found: every trial and the side by side with the baselines.
-
-    ``comparison`` holds the side by side's rows (DataLoader defaults, the common recipe,
-    ``"tuned"``: the search's ``best_trial``), ``startups`` their start-ups in seconds,
-    ``candidates`` their settings. The side by side decides: ``winner`` is its row with the
-    best :attr:`scores`, ``best`` that row's settings and :meth:`code` the code for it.
-    """
+    """What :func:`tune_loader` found. ``comparison``: the side by side's windows (defaults, the
+    common recipe, ``"tuned"``: the search's ``best_trial``), ``startups`` their start-ups in
+    seconds, ``candidates`` their settings. It decides: ``winner`` is its row with the best
+    :attr:`scores`, ``best`` that row's settings and :meth:`code` the code for them."""
 
     best: LoaderSettings
     best_trial: Trial
@@ -225,12 +214,14 @@ class TuningResult:
         labels = [m.label for m in self.comparison.rows]
         return compare(rows, baseline=labels.index(RECIPE_LABEL) if RECIPE_LABEL in labels else 0)
 
+    def _rows_by_label(self) -> dict[str, Measurement]:
+        rows = self.side_by_side_rows()
+        return {} if rows is None else dict(zip((m.label for m in self.comparison.rows), rows.rows))
+
     @property
     def scores(self) -> dict[str, float]:
         """Samples/s per epoch (:func:`epoch_score`) of each side-by-side row, by label."""
-        rows = self.side_by_side_rows()
-        return {} if rows is None else {
-            m.label: r.samples_per_s for m, r in zip(self.comparison.rows, rows.rows)}
+        return {label: row.samples_per_s for label, row in self._rows_by_label().items()}
 
     @property
     def machine(self) -> str:
@@ -239,15 +230,11 @@ class TuningResult:
     def ratio(self, other: str, metric: str = "samples_per_s") -> float:
         """The tuned row's ``metric`` over ``other``'s ("common recipe" or "defaults"), per epoch:
         "samples_per_s" (the score: what decides) or any other of the core's metrics."""
-        rows = self.side_by_side_rows()
-        if rows is None:
-            raise ValueError("no comparison was measured (compare_with_baselines=False, or the "
-                             "run was interrupted).")
-        labels = [m.label for m in self.comparison.rows]
-        if other not in labels:
-            raise ValueError(f"other={other!r} is not a row of the comparison: {labels}.")
-        tuned = rows.rows[labels.index(TUNED_LABEL)].metric(metric)
-        base = rows.rows[labels.index(other)].metric(metric)
+        rows = self._rows_by_label()
+        if other not in rows:
+            raise ValueError(f"other={other!r} is not a row of the side by side: {list(rows)} "
+                             f"(none with compare_with_baselines=False, or after Ctrl-C).")
+        tuned, base = rows[TUNED_LABEL].metric(metric), rows[other].metric(metric)
         return float("nan") if tuned is None or not base else tuned / base
 
     def trial_rows(self) -> Comparison:
