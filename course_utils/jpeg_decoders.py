@@ -1,11 +1,7 @@
-"""JPEG bytes to RGB tensors: TorchCodec's decoder where it loads, torchvision's otherwise.
-
-torchvision's image decoders are deprecated since torchvision 0.29 in favour of TorchCodec's,
-which TorchCodec has from version 0.16 (``torchcodec.decoders.decode_jpeg``, on the CPU and, with
-nvJPEG, on CUDA). TorchCodec is an optional extra (``pip install .[codec]``) whose build must match
-this torch; :func:`tensor_decoder` says which decoder this process uses and, for a fallback, why.
-Both return ``(3, H, W)`` uint8 RGB tensors, one per JPEG, for one tensor or a list of them.
-"""
+"""JPEG bytes to ``(3, H, W)`` uint8 RGB tensors: TorchCodec's ``decode_jpeg`` (from 0.16, on the
+CPU and with nvJPEG on CUDA; the optional ``codec`` extra, built for this torch) where it loads,
+else torchvision's (deprecated since 0.29 in TorchCodec's favour). :func:`tensor_decoder` says
+which one this process uses and, for the fallback, why."""
 from __future__ import annotations
 
 import importlib
@@ -40,8 +36,7 @@ class TensorDecoder:
 
 
 def torchvision_decode_jpeg(data: Encoded, device: Union[str, torch.device] = "cpu") -> Any:
-    """torchvision's ``decode_jpeg`` in RGB, with its 0.29 deprecation warning silenced (this
-    module's docstring says it once)."""
+    """torchvision's ``decode_jpeg`` in RGB, its 0.29 deprecation warning silenced."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=DeprecationWarning, message=".*TorchCodec.*")
         return tvio.decode_jpeg(list(data) if isinstance(data, (list, tuple)) else data,

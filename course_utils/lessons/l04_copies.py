@@ -1,19 +1,7 @@
-"""Lesson 04: what stays in the package of its copy harness, and why.
-
-Lesson 04 writes its own timing loop, bandwidth sweep and naive-vs-honest copy in its cells
-(``%%writefile lesson04_copies.py``, ``lesson04_sweep.py``, ``lesson04_naive.py``). What is
-left here is imported by others and so must keep its path:
-
-* :data:`H2D_MODES` (:class:`CopyMode`): the three host-to-device copies the lesson measures
-  side by side -- pageable (blocking), pinned blocking, pinned ``non_blocking`` -- which the
-  notebook's files, ``gpu-check`` and :mod:`.l04_reference` all name the same way.
-* :class:`BandwidthSweep` and :func:`fmt_bytes`: the sweep's result, which
-  the notebook's sweep returns, ``gpu-check`` saves as reference results and
-  :mod:`.l04_reference` reads back.
-
-The timing loop's package version, which the graders of exercises 00 and 04 time with, is
-:func:`course_utils.timing.time_op`. Bandwidth is GB/s, decimal (1 GB = 1e9 bytes). Nothing
-happens at import time.
+"""Lesson 04's copy modes and bandwidth sweep result, which the notebook's ``%%writefile``
+modules, ``gpu-check`` and :mod:`.l04_reference` share (the lesson writes the timing loop, the
+sweep and the naive-vs-honest copy in its cells): :data:`H2D_MODES`, the three host-to-device
+copies, and :class:`BandwidthSweep`. Bandwidth is GB/s, decimal (1 GB = 1e9 bytes).
 """
 from __future__ import annotations
 
@@ -27,8 +15,7 @@ KIB, MIB, GIB = 1024, 1024**2, 1024**3
 
 
 class CopyMode(NamedTuple):
-    """One way to copy host memory to the device: ``dst.copy_(src, non_blocking=non_blocking)``
-    with ``src`` in pinned (page-locked) or in ordinary pageable memory."""
+    """``dst.copy_(src, non_blocking=non_blocking)`` with ``src`` in pinned or pageable memory."""
 
     pinned: bool
     non_blocking: bool
@@ -40,17 +27,14 @@ class CopyMode(NamedTuple):
                 f"{'non_blocking' if self.non_blocking else 'blocking'}")
 
 
-#: Lesson 04's three host-to-device copies, measured side by side in one run: pageable memory
-#: with a blocking copy (what ``tensor.to(device)`` does), pinned memory with a blocking copy
-#: (what pinning alone gives) and pinned memory with ``non_blocking=True`` (what non_blocking
-#: adds on top).
+#: The three host-to-device copies: pageable blocking (``tensor.to(device)``), pinned blocking
+#: (pinning alone) and pinned ``non_blocking=True`` (what non_blocking adds on top).
 H2D_MODES: Mapping[str, CopyMode] = {
     "pageable": CopyMode(pinned=False, non_blocking=False),
     "pinned_blocking": CopyMode(pinned=True, non_blocking=False),
     "pinned_non_blocking": CopyMode(pinned=True, non_blocking=True),
 }
-#: The sources of the bandwidth sweep: the three host-to-device copies, and device-to-device
-#: (the device's own memory bandwidth, for scale).
+#: The sweep's sources: the three host-to-device copies and device-to-device (for scale).
 MODES = (*H2D_MODES, "device")
 
 
@@ -65,12 +49,9 @@ def fmt_bytes(n: float) -> str:
 
 @dataclass
 class BandwidthSweep:
-    """Copy bandwidth per source (:data:`MODES`) and size, measured side by side in one run.
-
-    ``gbps[mode][i]``: GB/s at ``sizes_bytes[i]`` (None where not measured; ``notes[mode]``
-    says why); ``gbps_range[mode][i]``: [low, high] GB/s at the 75th and 25th percentile of
-    the times.
-    """
+    """Copy bandwidth per source (:data:`MODES`) and size, measured side by side: ``gbps[mode][i]``
+    GB/s at ``sizes_bytes[i]`` (None where not measured, ``notes[mode]`` says why);
+    ``gbps_range[mode][i]``: [low, high] GB/s at the 75th and 25th percentile of the times."""
 
     device: str
     sizes_bytes: list[int]
@@ -80,24 +61,22 @@ class BandwidthSweep:
     settings: dict = field(default_factory=dict)
     gbps_range: dict[str, list] = field(default_factory=dict)
 
-    def _check(self, mode: str) -> None:
+    def _values(self, mode: str) -> list:
         if mode not in MODES:
             raise ValueError(f"mode={mode!r} is not one of {', '.join(MODES)}.")
+        return self.gbps.get(mode, [])
 
     def measured(self, mode: str) -> bool:
         """Whether ``mode`` was measured at any size."""
-        self._check(mode)
-        return any(v is not None for v in self.gbps.get(mode, []))
+        return any(v is not None for v in self._values(mode))
 
     def best(self, mode: str) -> tuple[int, float] | None:
         """(size in bytes, GB/s) of the fastest copy of ``mode``, or None if not measured."""
-        self._check(mode)
-        pairs = [(s, v) for s, v in zip(self.sizes_bytes, self.gbps.get(mode, [])) if v is not None]
+        pairs = [(s, v) for s, v in zip(self.sizes_bytes, self._values(mode)) if v is not None]
         return max(pairs, key=lambda p: p[1]) if pairs else None
 
     def best_h2d(self) -> tuple[str, int, float] | None:
-        """(mode, size, GB/s) of the fastest host-to-device copy measured (any of
-        :data:`H2D_MODES`)."""
+        """(mode, size, GB/s) of the fastest host-to-device copy measured."""
         found = [(m, *b) for m in H2D_MODES if (b := self.best(m)) is not None]
         return max(found, key=lambda t: t[2]) if found else None
 
@@ -107,8 +86,8 @@ class BandwidthSweep:
         return max(found, key=lambda t: t[2]) if found else None
 
     def pinned_fraction_of_best(self) -> float | None:
-        """Best pinned GB/s (blocking or non_blocking) / best host-to-device GB/s (the issue's
-        >= 0.9 target); None when pinned copies could not be measured (no accelerator)."""
+        """Best pinned GB/s / best host-to-device GB/s (gpu-check's >= 0.9 target); None when
+        pinned copies were not measured (no accelerator)."""
         pinned, best = self.best_pinned(), self.best_h2d()
         if pinned is None or best is None or best[2] <= 0:
             return None
@@ -117,10 +96,8 @@ class BandwidthSweep:
     def ratios(self, mode: str, baseline: str) -> list[tuple[int, float]]:
         """[(size in bytes, GB/s of ``mode`` / GB/s of ``baseline``)] at every size where both
         were measured, smallest first (empty when one of them was not measured)."""
-        self._check(mode)
-        self._check(baseline)
-        return [(s, v / b) for s, v, b in zip(self.sizes_bytes, self.gbps.get(mode, []),
-                                              self.gbps.get(baseline, []))
+        return [(s, v / b) for s, v, b in zip(self.sizes_bytes, self._values(mode),
+                                              self._values(baseline))
                 if v is not None and b is not None and b > 0]
 
     def to_dict(self) -> dict:
@@ -128,8 +105,7 @@ class BandwidthSweep:
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "BandwidthSweep":
-        """Rebuild a sweep saved with :meth:`to_dict` (e.g. from reference results); keys it
-        does not know are ignored."""
+        """A sweep saved with :meth:`to_dict` (e.g. reference results); unknown keys ignored."""
         if not isinstance(data, Mapping):
             raise TypeError(f"data must be a dict made by BandwidthSweep.to_dict(), got "
                             f"{type(data).__name__}.")

@@ -1,11 +1,6 @@
-"""Lesson 04: the compute stand-in that stays in the package, and why.
-
-Lesson 04 writes its overlap and uint8-vs-float32 measurements in its cells
-(``%%writefile lesson04_streams.py``, ``lesson04_overlap.py``, ``lesson04_dtype.py``). The
-grader of exercise 04 and ``gpu-check``'s prefetcher step need a compute kernel of a chosen
-length too, so :func:`calibrated_compute` (a chain of float32 matmuls, :class:`MatmulChain`)
-keeps its path here. Nothing happens at import time.
-"""
+"""Lesson 04's compute stand-in of a chosen length, which exercise 04's grader and gpu-check's
+prefetcher step use too: :func:`calibrated_compute`, a chain of float32 matmuls
+(:class:`MatmulChain`). The lesson writes its overlap measurements in its cells."""
 from __future__ import annotations
 
 import math
@@ -19,8 +14,8 @@ __all__ = ["MatmulChain", "calibrated_compute"]
 
 
 class MatmulChain:
-    """``k`` matrix products of two n x n float32 matrices on ``device``: a compute kernel whose
-    length we can dial. Calling it queues the products and returns the output tensor."""
+    """``k`` products of two n x n float32 matrices on ``device``; a call queues them and returns
+    the output tensor."""
 
     def __init__(self, device: torch.device, n: int, k: int = 1) -> None:
         gen = torch.Generator().manual_seed(0)

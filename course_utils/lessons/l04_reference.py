@@ -1,29 +1,19 @@
 """Lesson 04's reference results, measured on a real CUDA GPU by ``gpu-check``
-(:func:`course_authoring.gpu_lesson04.run_lesson04`), read back for the notebook.
-"""
+(:func:`course_authoring.gpu_lesson04.run_lesson04`) and read with
+``course_utils.reference.load_reference(LESSON04)``, summed up for the notebook."""
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..reference import LESSON04, load_reference, missing_reference_text
+from ..reference import LESSON04, missing_reference_text
 from ..measurement import fmt_time
 from .l04_copies import H2D_MODES, MODES, BandwidthSweep, fmt_bytes
 
-__all__ = ["load_lesson04_reference", "reference_summary", "copy_mode_lines", "overlap_lines"]
-
-
-def load_lesson04_reference() -> dict | None:
-    """The lesson-04 reference document measured on a CUDA GPU, or None if none was measured.
-
-    ``{"name", "measured_at", "machine", "results"}``; ``results`` is what
-    :func:`course_authoring.gpu_lesson04.run_lesson04` returned. See :mod:`course_utils.reference`.
-    """
-    return load_reference(LESSON04)
+__all__ = ["reference_summary", "copy_mode_lines", "overlap_lines"]
 
 
 def reference_summary(reference: Mapping | None) -> str:
     """What the reference GPU measured, in a few lines (or how to produce it when absent)."""
-
     if reference is None:
         return missing_reference_text(LESSON04)
     res = reference.get("results", {})

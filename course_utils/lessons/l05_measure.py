@@ -1,12 +1,7 @@
-"""Lesson 05's datasets and call counter, kept in the package because others import them.
-
-:class:`DecodedImages` and :func:`count_torch_calls` are used by exercise 05 (its solution and
-``grading/ex05_augment.py``); :class:`RepeatDataset` by lesson 08 too, and DataLoader workers
-unpickle both datasets under every start method. Lesson 05 writes the rest of its harness
-itself: the throughput-vs-batch-size loop and the training loop (``%%writefile
-lesson05_throughput.py`` / ``lesson05_training.py`` in notebooks/05_gpu_augmentation.ipynb,
-which ``course_authoring.gpu_lesson05`` imports for the GPU check). Nothing happens at import time.
-"""
+"""Lesson 05's datasets and call counter, which exercise 05 (its solution and grader), lesson 08
+and the GPU check import, and DataLoader workers unpickle under every start method:
+:class:`DecodedImages`, :class:`RepeatDataset`, :func:`count_torch_calls`. The lesson writes its
+throughput and training loops in its own ``%%writefile`` cells."""
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
@@ -17,7 +12,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils.data import Dataset
 
-from ..checks import check_int
+from ..checks import check_int, check_transform
 from ..config import pick
 from ..data import JpegDataset
 
@@ -25,13 +20,9 @@ __all__ = ["DecodedImages", "RepeatDataset", "count_torch_calls"]
 
 
 class DecodedImages(Dataset):
-    """Course photos decoded once and resized to ``side`` x ``side``, in ONE uint8 array.
-
-    ``images`` is (n, side, side, 3) RGB (copy-on-read safe in forked workers). ``ds[i]`` is
-    ``(transform(image), label)``, or ``(uint8 (3, side, side) tensor, label)`` without a
-    transform; ``label = i % 10``; ``length`` (default n) repeats the images (index modulo n).
-    :meth:`batch` stacks a uint8 (N, 3, side, side) batch directly.
-    """
+    """Course photos decoded once and resized to ``side`` squared, in ONE uint8 (n, side, side, 3)
+    RGB array ``images``. ``ds[i]`` is ``(transform(image) or a uint8 (3, side, side) tensor,
+    i % 10)``; ``length`` (default n) repeats the images (index modulo n)."""
 
     def __init__(self, n: Optional[int] = None, side: int = 256, *, length: Optional[int] = None,
                  transform: Optional[Callable] = None, seed: int = 0,
@@ -49,9 +40,7 @@ class DecodedImages(Dataset):
             raise ValueError(f"{where}: images must be a uint8 (n, side, side, 3) array.")
         self.images = images
         self.length = len(images) if length is None else check_int("length", length, 1, where)
-        if transform is not None and not callable(transform):
-            raise TypeError(f"{where}: transform must be callable or None, got {type(transform).__name__}.")
-        self.transform = transform
+        self.transform = check_transform(transform, where)
 
     @property
     def side(self) -> int:
@@ -83,11 +72,8 @@ class DecodedImages(Dataset):
 
 
 class RepeatDataset(Dataset):
-    """``base`` seen as ``length`` items (index modulo ``len(base)``): more batches than images.
-
-    With a :class:`course_utils.data.JpegDataset` base it also offers ``encoded(i)`` and
-    ``labels`` (index modulo), so the tuned pipeline's batched fetching reads it like the real thing.
-    """
+    """``base`` seen as ``length`` items (index modulo ``len(base)``); with a JpegDataset base it
+    offers ``encoded(i)`` and ``labels`` too, so the tuned pipeline's batched fetching reads it."""
 
     def __init__(self, base: Dataset, length: int) -> None:
         self.base, self.length = base, check_int("length", length, 1, "RepeatDataset")
@@ -113,13 +99,10 @@ class RepeatDataset(Dataset):
 
 
 def count_torch_calls(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, int]:
-    """Run ``fn(*args, **kwargs)``; return ``(result, number of torch calls it made)``.
-
-    Every ``torch.*`` / ``F.*`` function and Tensor method or operator called from Python counts
-    once (``torch.overrides.TorchFunctionMode``). A batched implementation makes the same number
-    whatever the batch size; a Python loop over samples makes more for a bigger batch (on a GPU,
-    each call is at least one kernel launch). Lesson 05 section 4 and exercise 05 use it.
-    """
+    """``(fn(*args, **kwargs), the torch calls it made)``: each ``torch.*`` / ``F.*`` function and
+    Tensor method or operator called from Python counts once (``TorchFunctionMode``). A batched
+    implementation makes as many for any batch size; a loop over samples makes more (on a GPU,
+    each call launches at least one kernel)."""
     if not callable(fn):
         raise TypeError(f"count_torch_calls: fn must be callable, got {type(fn).__name__}.")
 

@@ -1,15 +1,8 @@
-"""Lesson 07's sharding checks, from what the ranks actually drew.
-
-These stay in the package because the exercise 07 grader, solutions/07_fix_sharding.ipynb and the
-torchrun ranks (:mod:`course_utils.tools.ddp.rank`) import them; lesson 07 shows the sampler's
-arithmetic itself (``shard_by_hand``) and the budget of cores, ranks and workers in its cells.
-
-* :class:`IndexDataset` (item ``i`` is ``i``) is what the ranks load, importable by ranks and
-  their DataLoader workers under every start method; :func:`indices_of` flattens what a loader drew.
-* :func:`sharding_report` says, epoch by epoch, whether every index came exactly once, which
-  were repeated (the padding ``drop_last=False`` adds) or dropped, and whether the order changed.
-* :func:`simulate_ranks` runs a ``make_loader(dataset, epoch, rank, world_size)`` for every rank
-  in this process, one after the other, giving records in the format the ranks write.
+"""Lesson 07's sharding checks from what the ranks drew, which exercise 07's grader, its solution
+and the torchrun ranks (:mod:`course_utils.tools.ddp.rank`) import: :class:`IndexDataset` (item
+``i`` is ``i``) and :func:`indices_of`; :func:`sharding_report` (per epoch: every index exactly
+once, repeated as ``drop_last=False``'s padding, or dropped; did the order change);
+:func:`simulate_ranks` (every rank's loader run here, one after the other, as the ranks record).
 """
 from __future__ import annotations
 
@@ -24,7 +17,6 @@ import numpy as np
 import torch
 
 from ..checks import check_int
-
 
 __all__ = ["IndexDataset", "indices_of", "EpochShards", "ShardingReport", "sharding_report",
            "simulate_ranks", "shorten"]
