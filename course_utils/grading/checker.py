@@ -98,9 +98,7 @@ def check(exercise: str, answer: Any, **options: Any) -> CheckResult:
                  "cell, then run this check again.") from exc
 
 
-# --------------------------------------------------------------------------------------
-# what every grader does with an answer
-# --------------------------------------------------------------------------------------
+# ---- what every grader does with an answer ---------------------------------------------------
 def describe(x: Any, limit: int = 80) -> str:
     """A value as a failure message shows it: an array's or tensor's shape, dtype (and device),
     else its type and the start of its repr."""

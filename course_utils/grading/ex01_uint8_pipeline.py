@@ -123,32 +123,28 @@ def _check_crop(out: np.ndarray, resized: np.ndarray, c: int) -> None:
 
 
 def _check_flip(pipeline: Any, cropped: np.ndarray, shape: tuple[int, ...]) -> None:
+    """``flip(image, do_flip)`` mirrors left-right exactly when asked, leaving its input as it was."""
     cropped_copy = cropped.copy()
     for do_flip in (False, True):
-        out = _check_image_stage("flip", _call("flip", pipeline.flip, cropped, do_flip), shape)
-        out = out.copy()
+        out = _check_image_stage("flip", _call("flip", pipeline.flip, cropped, do_flip), shape).copy()
         if not np.array_equal(cropped, cropped_copy):
             raise _fail("`flip` changed its input image in place.",
                         hint="return a new (or view) array; don't write into the input.")
         if np.array_equal(out, cropped[:, ::-1] if do_flip else cropped):
             continue
-        if do_flip and np.array_equal(out, cropped[::-1]):
-            problem = "`flip` mirrored the image upside down (axis 0, the height)."
-            hint = ("a horizontal flip reverses the width: axis 1 of an (H, W, 3) array "
-                    "(with cv2.flip, read which flipCode is horizontal: 0 flips vertically).")
-        elif do_flip and np.array_equal(out, cropped[:, :, ::-1]):
-            problem = "`flip` reversed the colour channels (RGB -> BGR), not the image."
-            hint = "reverse axis 1 (the width) of the (H, W, 3) array, not axis 2 (the channels)."
-        elif do_flip and np.array_equal(out, cropped):
-            problem = "`flip(image, True)` did not flip."
-            hint = "mirror left-right (reverse the width, axis 1) when do_flip is True."
-        elif not do_flip and np.array_equal(out, cropped[:, ::-1]):
-            problem = "`flip(image, False)` flipped anyway."
-            hint = "return the image unchanged when do_flip is False."
-        else:
-            problem = f"`flip(image, {do_flip})` changed the pixels in an unexpected way."
-            hint = ("a flip only reorders pixels: the width reversed when do_flip, the image "
-                    "as it is otherwise.")
+        known = ([(cropped[::-1], "`flip` mirrored the image upside down (axis 0, the height).",
+                   "a horizontal flip reverses the width: axis 1 of an (H, W, 3) array (with "
+                   "cv2.flip, read which flipCode is horizontal: 0 flips vertically)."),
+                  (cropped[:, :, ::-1], "`flip` reversed the colour channels (RGB -> BGR), not "
+                   "the image.", "reverse axis 1 (the width) of the (H, W, 3) array, not axis 2."),
+                  (cropped, "`flip(image, True)` did not flip.",
+                   "mirror left-right (reverse the width, axis 1) when do_flip is True.")]
+                 if do_flip else [(cropped[:, ::-1], "`flip(image, False)` flipped anyway.",
+                                   "return the image unchanged when do_flip is False.")])
+        problem, hint = next(((p, h) for want, p, h in known if np.array_equal(out, want)), (
+            f"`flip(image, {do_flip})` changed the pixels in an unexpected way.",
+            "a flip only reorders pixels: the width reversed when do_flip, the image as it is "
+            "otherwise."))
         raise _fail(problem, seen=describe(out), hint=hint, expected=(
             "the same image mirrored left-right" if do_flip else "the image unchanged"))
 

@@ -47,9 +47,7 @@ MIN_LIST_GROWTH_BYTES = 8e6
 GROWTH_FRACTION = 0.15
 
 
-# --------------------------------------------------------------------------------------------
-# 03.choose_workers
-# --------------------------------------------------------------------------------------------
+# ---- 03.choose_workers -----------------------------------------------------------------------
 
 def _curve(name: str, story: str, workers: Sequence[int], truth: Sequence[float],
            noise: float, seed: int) -> dict:
@@ -240,9 +238,7 @@ def grade_choose_workers(choose_num_workers: Callable[..., Any], *,
     return CheckResult(CHOOSE, f"good choices on every curve ({summary}).", details)
 
 
-# --------------------------------------------------------------------------------------------
-# 03.copy_on_read
-# --------------------------------------------------------------------------------------------
+# ---- 03.copy_on_read -------------------------------------------------------------------------
 
 _LIST_BASELINE: dict[tuple, Any] = {}  # (n, seed, workers) -> WorkerMemory of the list version
 

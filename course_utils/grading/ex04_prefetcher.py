@@ -22,21 +22,18 @@ EXERCISE = "04.prefetcher"
 
 class _RecordingLoader:
     """``n`` batches ``(images uint8 (B, *shape), labels int64 (B,))``, each different: batch
-    k's labels are k*B .. k*B+B-1, its pixels a pattern shifted by k (or all k % 250 + 1).
-    ``pulled`` counts the batches handed out in the current pass."""
+    k's labels are k*B .. k*B+B-1, its pixels a pattern shifted by k (``constant``: all k % 250
+    + 1). ``pulled`` counts the batches handed out in the current pass."""
 
     def __init__(self, n: int, batch_size: int = 4, *, shape: tuple[int, ...] = (3, 8, 8),
-                 pin: bool = False, fill: str = "pattern") -> None:
-        self.n, self.batch_size, self.pulled = n, batch_size, 0
-        self.batches = []
+                 pin: bool = False, constant: bool = False) -> None:
+        self.n, self.batch_size, self.pulled, self.batches = n, batch_size, 0, []
         for k in range(n):
             size = (batch_size, *shape)
-            images = (torch.full(size, (k % 250) + 1, dtype=torch.uint8) if fill == "constant"
-                      else ((torch.arange(torch.Size(size).numel()) + 37 * k) % 251)
-                      .to(torch.uint8).view(size))
-            labels = torch.arange(k * batch_size, (k + 1) * batch_size, dtype=torch.int64)
-            self.batches.append((images.pin_memory(), labels.pin_memory()) if pin
-                                else (images, labels))
+            images = (torch.full(size, (k % 250) + 1, dtype=torch.uint8) if constant else
+                      ((torch.arange(torch.Size(size).numel()) + 37 * k) % 251).to(torch.uint8).view(size))
+            batch = images, torch.arange(k * batch_size, (k + 1) * batch_size, dtype=torch.int64)
+            self.batches.append(tuple(t.pin_memory() for t in batch) if pin else batch)
 
     def __len__(self) -> int:
         return self.n
@@ -235,7 +232,7 @@ def _race_fill(pass_index: int, batch_index: int, n_batches: int = _RACE_BATCHES
 def _big_loader(n: int, mib: int, pin: bool) -> _RecordingLoader:
     """``n`` batches of ``mib`` MiB of images, each pixel set to the batch's value."""
     return _RecordingLoader(n, max(1, mib * 1024 * 1024 // (3 * 64 * 64)), shape=(3, 64, 64),
-                            pin=pin, fill="constant")
+                            pin=pin, constant=True)
 
 
 def _copy_s(loader: _RecordingLoader, device: torch.device, repeats: int) -> float:
@@ -373,9 +370,7 @@ def grade_prefetcher(answer: Any, *, device: Any = None, n_batches: int = 6, bat
             mbatches, _ = _run_pass(_build(answer, mloader, meta), mloader, meta)
         except ExerciseFailed as exc:
             not_checked.append(f"placement on a second device ('meta' failed: {exc.problem})")
-        except NotImplementedError as exc:
-            # the CPU pass above ran, so this is torch refusing an operation on 'meta' tensors
-            # (they hold no data), not the exercise stub
+        except NotImplementedError as exc:  # the CPU pass ran: torch refuses an op on 'meta'
             not_checked.append(f"placement on a second device (an operation is not supported "
                                f"on 'meta' tensors: {exc})")
         else:
@@ -395,11 +390,9 @@ def grade_prefetcher(answer: Any, *, device: Any = None, n_batches: int = 6, bat
     else:
         why = "this machine has no CUDA" if dev.type != "cuda" else "cuda_checks=False"
         not_checked += [f"that copies overlap compute ({why}: only CUDA streams let a copy run "
-                        f"while a kernel computes, so timing here cannot tell a synchronous copy "
-                        f"from an overlapped one)",
-                        "that the current stream waits for the copy stream and that a batch's "
-                        "memory is not reused while it is read (a missing wait_stream or "
-                        "record_stream only shows as wrong values racing on a GPU)"]
+                        f"while a kernel computes)", "that the current stream waits for the copy "
+                        "stream and that a batch's memory is not reused while it is read (a "
+                        "missing wait_stream or record_stream only shows as a race on a GPU)"]
     summary = "checked: " + "; ".join(checked) + "."
     if not_checked:
         summary += " NOT checked on this device: " + "; ".join(not_checked) + "."

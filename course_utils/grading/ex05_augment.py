@@ -1,13 +1,12 @@
 """Grader for exercise 05: ``random_flip_brightness(batch, flip_p, brightness, generator)``
-on an (N, C, H, W) float batch: each sample mirrored (dim 3) with probability ``flip_p`` and
-scaled by its own factor in ``[1 - brightness, 1 + brightness]``, clamped to [0, 1]. Each
-sample's flip and factor are read back from the output of asymmetric test images; also checked:
-dtype, device (on 'meta' as a stand-in for a GPU), reproducibility, and that the number of torch
-calls does not grow with the batch.
+mirrors each sample (dim 3) with probability ``flip_p`` and scales it by its own factor in
+``[1 - brightness, 1 + brightness]``, clamped to [0, 1]. Each sample's flip and factor are read
+back from asymmetric test images; also judged: dtype, device ('meta' stands in for a GPU),
+reproducibility, and torch calls that do not grow with the batch.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
 
@@ -37,23 +36,19 @@ def make_test_batch(n: int = 64, side: int = 12, *, dtype: torch.dtype = torch.f
     return x.to(device=device, dtype=dtype)
 
 
-def _generator_hint(exc: Exception) -> str | None:
-    text = str(exc).lower()
-    return ("the generator lives on the batch's device: draw the random numbers on "
-            "batch.device, with the generator." if "generator" in text and "device" in text
-            else None)
-
-
-def _call(fn: Callable, batch: torch.Tensor, **kwargs: Any) -> Any:
-    return call_answer(EXERCISE, fn, batch, signature=_SIGNATURE, hint=_generator_hint,
-                       seen=f"input {describe(batch)}", **kwargs)
-
-
-def _generator(device: torch.device, seed: int) -> Optional[torch.Generator]:
+def _call(fn: Callable, batch: torch.Tensor, seed: int | None = 0, flip_p: float = 0.5,
+          brightness: float = 0.4) -> Any:
+    """``fn`` on ``batch`` with a generator on its device seeded ``seed`` (None: no generator,
+    also where the device has none of its own)."""
     try:
-        return torch.Generator(device=device).manual_seed(seed)
-    except (RuntimeError, TypeError):  # a device without its own generators
-        return None
+        generator = None if seed is None else torch.Generator(device=batch.device).manual_seed(seed)
+    except (RuntimeError, TypeError):
+        generator = None
+    return call_answer(EXERCISE, fn, batch, signature=_SIGNATURE, seen=f"input {describe(batch)}",
+                       flip_p=flip_p, brightness=brightness, generator=generator,
+                       hint=lambda exc: "the generator lives on the batch's device: draw the "
+                       "random numbers on batch.device, with the generator." if "generator" in
+                       str(exc).lower() and "device" in str(exc).lower() else None)
 
 
 def _basic(out: Any, batch: torch.Tensor, before: torch.Tensor, where: str) -> torch.Tensor:
@@ -186,8 +181,7 @@ def _check_values(fn: Callable, device: torch.device, *, n: int, side: int, seed
         return ExerciseFailed(EXERCISE, f"{where}: {problem}", **kw)
 
     def run(flip_p: float, brightness: float, seed: int = seed) -> Any:
-        return _call(fn, x, flip_p=flip_p, brightness=brightness,
-                     generator=_generator(device, seed))
+        return _call(fn, x, seed, flip_p, brightness)
 
     def read_back(out: Any) -> tuple[torch.Tensor, torch.Tensor]:
         return _analyse(_basic(out, x, before, where).cpu(), x.cpu(), tol, where)
@@ -243,41 +237,36 @@ def _check_values(fn: Callable, device: torch.device, *, n: int, side: int, seed
                        seen=f"{l2:.3f} .. {h2:.3f}",
                        hint="use the brightness argument (not a constant) for the range of the "
                             "factors.")
-    if _generator(device, seed) is not None:   # reproducible with the generator
-        if not torch.equal(run(p, b), out):
-            raise fail("two calls with generators seeded alike gave different results.",
-                       expected="the same output for the same seed (reproducible runs)",
-                       hint="draw every random number with the generator (torch's random "
-                            "functions take generator=...); without it, torch uses its global one.")
-        if torch.equal(run(p, b, seed + 1), out):
-            raise fail("a differently seeded generator gave exactly the same result.",
-                       expected="different draws for a different seed",
-                       hint="don't call torch.manual_seed(...) inside the function: it resets the "
-                            "random stream, so every batch of every epoch would get the same "
-                            "augmentation.")
+    if not torch.equal(run(p, b), out):                 # reproducible with the generator
+        raise fail("two calls with generators seeded alike gave different results.",
+                   expected="the same output for the same seed (reproducible runs)",
+                   hint="draw every random number with the generator (torch's random functions "
+                        "take generator=...); without it, torch uses its global one.")
+    if torch.equal(run(p, b, seed + 1), out):
+        raise fail("a differently seeded generator gave exactly the same result.",
+                   expected="different draws for a different seed",
+                   hint="don't call torch.manual_seed(...) inside the function: it resets the "
+                        "random stream, so every batch of every epoch would get the same "
+                        "augmentation.")
     return {"flipped": k, "n": n, "factor_min": lo, "factor_max": hi, "factor_mean": mean}
 
 
 def _check_half(fn: Callable, device: torch.device, *, n: int, side: int, seed: int) -> None:
     where = f"on {device.type}, float16 input"
     x = make_test_batch(n, side, dtype=torch.float16, device=device)
-    out = _call(fn, x, flip_p=0.5, brightness=0.4, generator=_generator(device, seed))
+    out = _call(fn, x, seed)
     _analyse(_basic(out, x, x.clone(), where).cpu(), x.float().cpu(), 4e-3, where)
 
 
 def _check_batched(fn: Callable, *, side: int, seed: int) -> dict:
     """The number of torch calls must not grow with the batch size (no loop over samples)."""
-    small, big = 8, 64
-    c_small, c_big = (count_torch_calls(_call, fn, make_test_batch(n, side), flip_p=0.5,
-                                        brightness=0.4,
-                                        generator=torch.Generator().manual_seed(seed))[1]
-                      for n in (small, big))
+    c_small, c_big = (count_torch_calls(_call, fn, make_test_batch(n, side), seed)[1]
+                      for n in (8, 64))
     if c_big > c_small + 8 and c_big > 1.5 * c_small:
         raise ExerciseFailed(
             EXERCISE, "the values are right, but the work is not batched: a Python loop over the "
-                      "samples.", expected="the same number of torch operations whatever the "
-                                           "batch size",
-            seen=f"{c_small} torch calls for {small} samples, {c_big} for {big}",
+                      "samples.", seen=f"{c_small} torch calls for 8 samples, {c_big} for 64",
+            expected="the same number of torch operations whatever the batch size",
             hint="on a GPU every torch call is at least one kernel launch (a few microseconds "
                  "each, plus Python overhead), so a loop costs N x (launches) per batch while the "
                  "GPU idles between tiny kernels. Draw all N random numbers at once and let "
@@ -359,8 +348,7 @@ def grade_flip_brightness(fn: Callable[..., Any], *, n: int = 64, side: int = 12
         devices.append("cuda")
     if accelerators and torch.backends.mps.is_available():
         x = make_test_batch(n, side, device="mps")
-        _basic(_call(fn, x, flip_p=0.5, brightness=0.4,
-                     generator=_generator(torch.device("mps"), seed)), x, x.clone(), "on mps")
+        _basic(_call(fn, x, seed), x, x.clone(), "on mps")
         devices.append("mps")
     summary = (f"per-sample randomness ({found['flipped']} of {found['n']} mirrored, brightness "
                f"factors {found['factor_min']:.2f}..{found['factor_max']:.2f}), values clamped to "

@@ -75,101 +75,90 @@ def judge(report: ShardingReport, where: str) -> str:
     """Raise ExerciseFailed for the first rule the ranks' draws break; else a summary."""
     n, world = report.n, report.world_size
     pad = math.ceil(n / world) * world - n
+
+    def fail(problem: str, **kw: str) -> ExerciseFailed:
+        return ExerciseFailed(SHARDING, f"{where}: {problem}", **kw)
+
     for e in report.epochs:
         if e.out_of_range:
-            raise ExerciseFailed(
-                SHARDING, f"{where}: epoch {e.epoch} drew values that are not indices of the "
-                f"dataset (0..{n - 1}).", expected="the dataset's items (IndexDataset: item i is i)",
-                seen=shorten(e.out_of_range), hint="iterate the dataset through a DataLoader; "
-                "do not return the sampler's positions shifted or the batch numbers.")
+            raise fail(f"epoch {e.epoch} drew values that are not indices of the dataset "
+                       f"(0..{n - 1}).", expected="the dataset's items (IndexDataset: item i is i)",
+                       seen=shorten(e.out_of_range), hint="iterate the dataset through a "
+                       "DataLoader; do not return the sampler's positions shifted or batch numbers.")
         if e.missing:
-            counts = e.counts
             if not e.repeated and len(e.missing) == e.tail and e.equal_counts:
                 hint = (f"each rank took {n // world} = len(dataset) // world_size samples, so "
                         f"the {e.tail} that do not divide evenly between {world} ranks are lost, "
                         f"different ones every epoch. That is what drop_last=True (or slicing "
                         f"with len(dataset) // world_size) does; keep drop_last=False - "
                         f"DistributedSampler then repeats {pad} sample(s) instead.")
-            elif all(c == n // world for c in counts) or sum(counts) < n:
+            elif all(c == n // world for c in e.counts) or sum(e.counts) < n:
                 hint = (f"{n} samples over {world} ranks is {n / world:g} each: a rank that takes "
                         f"len(dataset) // world_size loses the rest. Round up instead, and pad "
                         f"with repeated samples, as DistributedSampler does.")
             else:
                 hint = ("every rank must shuffle with the same seed and take its own slice of "
-                        "the same permutation; DistributedSampler does exactly that when every "
-                        "rank gives it the same seed.")
-            raise ExerciseFailed(
-                SHARDING, f"{where}: in epoch {e.epoch}, {len(e.missing)} of {n} samples were "
-                f"never drawn by any rank.",
-                expected=f"every sample at least once per epoch across the {world} ranks",
-                seen=f"never drawn: {shorten(e.missing)}; samples per rank {counts}", hint=hint)
+                        "the same permutation, as DistributedSampler does with one seed.")
+            raise fail(f"in epoch {e.epoch}, {len(e.missing)} of {n} samples were never drawn "
+                       f"by any rank.", hint=hint,
+                       expected=f"every sample at least once per epoch across the {world} ranks",
+                       seen=f"never drawn: {shorten(e.missing)}; samples per rank {e.counts}")
         if e.extra > pad:
-            if all(len(set(x)) >= n for x in e.per_rank):
-                hint = ("every rank iterates the whole dataset: a DataLoader(shuffle=True) per "
-                        "rank is not sharded. Each rank needs its own shard: a sampler that "
-                        "knows how many ranks there are and which one this is.")
-            else:
-                hint = ("the shards overlap: check the slice bounds (one past the end takes "
-                        "the next rank's first sample), and that all ranks use the same "
-                        "permutation (same seed). DistributedSampler takes every world_size-th "
-                        "index starting at rank.")
-            raise ExerciseFailed(
-                SHARDING, f"{where}: in epoch {e.epoch} the shards overlap: {e.extra} draws "
-                f"beyond one per sample, {len(e.on_several_ranks)} sample(s) on more than one rank.",
-                expected=f"disjoint shards; at most {pad} sample(s) repeated as padding "
-                         f"({n} samples, {world} ranks)",
-                seen=f"drawn by several ranks: {shorten(e.on_several_ranks)}; samples per rank "
-                     f"{e.counts}", hint=hint)
+            raise fail(f"in epoch {e.epoch} the shards overlap: {e.extra} draws beyond one per "
+                       f"sample, {len(e.on_several_ranks)} sample(s) on more than one rank.",
+                       expected=f"disjoint shards; at most {pad} sample(s) repeated as padding "
+                                f"({n} samples, {world} ranks)",
+                       seen=f"drawn by several ranks: {shorten(e.on_several_ranks)}; samples "
+                            f"per rank {e.counts}",
+                       hint="every rank iterates the whole dataset: a DataLoader(shuffle=True) "
+                            "per rank is not sharded. Each rank needs its own shard: a sampler "
+                            "that knows how many ranks there are and which one this is."
+                       if all(len(set(x)) >= n for x in e.per_rank) else
+                       "the shards overlap: check the slice bounds (one past the end takes the "
+                       "next rank's first sample), and that all ranks use the same permutation "
+                       "(same seed). DistributedSampler takes every world_size-th index from rank.")
         if not e.equal_counts:
-            raise ExerciseFailed(
-                SHARDING, f"{where}: in epoch {e.epoch} the ranks drew different numbers of "
-                f"samples.", expected=f"the same number on every rank ({math.ceil(n / world)})",
-                seen=f"samples per rank {e.counts}"
-                     + (f"; drawn more than once: {shorten(sorted(e.repeated))}" if e.repeated else ""),
-                hint="under DDP every step all-reduces gradients across ranks: a rank with one "
-                     "more batch waits for ever for the others. Split by rounding up and pad "
-                     "with repeated samples, as DistributedSampler(drop_last=False) does.")
+            raise fail(f"in epoch {e.epoch} the ranks drew different numbers of samples.",
+                       expected=f"the same number on every rank ({math.ceil(n / world)})",
+                       seen=f"samples per rank {e.counts}" + (
+                           f"; drawn more than once: {shorten(sorted(e.repeated))}"
+                           if e.repeated else ""),
+                       hint="under DDP every step all-reduces gradients across ranks: a rank with "
+                            "one more batch waits for ever for the others. Split by rounding up "
+                            "and pad with repeated samples, as DistributedSampler(drop_last=False)"
+                            " does.")
     order = report.firsts()
     for a, b in zip(order, order[1:]):
-        same = report.same_order(a, b)
-        if any(same):
-            ranks = [r for r, s in enumerate(same) if s]
-            # in index order (DistributedSampler's padding, if any, comes last)
-            sorted_ = all(x[:-1] == sorted(x[:-1]) for x in a.per_rank)
-            if sorted_:
-                hint = ("the samples come in index order: shuffle=False. DistributedSampler "
-                        "shuffles by default, with its seed and the epoch you give it "
-                        "(set_epoch).")
-            else:
-                hint = ("DistributedSampler shuffles with seed + epoch, and the epoch is 0 until "
-                        "you call sampler.set_epoch(epoch); without it every epoch repeats the "
-                        "first one's order.")
-            raise ExerciseFailed(
-                SHARDING, f"{where}: epochs {a.epoch} and {b.epoch} drew the same samples in the "
-                f"same order on rank(s) {ranks}.",
-                expected="a new order every epoch (the same seed, a different epoch)",
-                seen=f"rank {ranks[0]} in epoch {a.epoch}: {shorten(a.per_rank[ranks[0]])}; in "
-                     f"epoch {b.epoch}: {shorten(b.per_rank[ranks[0]])}", hint=hint)
+        ranks = [r for r, same in enumerate(report.same_order(a, b)) if same]
+        if ranks:
+            r = ranks[0]
+            raise fail(f"epochs {a.epoch} and {b.epoch} drew the same samples in the same order "
+                       f"on rank(s) {ranks}.",
+                       expected="a new order every epoch (the same seed, a different epoch)",
+                       seen=f"rank {r} in epoch {a.epoch}: {shorten(a.per_rank[r])}; in epoch "
+                            f"{b.epoch}: {shorten(b.per_rank[r])}",
+                       # in index order (DistributedSampler's padding, if any, comes last)
+                       hint="the samples come in index order: shuffle=False. DistributedSampler "
+                            "shuffles by default, with its seed and the epoch you give it "
+                            "(set_epoch)." if all(x[:-1] == sorted(x[:-1]) for x in a.per_rank)
+                       else "DistributedSampler shuffles with seed + epoch, and the epoch is 0 "
+                            "until you call sampler.set_epoch(epoch); without it every epoch "
+                            "repeats the first one's order.")
     firsts = {e.epoch: e for e in order}
     for e in report.epochs:
-        first = firsts[e.epoch]
-        if e is first:
-            continue
-        same = report.same_order(first, e)
-        if not all(same):
+        first, same = firsts[e.epoch], report.same_order(firsts[e.epoch], e)
+        if e is not first and not all(same):
             r = same.index(False)
-            raise ExerciseFailed(
-                SHARDING, f"{where}: epoch {e.epoch}, asked for a second time, gave a different "
-                f"order on rank {r}.",
-                expected="the same order whenever the same epoch is asked for (a run resumed "
-                         "from a checkpoint replays it)",
-                seen=f"first time {shorten(first.per_rank[r])}; second time {shorten(e.per_rank[r])}",
-                hint="derive the shuffle from a fixed seed and the epoch, not from the global RNG "
-                     "or a call counter.")
-    e0 = report.epochs[0]
+            raise fail(f"epoch {e.epoch}, asked for a second time, gave a different order on "
+                       f"rank {r}.", expected="the same order whenever the same epoch is asked "
+                                              "for (a run resumed from a checkpoint replays it)",
+                       seen=f"first time {shorten(first.per_rank[r])}; second time "
+                            f"{shorten(e.per_rank[r])}",
+                       hint="derive the shuffle from a fixed seed and the epoch, not from the "
+                            "global RNG or a call counter.")
     return (f"{n} samples over {world} ranks: every sample once per epoch ({pad} repeated as "
-            f"padding), disjoint shards of {e0.counts[0]}, a new order every epoch, a replayed "
-            f"epoch identical")
+            f"padding), disjoint shards of {report.epochs[0].counts[0]}, a new order every epoch, "
+            f"a replayed epoch identical")
 
 
 @grader(SHARDING)

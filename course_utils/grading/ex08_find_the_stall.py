@@ -50,9 +50,7 @@ def _reference_fraction(events: Sequence[dict], warmup_steps: int = 1) -> float:
     return wait / sum(s["dur"] for s in counted)
 
 
-# --------------------------------------------------------------------------------------------
-# synthetic traces with known answers
-# --------------------------------------------------------------------------------------------
+# ---- synthetic traces with known answers -----------------------------------------------------
 
 def synthetic_trace(steps: Sequence[tuple[float, float, float, float]], *, first: int = 2,
                     shuffle_seed: int | None = None) -> list[dict]:
@@ -165,9 +163,7 @@ def synthetic_cases() -> list[dict]:
     return out
 
 
-# --------------------------------------------------------------------------------------------
-# loops profiled for real
-# --------------------------------------------------------------------------------------------
+# ---- loops profiled for real -----------------------------------------------------------------
 
 class SleepyBatches(Dataset):
     """Ready-made batches of NumPy arrays (4 small images, 4 labels), each after ``delay_s``
@@ -233,9 +229,7 @@ def real_traces(steps: int = 8) -> tuple[dict, ...]:
     return tuple(out)
 
 
-# --------------------------------------------------------------------------------------------
-# calling the learner's functions
-# --------------------------------------------------------------------------------------------
+# ---- calling the learner's functions ---------------------------------------------------------
 
 def _raised_hint(exc: Exception) -> str:
     if isinstance(exc, KeyError) and exc.args and exc.args[0] in ("dur", "ts"):
@@ -286,9 +280,7 @@ def _judge(value: float, answer: float, mistakes: dict[str, float], where: str, 
              "first `warmup_steps` in time order. Print what you add up for each step.")
 
 
-# --------------------------------------------------------------------------------------------
-# the graders
-# --------------------------------------------------------------------------------------------
+# ---- the graders -----------------------------------------------------------------------------
 
 @grader(WAIT)
 def grade_wait_fraction(data_wait_fraction: Callable[..., Any], *, real: bool = True) -> CheckResult:

@@ -1,9 +1,6 @@
-"""Grade a whole exercise notebook through nbval and report pass/fail per exercise.
-
-``python -m course_utils grade exercises/00_measure_first.ipynb`` runs the notebook top to
-bottom in a fresh kernel with ``pytest --nbval-lax`` and maps each failing or passing cell back
-to the exercise whose ``check("ID", ...)`` call it holds.
-"""
+"""``python -m course_utils grade exercises/00_measure_first.ipynb``: each notebook run top to
+bottom in a fresh kernel by ``pytest --nbval-lax``, each cell's outcome mapped back to the
+exercise whose ``check("ID", ...)`` call it holds."""
 from __future__ import annotations
 
 import json
@@ -31,11 +28,8 @@ class ExerciseGrade:
     message: str = ""
 
     def __str__(self) -> str:
-        status = "PASS" if self.passed else "FAIL"
-        text = f"  {status}  {self.exercise}  (cell {self.cell})"
-        if self.message:
-            text += "\n" + "\n".join("        " + line for line in self.message.splitlines())
-        return text
+        return "\n".join([f"  {'PASS' if self.passed else 'FAIL'}  {self.exercise}  (cell {self.cell})"]
+                         + ["        " + line for line in self.message.splitlines()])
 
 
 @dataclass
@@ -66,16 +60,10 @@ class NotebookGrade:
 def exercise_cells(notebook: dict) -> dict[int, str]:
     """Map code-cell index (as nbval numbers them) to the exercise id its check() call grades."""
     found: dict[int, str] = {}
-    index = 0
-    for cell in notebook.get("cells", []):
-        if cell.get("cell_type") != "code":
-            continue
-        src = cell.get("source", "")
-        text = "".join(src) if isinstance(src, list) else src
-        match = _CHECK_RE.search(text)
-        if match:
+    code = [c.get("source", "") for c in notebook.get("cells", []) if c.get("cell_type") == "code"]
+    for index, src in enumerate(code):
+        if match := _CHECK_RE.search("".join(src) if isinstance(src, list) else src):
             found[index] = match.group(1)
-        index += 1
     return found
 
 

@@ -1,9 +1,9 @@
 """Grader for exercise 02: ``make_budget_init(cpu_budget)`` returns a picklable worker_init_fn
 giving every pool of a worker ``max(1, cpu_budget // num_workers)`` threads, and 1 under
-``fork``. It runs in real DataLoaders (:data:`RUNS`), forked after this process used OpenCV,
-BLAS and torch, and in fresh workers; each worker reports its pools before and after the answer
-and after real work, and a hung worker dumps where it was stuck. Pools that start at the
-expected size are named as not checked.
+``fork``, judged in real DataLoaders (:data:`RUNS`): forked after this process used OpenCV, BLAS
+and torch, and fresh. Each worker reports its pools before and after the answer and after real
+work; a hung worker, where it was stuck. Pools that start at the expected size are named as not
+checked.
 """
 from __future__ import annotations
 
@@ -28,37 +28,26 @@ __all__ = ["EXERCISE", "SHARE", "grade_share", "grade_worker_init"]
 #: where there is no forkserver. A forked worker must run 1 thread per pool whatever its share.
 RUNS = (("fork", 7, 2), ("fresh", 7, 2), ("fresh", 1, 2))
 
-_WHY_MODULE = ("spawn and forkserver workers receive the worker_init_fn by pickle, which stores "
-               "only a module and a name, and they cannot import a notebook (__main__): lesson 00 "
-               "showed it. Write make_budget_init and what it returns into a module with a "
-               "%%writefile cell, as lesson 02 did with lesson02_workers.py, and import it.")
-
 _FIX = ("each library's own control over its running pool: threadpoolctl reaches the "
         "BLAS/OpenMP pools (for the worker's whole life, so not in a with-block), and OpenCV "
         "has a setting of its own, whose value for 'run sequentially' is not 1")
 
-# --------------------------------------------------------------------------------------
-# reading the answers
-# --------------------------------------------------------------------------------------
+
 def _pools_text(p: ThreadPools) -> str:
     return ", ".join(f"{name} {n}" for name, n in p.pools.items())
 
 
-def seen_text(hung: Hung, timeout_s: float) -> str:
-    """Where a stuck worker was: inside the answer (at which of its lines) or after it."""
+def _hung_failure(hung: Hung, timeout_s: float, clamp: str) -> ExerciseFailed:
+    """The failure of a worker that gave no answer: where it was stuck, and why it can hang."""
     top, user = stuck_frames(hung.stack)
     if hung.where == "init":
         place = (f"at {with_code(user[0])}" if user else
                  "in a library call" if top is None else f"in {with_code(top)}")
-        phase = "inside your function,"
+        seen = f"worker stuck inside your function, {place}"
     else:
-        place = with_code(top) if top else "in a library call"
-        phase = "after your function returned, while loading the first sample, in"
-    return f"worker stuck {phase} {place} (no answer within the DataLoader timeout of {timeout_s:g} s)"
-
-
-def _hung_failure(hung: Hung, timeout_s: float, clamp: str) -> ExerciseFailed:
-    seen = seen_text(hung, timeout_s)
+        seen = ("worker stuck after your function returned, while loading the first sample, in "
+                + (with_code(top) if top else "a library call"))
+    seen += f" (no answer within the DataLoader timeout of {timeout_s:g} s)"
     in_cv2 = "recording_set_num_threads" in hung.stack  # stuck inside a cv2.setNumThreads call
     last = hung.calls[-1] if hung.calls else None        # logged just before the call
     nonzero = [c for c in hung.calls if c != "0"]
@@ -70,36 +59,36 @@ def _hung_failure(hung: Hung, timeout_s: float, clamp: str) -> ExerciseFailed:
     if in_cv2 and last == "0":
         return ExerciseFailed(EXERCISE, "the worker hung in cv2.setNumThreads(0) (rare).",
                               expected=expected, seen=seen, hint=(
-            "that call is right and normally returns at once; a hang there comes from a lock another "
-            "thread of this notebook held at the moment of the fork. Run the check again; if it "
-            "keeps happening, restart the kernel and run only this notebook."))
+            "that call is right and normally returns at once; a hang there comes from a lock "
+            "another thread of this notebook held at the moment of the fork. Run the check again; "
+            "if it keeps happening, restart the kernel and run only this notebook."))
     if in_cv2 or nonzero:
         value = last if in_cv2 else nonzero[-1]
         return ExerciseFailed(
-            EXERCISE, f"deadlock: cv2.setNumThreads({value}) hung in a forked worker.", expected=expected,
-            seen=seen + (f"; your function had called cv2.setNumThreads({', '.join(hung.calls)})"
-                         if hung.calls else ""),
-            hint=(clamp + "This process had used OpenCV's thread pool before the workers were "
-                  "forked. fork copies only the calling thread, so the worker inherits the pool's "
-                  f"bookkeeping but not its threads; cv2.setNumThreads({value}) stops and joins "
-                  "those threads, which do not exist in the worker, and waits forever. "
-                  "cv2.setNumThreads(0) means 'run sequentially' without touching the pool, and "
-                  "is safe under fork, forkserver and spawn."))
+            EXERCISE, f"deadlock: cv2.setNumThreads({value}) hung in a forked worker.",
+            expected=expected, seen=seen + (f"; your function had called cv2.setNumThreads("
+                                            f"{', '.join(hung.calls)})" if hung.calls else ""),
+            hint=clamp + "This process had used OpenCV's thread pool before the workers were "
+                 "forked. fork copies only the calling thread, so the worker inherits the pool's "
+                 f"bookkeeping but not its threads; cv2.setNumThreads({value}) stops and joins "
+                 "those threads, which do not exist in the worker, and waits forever. "
+                 "cv2.setNumThreads(0) means 'run sequentially' without touching the pool, and "
+                 "is safe under fork, forkserver and spawn.")
     if hung.where == "fetch" and hung.after is not None and hung.after.torch_intra > 1:
         return ExerciseFailed(
             EXERCISE, f"the worker hung: torch at {hung.after.torch_intra} threads in a forked "
-                      f"worker.",
-            expected="every pool at 1 thread, and every worker delivering a sample", seen=seen,
-            hint=(clamp + "Your function raised torch's thread count (with torch.set_num_threads, "
-                  "or with a threadpoolctl limit above 1, which also sizes torch's OpenMP "
-                  "runtime). That runtime (GNU libgomp) is not fork-safe: in a forked worker whose "
-                  "parent had used it, the first parallel torch operation with more than one "
-                  "thread waits forever for threads fork did not copy."))
+                      f"worker.", seen=seen,
+            expected="every pool at 1 thread, and every worker delivering a sample",
+            hint=clamp + "Your function raised torch's thread count (torch.set_num_threads, or a "
+                 "threadpoolctl limit above 1, which also sizes torch's OpenMP runtime). That "
+                 "runtime (GNU libgomp) is not fork-safe: in a forked worker whose parent had "
+                 "used it, the first parallel torch operation waits forever for threads fork did "
+                 "not copy.")
     return ExerciseFailed(
         EXERCISE, f"the worker hung ({hung.method} start method).", expected=expected, seen=seen,
-        hint=(clamp + "In a forked worker, resizing a thread pool the parent had used can wait "
-              "for threads that fork did not copy: only ever bring pools down to 1 thread there "
-              "(for OpenCV, with the value that means 'sequential')."))
+        hint=clamp + "In a forked worker, resizing a thread pool the parent had used can wait "
+             "for threads that fork did not copy: only ever bring pools down to 1 thread there "
+             "(for OpenCV, with the value that means 'sequential').")
 
 
 def _clamp(method: str, budget: int, workers: int) -> str:
@@ -111,9 +100,8 @@ def _clamp(method: str, budget: int, workers: int) -> str:
 
 
 def _not_shown(before: ThreadPools, expect: int) -> list[str]:
-    """Pools that already had ``expect`` threads before the answer ran (so the check cannot
-    show that the answer sized them); for 1, torch's pools are left out: the DataLoader sets
-    them to 1 in every worker."""
+    """Pools that already had ``expect`` threads before the answer ran (the check cannot show
+    the answer sized them); for 1, not torch's pools, which the DataLoader sets to 1."""
     names = list(before.pools)
     blas_names = names[len(names) - len(before.blas):]   # pools lists the BLAS/OpenMP ones last
     torch_omp = {name for name, entry in zip(blas_names, before.blas) if is_torch_openmp(entry)}
@@ -123,37 +111,42 @@ def _not_shown(before: ThreadPools, expect: int) -> list[str]:
 
 def _init_for(answer: Callable[[int], Any], budget: int) -> Callable[[int], Any]:
     """``answer(budget)``, checked to be a worker_init_fn spawn/forkserver workers can receive."""
-    name = getattr(answer, "__name__", "make_budget_init")
-    init = call_answer(EXERCISE, answer, budget, what=f"{name}({budget})")
+    name = f"{getattr(answer, '__name__', 'make_budget_init')}({budget})"
+    init = call_answer(EXERCISE, answer, budget, what=name)
     if not callable(init):
-        raise ExerciseFailed(EXERCISE, f"{name}({budget}) returned {type(init).__name__}, not a "
+        raise ExerciseFailed(EXERCISE, f"{name} returned {type(init).__name__}, not a "
                                        f"worker_init_fn.", expected="a callable taking the worker id")
     refuse_course_code(EXERCISE, init)
     require_signature(EXERCISE, init, "a worker_init_fn is called with one argument, the worker "
-                      "id.", f"{name}({budget})(worker_id)", 0)
+                      "id.", f"{name}(worker_id)", 0)
     try:  # a notebook's function or class is found by pickle here, but not in fresh workers
         data = b"__main__" if getattr(init, "__module__", None) == "__main__" else pickle.dumps(init)
     except Exception as exc:
         raise ExerciseFailed(
-            EXERCISE, f"what {name}({budget}) returned cannot be pickled, so spawn and forkserver "
-                      f"workers cannot receive it.",
+            EXERCISE, f"what {name} returned cannot be pickled, so spawn and forkserver workers "
+                      f"cannot receive it.",
             expected="a worker_init_fn that pickle can send", seen=f"{type(exc).__name__}: {exc}",
-            hint=("pickle stores a function or a class by its module and name, and a function made "
-                  "inside another one (a closure, a lambda) has neither. Return something pickle "
-                  "can find by name that still carries the budget.")) from None
+            hint="pickle stores a function or a class by its module and name, and a function made "
+                 "inside another one (a closure, a lambda) has neither. Return something pickle "
+                 "can find by name that still carries the budget.") from None
     if b"__main__" in data:
-        raise ExerciseFailed(EXERCISE, "your worker_init_fn is defined in the notebook (__main__).",
-                             expected="make_budget_init and what it returns defined in a module",
-                             seen=f"{name}({budget}) returned {init!r}", hint=_WHY_MODULE)
+        raise ExerciseFailed(
+            EXERCISE, "your worker_init_fn is defined in the notebook (__main__).",
+            expected="make_budget_init and what it returns defined in a module",
+            seen=f"{name} returned {init!r}",
+            hint="spawn and forkserver workers receive the worker_init_fn by pickle, which stores "
+                 "only a module and a name, and they cannot import a notebook (__main__): lesson "
+                 "00 showed it. Write make_budget_init and what it returns into a module with a "
+                 "%%writefile cell, as lesson 02 did with lesson02_workers.py, and import it.")
     return init
 
 
 def _judge(answers: list[dict], method: str, budget: int, workers: int) -> dict:
     """Raise ExerciseFailed unless every worker ended with every pool at its share of threads
     (1 in a forked worker); return what the worst worker showed."""
-    first = answers[0]["state"]
-    if first.get("not_implemented"):
-        raise NotImplementedError(first.get("error"))
+    if answers[0]["state"].get("not_implemented"):
+        raise NotImplementedError(answers[0]["state"].get("error"))
+    clamp = _clamp(method, budget, workers)
     for a in answers:
         state = a["state"]
         if "error" in state:
@@ -164,30 +157,26 @@ def _judge(answers: list[dict], method: str, budget: int, workers: int) -> dict:
                 seen=state.get("traceback", state["error"]).strip(),
                 hint="the traceback shows the line of your function that failed; a worker "
                      "imports your module, so import there everything the function uses.")
-    expect = 1 if method == "fork" else max(1, budget // workers)
-    clamp = _clamp(method, budget, workers)
-    for a in answers:
-        nonzero = a["state"].get("cv2_nonzero", [])
-        if method == "fork" and nonzero:
-            calls = ", ".join(a["state"].get("cv2_calls", []))
+        if method == "fork" and state.get("cv2_nonzero"):
             raise ExerciseFailed(
-                EXERCISE, f"deadlock risk: cv2.setNumThreads({nonzero[0]!r}) in a forked worker.",
+                EXERCISE, f"deadlock risk: cv2.setNumThreads({state['cv2_nonzero'][0]!r}) in a "
+                          f"forked worker.",
                 expected="cv2.setNumThreads(0) in forked workers (0 = run sequentially)",
-                seen=f"your function called cv2.setNumThreads({calls}) in worker {a['worker']}; "
-                     f"it returned this time",
-                hint=(clamp + "This process had used OpenCV's pool before the workers were forked. "
-                      "A forked worker has the pool's bookkeeping but not its threads, and "
-                      "setNumThreads(1) (any size but 0) stops and joins those threads: in "
-                      "the course's measurements it hangs in 9 out of 10 forks. "
-                      "cv2.setNumThreads(0) runs OpenCV sequentially without touching the pool "
-                      "and is safe under every start method."))
-
+                seen=f"your function called cv2.setNumThreads({', '.join(state['cv2_calls'])}) "
+                     f"in worker {a['worker']}; it returned this time",
+                hint=clamp + "This process had used OpenCV's pool before the workers were forked. "
+                     "A forked worker has the pool's bookkeeping but not its threads, and "
+                     "setNumThreads(1) (any size but 0) stops and joins those threads: in the "
+                     "course's measurements it hangs in 9 out of 10 forks. cv2.setNumThreads(0) "
+                     "runs OpenCV sequentially without touching the pool, under every start method.")
+    expect = 1 if method == "fork" else max(1, budget // workers)
     worst = max(answers, key=lambda a: sum(v != expect for v in
                                            ThreadPools.from_dict(a["pools"]).pools.values()))
-    pools, before, after = (ThreadPools.from_dict(d) for d in (worst["pools"], worst["state"]["before"],
-                                                                worst["state"]["after"]))
-    report = {"start_method": method, "cpu_budget": budget, "num_workers": workers, "expected": expect,
-              "pools": pools.to_dict(), "raised": list(worst["state"].get("raised", [])),
+    state = worst["state"]
+    pools, before, after = (ThreadPools.from_dict(d) for d in (worst["pools"], state["before"],
+                                                                state["after"]))
+    report = {"start_method": method, "cpu_budget": budget, "num_workers": workers,
+              "expected": expect, "pools": pools.to_dict(), "raised": list(state.get("raised", [])),
               "not_checked": _not_shown(before, expect)}
     wrong = {k: v for k, v in pools.pools.items() if v != expect}
     if not wrong:
@@ -197,35 +186,32 @@ def _judge(answers: list[dict], method: str, budget: int, workers: int) -> dict:
     if expect > 1:
         _share_failure(wrong, seen, budget, workers, expect, len(pools.pools))
     over = {name: k for name, k in pools.pools.items() if k > 1}
-    unchanged = {k: v for k, v in over.items() if before.pools.get(k) == v}
-    env_set = sorted(v for v in THREAD_ENV_VARS
-                     if worst["state"]["env_after"].get(v) != worst["state"]["env_before"].get(v))
+    env_set = sorted(v for v in THREAD_ENV_VARS if state["env_after"].get(v) != state["env_before"].get(v))
     changed = {k for k in before.pools if before.pools[k] != after.pools.get(k)}
     if env_set and not changed:
+        unchanged = ", ".join(f"{k} {v}" for k, v in over.items() if before.pools.get(k) == v)
         raise ExerciseFailed(
             EXERCISE, "environment variables set inside a running process do not resize its "
                       "thread pools.",
             expected="every pool at 1 thread", seen=seen + f"; your function set {', '.join(env_set)}",
-            hint=("each library reads its variable once: BLAS and torch's OpenMP when they are "
-                  "loaded, OpenCV when its pool is first used. The worker already has them loaded "
-                  "and used (it is a copy of the notebook process, or imported them to unpickle "
-                  "the dataset), so the pools stayed as they were: "
-                  f"{', '.join(f'{k} {v}' for k, v in unchanged.items())}. Variables only help "
-                  f"before the libraries load (in the shell, or at the very top of a script). "
-                  f"Limit the running pools instead, with {_FIX}."))
-    if before.torch_intra == 1 and set(changed) <= {"torch intra-op"} and "torch intra-op" not in over:
+            hint="each library reads its variable once: BLAS and torch's OpenMP when they are "
+                 "loaded, OpenCV when its pool is first used. The worker already has them loaded "
+                 "and used (it is a copy of the notebook process, or imported them to unpickle "
+                 f"the dataset), so the pools stayed as they were: {unchanged}. Variables only "
+                 f"help before the libraries load (in the shell, or at the very top of a script). "
+                 f"Limit the running pools instead, with {_FIX}.")
+    if before.torch_intra == 1 and changed <= {"torch intra-op"} and "torch intra-op" not in over:
         raise ExerciseFailed(
             EXERCISE, "torch was already at 1 thread in the worker; OpenCV and BLAS are not.",
             expected="every pool at 1 thread", seen=seen,
-            hint=("the DataLoader calls torch.set_num_threads(1) in every worker before your "
-                  "worker_init_fn runs, so torch.set_num_threads(1) there changes nothing. "
-                  "The pools that stay big are OpenCV's and the BLAS/OpenMP libraries' "
-                  f"({', '.join(over)}). (In a forked worker OpenCV may only *read* its old "
-                  "size, its threads were not copied; spawn and forkserver workers, or fork "
-                  "workers of a process that had not used OpenCV yet, start a real pool of "
-                  f"that size.) Limit those too, with {_FIX}."))
+            hint="the DataLoader calls torch.set_num_threads(1) in every worker before your "
+                 "worker_init_fn runs, so torch.set_num_threads(1) there changes nothing. The "
+                 f"pools that stay big are OpenCV's and the BLAS/OpenMP libraries' ({', '.join(over)})."
+                 " (In a forked worker OpenCV may only *read* its old size, its threads were not "
+                 "copied; fresh workers, or forks of a process that had not used OpenCV yet, start "
+                 f"a real pool of that size.) Limit those too, with {_FIX}.")
     hints = [clamp.strip()] if clamp else []
-    if any(name == "OpenCV" for name in over):
+    if "OpenCV" in over:
         hints.append("OpenCV is not a pool threadpoolctl can see: OpenCV has its own thread "
                      "setting (look up which value means 'sequential': 1 can deadlock in a "
                      "forked worker)")
@@ -246,7 +232,6 @@ def _judge(answers: list[dict], method: str, budget: int, workers: int) -> dict:
 def _share_failure(wrong: dict[str, int], seen: str, budget: int, workers: int, expect: int,
                    pools: int) -> None:
     """Raise the failure of a fresh worker whose pools are not at its share, ``expect`` > 1."""
-    share = f"a budget of {budget} CPUs over {workers} workers leaves each worker {expect}"
     low = len(wrong) == pools and all(v < expect for v in wrong.values())
     high = all(v > expect for v in wrong.values())
     hints = []
@@ -269,7 +254,8 @@ def _share_failure(wrong: dict[str, int], seen: str, budget: int, workers: int, 
             hints.append("torch.set_num_threads sizes torch's pool")
     what = ("every pool ran fewer threads than" if low else "more threads than" if high else
             f"{', '.join(f'{k} {v}' for k, v in wrong.items())}: not at")
-    raise ExerciseFailed(EXERCISE, f"{what} the worker's share: {share}.",
+    raise ExerciseFailed(EXERCISE, f"{what} the worker's share: a budget of {budget} CPUs over "
+                                   f"{workers} workers leaves each worker {expect}.",
                          expected=f"every pool at {expect} threads ({budget} // {workers})",
                          seen=seen, hint="; ".join(hints) + ".")
 
@@ -278,11 +264,8 @@ def _share_failure(wrong: dict[str, int], seen: str, budget: int, workers: int, 
 def grade_worker_init(answer: Callable[[int], Any], *, timeout_s: float = 20.0,
                       runs: tuple = RUNS) -> CheckResult:
     """Run ``answer(cpu_budget)`` as the worker_init_fn of real DataLoader workers for each of
-    ``runs`` (:data:`RUNS`; fork runs are skipped where there is no fork) and inspect their pools.
-
-    ``timeout_s``: the DataLoader timeout in seconds (fresh workers get at least 60 s to start);
-    a worker that does not answer in time fails the check with the place it was stuck.
-    """
+    ``runs`` (fork runs skipped where there is no fork) and judge their pools. ``timeout_s``: the
+    DataLoader timeout (fresh workers get at least 60 s to start)."""
     require_callable(EXERCISE, answer, "a function make_budget_init(cpu_budget)")
     require_signature(EXERCISE, answer, "make_budget_init is called with one argument, the CPU "
                       "budget.", "def make_budget_init(cpu_budget): ...", 7)
@@ -292,11 +275,10 @@ def grade_worker_init(answer: Callable[[int], Any], *, timeout_s: float = 20.0,
     if any(m not in methods + ["fork"] for m, _, _ in plan):
         raise ValueError(f"runs={runs!r}: a start method is not available here; use {methods} or 'fresh'.")
     skipped = any(m not in methods for m, _, _ in plan)
-    plan = [p for p in plan if p[0] in methods]
     reports = []
     opencv_before = use_parent_pools()
     try:
-        for method, budget, workers in plan:
+        for method, budget, workers in (p for p in plan if p[0] in methods):
             init = _init_for(answer, budget)
             wait = timeout_s if method == "fork" else max(timeout_s, 60.0)
             try:
@@ -309,8 +291,8 @@ def grade_worker_init(answer: Callable[[int], Any], *, timeout_s: float = 20.0,
             cv2.setNumThreads(0)
     summary = ("in real DataLoader workers (forked ones after this process had used OpenCV, BLAS "
                "and torch), " + "; ".join(
-                   f"{r['start_method']}, budget {r['cpu_budget']} over {r['num_workers']} workers: every "
-                   f"pool at {r['expected']} ({_pools_text(ThreadPools.from_dict(r['pools']))})"
+                   f"{r['start_method']}, budget {r['cpu_budget']} over {r['num_workers']} workers: "
+                   f"every pool at {r['expected']} ({_pools_text(ThreadPools.from_dict(r['pools']))})"
                    for r in reports) + ".")
     raised = sorted({p for r in reports if r["expected"] == 1 for p in r["raised"]})
     not_checked = sorted({f"{p} ({r['start_method']}, {r['expected']})" for r in reports
@@ -324,4 +306,5 @@ def grade_worker_init(answer: Callable[[int], Any], *, timeout_s: float = 20.0,
                     f"threads before your function, so this machine cannot show that it set them.")
     if skipped:
         summary += " This platform has no 'fork': the rule for forked workers was not checked."
-    return CheckResult(EXERCISE, summary, {"runs": reports, "raised": raised, "not_checked": not_checked})
+    return CheckResult(EXERCISE, summary, {"runs": reports, "raised": raised,
+                                           "not_checked": not_checked})

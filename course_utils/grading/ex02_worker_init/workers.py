@@ -1,6 +1,6 @@
-"""What exercise 02's grader runs inside real DataLoader workers, and how it starts them: the
-worker_init_fn that calls the learner's answer and records what it did, the Dataset that reports
-each worker's pools after real work, and the run that reads a hung worker's stack."""
+"""Exercise 02's grader inside real DataLoader workers: the worker_init_fn that calls the
+answer and records what it did, the Dataset that reports the pools after real work, and the run
+that reads a hung worker's stack."""
 from __future__ import annotations
 
 import faulthandler
@@ -38,6 +38,7 @@ _STATE: dict[str, Any] = {}
 
 def _env() -> dict[str, str | None]:
     return {v: os.environ.get(v) for v in THREAD_ENV_VARS}
+
 
 
 def _raise_small_pools(forked: bool) -> list[str]:
@@ -124,9 +125,7 @@ class _WorkerProbe(Dataset):
                 "shape": tuple(image.shape)}
 
 
-# --------------------------------------------------------------------------------------
-# running it
-# --------------------------------------------------------------------------------------
+# ---- running it ------------------------------------------------------------------------------
 class Hung(Exception):
     """A worker that did not answer in time: where it was stuck, and what it had done."""
 
@@ -135,11 +134,6 @@ class Hung(Exception):
         super().__init__(where)
         self.method, self.where, self.stack, self.calls = method, where, stack, calls
         self.after = after  # the pools right after the answer returned, when it did
-
-
-def _read(path: str) -> str:
-    """What a worker wrote to ``path`` ("" when it wrote nothing there)."""
-    return Path(path).read_text() if os.path.isfile(path) else ""
 
 
 _FRAME_RE = re.compile(r'File "(?P<file>.+)", line (?P<line>\d+) in (?P<name>\S+)')
@@ -235,17 +229,15 @@ def run_in_workers(init: Callable[[int], Any], method: str, num_workers: int,
                           "__main__. Look at the worker's error printed above.")) from None
             if "timed out" not in str(exc):
                 raise
-            stuck = sorted(set(range(num_workers)) - {a["worker"] for a in answers})
-            wid = stuck[0] if stuck else 0
-            init_stack = _read(os.path.join(folder, f"stack_init{wid}.txt"))
-            fetch_stack = _read(os.path.join(folder, f"stack_fetch{wid}.txt"))
-            calls = [c for c in _read(os.path.join(folder, f"calls{wid}.txt")).splitlines() if c]
+            wid = min(set(range(num_workers)) - {a["worker"] for a in answers}, default=0)
+            init_stack, fetch_stack, calls, saved = (
+                p.read_text() if p.is_file() else "" for p in (Path(folder) / f"{name}{wid}.{ext}"
+                for name, ext in (("stack_init", "txt"), ("stack_fetch", "txt"),
+                                  ("calls", "txt"), ("state", "json"))))
             where = "init" if init_stack.strip() or not fetch_stack.strip() else "fetch"
-            after = None
-            saved = _read(os.path.join(folder, f"state{wid}.json"))
-            if saved:
-                after = ThreadPools.from_dict(json.loads(saved)["after"])
-            raise Hung(method, where, init_stack or fetch_stack, calls, after) from None
+            after = ThreadPools.from_dict(json.loads(saved)["after"]) if saved else None
+            raise Hung(method, where, init_stack or fetch_stack,
+                       [c for c in calls.splitlines() if c], after) from None
     finally:
         _stop_workers(iterator, kill=len(answers) < num_workers)
         shutil.rmtree(folder, ignore_errors=True)
