@@ -40,13 +40,16 @@ def check_int(name: str, value: Any, minimum: int, where: str = "", hint: str = 
     return int(value)
 
 
+def _real(name: str, value: Any, where: str, need: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise WrongType(f"{_prefix(where)}{name} must be {need}, got {value!r}.")
+    return float(value)
+
+
 def check_seconds(name: str, value: Any, where: str = "", *, positive: bool = False) -> float:
     """``value`` as a finite number of seconds, >= 0 (``> 0`` with ``positive``)."""
     need = "> 0" if positive else ">= 0"
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise WrongType(f"{_prefix(where)}{name} must be a number of seconds {need}, got "
-                        f"{value!r}.")
-    value = float(value)
+    value = _real(name, value, where, f"a number of seconds {need}")
     if not math.isfinite(value) or value < 0 or (positive and value == 0):
         raise ValueError(f"{_prefix(where)}{name} must be a number of seconds {need} (finite), "
                          f"got {value!r}.")
@@ -55,9 +58,7 @@ def check_seconds(name: str, value: Any, where: str = "", *, positive: bool = Fa
 
 def check_fraction(name: str, value: Any, where: str = "") -> float:
     """``value`` as a number in (0, 1]."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise WrongType(f"{_prefix(where)}{name} must be a number in (0, 1], got {value!r}.")
-    value = float(value)
+    value = _real(name, value, where, "a number in (0, 1]")
     if not 0.0 < value <= 1.0:
         raise ValueError(f"{_prefix(where)}{name}={value!r} must be in (0, 1], e.g. 0.9 for "
                          f"'within 90 % of the best'.")

@@ -27,7 +27,5 @@ def pick(full: T, quick: T) -> T:
 
 def mode_banner() -> str:
     """The quick-mode line of a notebook's setup cell ("" in full mode)."""
-    if quick_mode():
-        return (f"QUICK MODE ({QUICK_ENV}=1): experiments are shrunk to run fast; "
-                f"numbers are rough. Unset {QUICK_ENV} for real measurement.")
-    return ""
+    return (f"QUICK MODE ({QUICK_ENV}=1): experiments are shrunk to run fast; numbers are rough. "
+            f"Unset {QUICK_ENV} for real measurement." if quick_mode() else "")

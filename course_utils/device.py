@@ -48,9 +48,8 @@ def synchronizer(device: Any) -> Callable[[], None]:
     """A function that waits for the work queued on ``device`` (checked as :func:`resolve_device`,
     'meta' allowed), or does nothing; ``None``: CUDA only when already initialised."""
     if device is None:
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            return torch.cuda.synchronize
-        return lambda: None
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        return torch.cuda.synchronize if cuda else (lambda: None)
     dev = resolve_device(device, allow_meta=True)
     return (lambda: synchronize(dev)) if dev.type in ("cuda", "mps") else (lambda: None)
 

@@ -29,14 +29,11 @@ _opencv_ready_for_fork = False
 
 def count_os_threads() -> int | None:
     """OS threads of this process (Linux: /proc/self/task; elsewhere psutil); None if unknown."""
-    try:
+    with contextlib.suppress(OSError):
         return len(os.listdir("/proc/self/task"))
-    except OSError:
-        pass
-    try:
+    with contextlib.suppress(Exception):  # platform dependent
         return int(psutil.Process().num_threads())
-    except Exception:  # pragma: no cover - platform dependent
-        return None
+    return None
 
 
 def prepare_opencv_for_fork() -> None:
@@ -89,10 +86,8 @@ def pools_may_be_fork_copies() -> bool:
 def refuse_unsafe_fork(n: int, what: str) -> None:
     """Raise RuntimeError, naming ``what``, when ``n`` > 1 threads are asked for in a fork copy."""
     if n > 1 and pools_may_be_fork_copies():
-        raise RuntimeError(f"{what} asked for {n} threads per pool, but this process was started "
-                           f"with the 'fork' start method from a process whose thread pools were "
-                           f"already running. fork copies the pools' bookkeeping but not their "
-                           f"threads: torch's OpenMP pool and OpenCV's pool can hang on their "
-                           f"next parallel call if resized here. Use 1 thread in forked workers, "
-                           f"or start the workers with multiprocessing_context='forkserver' (or "
-                           f"'spawn') to give each of them {n}.")
+        raise RuntimeError(f"{what} asked for {n} threads per pool in a process forked from one "
+                           f"whose pools were running: fork copies a pool's bookkeeping, not its "
+                           f"threads, so torch's OpenMP pool and OpenCV's can hang on their next "
+                           f"parallel call if resized here. Use 1 thread in forked workers, or "
+                           f"multiprocessing_context='forkserver' (or 'spawn') to give each {n}.")

@@ -18,7 +18,7 @@ import torch
 
 from .config import QUICK_ENV
 from .start_methods import start_method
-from .threads import ThreadPools, is_torch_openmp, opencv_parallel_framework, thread_pools
+from .threads import ThreadPools, opencv_parallel_framework, thread_pools
 
 __all__ = ["CpuInfo", "cpu_info", "usable_cpus", "AcceleratorInfo", "accelerator", "default_device",
            "DoctorReport", "doctor", "advise", "machine_summary"]
@@ -205,10 +205,8 @@ def advise(report: DoctorReport) -> list[str]:
 
     # A worker's torch.set_num_threads(1) sizes torch's pool and OpenMP runtime, no other pool;
     # how a worker gets those depends on the start method (lesson 02, section 2).
-    busy = {"OpenCV": pools.opencv} if pools.opencv is not None and pools.opencv > 1 else {}
-    for entry in pools.blas:
-        if not is_torch_openmp(entry) and (entry.get("num_threads") or 0) > 1:
-            busy[f"{entry.get('internal_api')} ({_entry_name(entry)})"] = int(entry["num_threads"])
+    busy = {name: n for name, n in pools.pools.items()   # ThreadPools names torch's ", torch)"
+            if n > 1 and name != "torch intra-op" and not name.endswith(", torch)")}
     if busy:
         listed = ", ".join(f"{name} {n}" for name, n in busy.items())
         worst = max(busy.values())
@@ -227,7 +225,8 @@ def advise(report: DoctorReport) -> list[str]:
 
     omp = pools.thread_env.get("OMP_NUM_THREADS")
     if omp is not None and omp.strip().isdigit():
-        ignored = [f"{_entry_name(e)} {e.get('num_threads')}" for e in pools.blas
+        ignored = [f"{e.get('prefix') or e.get('internal_api')} {e.get('num_threads')}"
+                   for e in pools.blas
                    if e.get("user_api") == "openmp" and e.get("num_threads") != int(omp)]
         if ignored:
             advice.append(f"OMP_NUM_THREADS={omp} is set but {', '.join(ignored)} disagrees: the "
@@ -256,41 +255,31 @@ def advise(report: DoctorReport) -> list[str]:
                      "PYTORCH_NVML_BASED_CUDA_CHECK=1 is set: then it asks NVML), after which")
         advice.append(f"This torch is a CUDA {torch.version.cuda} build on a machine without a "
                       f"usable GPU: {check} a forked worker that touches CUDA raises 'Cannot "
-                      f"re-initialize CUDA in forked subprocess'. Keep CUDA out of workers (a "
-                      f"CPU-only build is also a much smaller install: it ships no CUDA "
-                      f"libraries).")
+                      f"re-initialize CUDA in forked subprocess'. Keep CUDA out of workers (or "
+                      f"install a CPU-only build: much smaller, no CUDA libraries).")
 
-    if report.start_method == "forkserver":
-        advice.append("Workers start with 'forkserver': they are forked from one server process, "
-                      "not from this one, so every Dataset, collate_fn and worker_init_fn must "
-                      "live in an importable module (like course_utils), not in the notebook; "
-                      "thread limits set in this process by calls (torch's, OpenCV's, "
-                      "threadpoolctl's) are not inherited, and their os.environ "
-                      "is the server's from when it started (variables set here later are not "
-                      "seen); unless torch is preloaded into the server each worker imports it "
-                      "itself, so consider persistent_workers=True.")
-    elif report.start_method == "spawn":
-        advice.append("Workers start with 'spawn': every Dataset, collate_fn and worker_init_fn "
-                      "must live in an importable module (like course_utils), not in the "
-                      "notebook; each worker is a fresh interpreter, started with this process's "
-                      "current os.environ (thread variables set here before the workers start "
-                      "size its BLAS/OpenMP pools; settings made by calls are not inherited), that "
-                      "imports torch afresh, so consider persistent_workers=True.")
-    elif report.start_method == "fork":
-        advice.append("Workers start with 'fork': they share the parent's memory copy-on-write, "
-                      "so hold datasets as NumPy arrays, not lists of Python objects (reading "
-                      "those copies pages into every worker).")
-
+    module = ("every Dataset, collate_fn and worker_init_fn must live in an importable module (like "
+              "course_utils), not in the notebook")
+    advice.append({
+        "forkserver": f"Workers start with 'forkserver', forked from one server process, not from "
+                      f"this one: {module}; thread limits set here by calls (torch's, OpenCV's, "
+                      f"threadpoolctl's) are not inherited, and their os.environ is the server's from "
+                      f"when it started (variables set here later are not seen); unless torch is "
+                      f"preloaded into the server each worker imports it itself, so consider "
+                      f"persistent_workers=True.",
+        "spawn": f"Workers start with 'spawn': {module}; each worker is a fresh interpreter, started "
+                 f"with this process's current os.environ (thread variables set here before the "
+                 f"workers start size its BLAS/OpenMP pools; settings made by calls are not "
+                 f"inherited), that imports torch afresh, so consider persistent_workers=True.",
+        "fork": "Workers start with 'fork': they share the parent's memory copy-on-write, so hold "
+                "datasets as NumPy arrays, not lists of Python objects (reading those copies pages "
+                "into every worker)."}[report.start_method])
     if report.ram_available_bytes < LOW_RAM_BYTES:
         advice.append(f"Only {_gib(report.ram_available_bytes)} of RAM available: each worker is "
                       f"a process holding its own prefetched batches (prefetch_factor x "
                       f"batch_size); keep num_workers and batch sizes modest and run the course "
                       f"in quick mode ({QUICK_ENV}=1).")
     return advice
-
-
-def _entry_name(entry: dict) -> str:
-    return str(entry.get("prefix") or entry.get("internal_api"))
 
 
 def doctor() -> DoctorReport:

@@ -2,6 +2,7 @@
 you pass (or a new figure's), returns it and never calls ``plt.show()``."""
 from __future__ import annotations
 
+import contextlib
 import math
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -54,11 +55,9 @@ def _common_settings(rows: Sequence[Measurement]) -> dict:
     """Settings with the same value in every row (the rest differ between bars)."""
     common = {}
     for k, v in rows[0].settings.items():
-        try:
+        with contextlib.suppress(Exception):  # values that cannot be compared
             if all(k in m.settings and m.settings[k] == v for m in rows[1:]):
                 common[k] = v
-        except Exception:  # values that cannot be compared
-            continue
     return common
 
 

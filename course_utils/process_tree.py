@@ -61,10 +61,9 @@ class TreeMonitor:
     and PSS) in a thread every ~0.1 s; the sampler's own CPU time is subtracted.
     """
 
-    def __init__(self, interval_s: float = 0.1) -> None:
+    def __init__(self) -> None:
         self.roots: list[int] | None = None
         self._proc = psutil.Process()
-        self._interval_s = interval_s
         self._lock = threading.RLock()
         self._procs: list = [self._proc]
         self._last_ctx: dict[tuple, int] = {}   # (pid, create time) -> last count seen
@@ -168,7 +167,7 @@ class TreeMonitor:
 
     def _run(self) -> None:
         # sample less often when sampling is slow, to keep its cost to a few % of one core
-        while not self._stop.wait(max(self._interval_s, 20.0 * self._cost_s)):
+        while not self._stop.wait(max(0.1, 20.0 * self._cost_s)):
             self._sample_once()
 
     def start(self, procs: list | None = None) -> None:

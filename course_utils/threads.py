@@ -21,7 +21,7 @@ import cv2
 import numpy as np
 import threadpoolctl
 import torch
-from torch.utils.data import DataLoader, Dataset, get_worker_info
+from torch.utils.data import DataLoader, get_worker_info
 
 from .checks import check_int, check_seconds
 from .fork_safety import count_os_threads, is_fork_child, refuse_unsafe_fork, watch_forks
@@ -173,13 +173,8 @@ class limit_threads(contextlib.ContextDecorator):
             _set_opencv_threads(saved_opencv)
         return False
 
-    def __repr__(self) -> str:
-        return f"limit_threads({self.n})"
 
-
-# threadpoolctl limits made in a worker, kept for its life (a later threadpoolctl might restore
-# them on garbage collection)
-_worker_limits: list = []
+_worker_limits: list = []   # a worker's threadpoolctl limits, kept (never restored by the GC)
 
 #: Seconds :class:`WorkerThreadLimiter` may take in a forked worker before its watchdog prints
 #: the worker's stacks and ends it (normally well under a second).
@@ -244,14 +239,8 @@ class WorkerThreadLimiter:
 make_worker_init = WorkerThreadLimiter
 
 
-class _PoolProbe(Dataset):
-    """``n`` items; each is the fetching worker's :class:`ThreadPools` as a dict."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
+class _PoolProbe(list):
+    """A dataset whose every item is the fetching worker's :class:`ThreadPools` as a dict."""
 
     def __getitem__(self, index: int) -> dict:
         return thread_pools().to_dict()
@@ -290,7 +279,7 @@ def pools_in_workers(worker_init_fn: Callable[[int], None] | None = None, num_wo
     if worker_init_fn is not None and method != "fork":
         _check_sendable(worker_init_fn, method)
     watch_forks()
-    loader = DataLoader(_PoolProbe(num_workers), batch_size=None, num_workers=num_workers,
+    loader = DataLoader(_PoolProbe(range(num_workers)), batch_size=None, num_workers=num_workers,
                         worker_init_fn=worker_init_fn, multiprocessing_context=context,
                         timeout=float(timeout_s))
     iterator = iter(loader)

@@ -30,7 +30,7 @@ from .config import pick
 from .device import move_to_device, synchronize, synchronizer
 from .measurement import Measurement, fmt_time
 from .process_tree import TreeMonitor, loader_worker_pids, stop_workers
-from .start_methods import start_method
+from .start_methods import resolve_context
 
 __all__ = ["time_op", "measure", "measure_loader", "batch_size_of", "batches_in_flight",
            "default_warmup", "window_warnings", "MIN_TIMED_BATCHES", "DataWait", "measure_data_wait"]
@@ -42,16 +42,21 @@ MIN_TIMED_BATCHES = 10
 _now: Callable[[], float] = time.perf_counter
 
 
+def _check_call(fn: Any, **counts: int) -> None:
+    """``fn`` a callable; each count an int >= 1 (``warmup`` >= 0)."""
+    if not callable(fn):
+        raise TypeError(f"fn must be a callable taking no arguments (e.g. a function or "
+                        f"functools.partial), got {type(fn).__name__}.")
+    for name, value in counts.items():
+        check_int(name, value, 0 if name == "warmup" else 1)
+
+
 def time_op(fn: Callable[[], Any], *, device: Any, repeats: int = 5, warmup: int = 1,
             inner: int = 1, events: bool = True) -> list[float]:
     """Seconds per call of ``fn``, one figure per repeat of ``inner`` calls: on CUDA with
     ``events``, CUDA events on ``device``'s current stream (the GPU's time); otherwise
     ``perf_counter`` with the whole device synchronised around the repeat (lesson 04)."""
-    if not callable(fn):
-        raise TypeError(f"fn must be a callable taking no arguments, got {type(fn).__name__}.")
-    check_int("repeats", repeats, 1)
-    check_int("warmup", warmup, 0)
-    check_int("inner", inner, 1)
+    _check_call(fn, repeats=repeats, warmup=warmup, inner=inner)
     dev = torch.device(device)
     for _ in range(warmup):
         fn()
@@ -101,12 +106,7 @@ def measure(fn: Callable[[], Any], *, items: int = 1, warmup: int = 1, repeats: 
     """Seconds per call of ``fn()`` over ``repeats`` calls after ``warmup`` untimed ones;
     ``items`` samples per call. CUDA (``device``, or already initialised) is synchronised
     around every call, so queued GPU work is timed."""
-    if not callable(fn):
-        raise TypeError(f"fn must be a callable taking no arguments (e.g. a function or "
-                        f"functools.partial), got {type(fn).__name__}.")
-    check_int("items", items, 1)
-    check_int("warmup", warmup, 0)
-    check_int("repeats", repeats, 1)
+    _check_call(fn, items=items, warmup=warmup, repeats=repeats)
     all_settings = ({} if device is None else {"device": str(device)}) | _check_settings(settings)
     sync = synchronizer(device)
     for _ in range(warmup):
@@ -246,9 +246,7 @@ def _loader_settings(loader: Any) -> dict:
     settings = {name: getattr(loader, name) for name in ("num_workers", "batch_size", "pin_memory",
                 "persistent_workers", "prefetch_factor") if hasattr(loader, name)}
     if getattr(loader, "num_workers", 0):
-        ctx = getattr(loader, "multiprocessing_context", None)
-        settings["start_method"] = (start_method() if ctx is None else
-                                    ctx if isinstance(ctx, str) else ctx.get_start_method())
+        settings["start_method"] = resolve_context(getattr(loader, "multiprocessing_context", None))[1]
     return settings
 
 
@@ -270,10 +268,9 @@ def measure_loader(loader: Iterable, *, batches: int | None = None,
 
     from tqdm.auto import tqdm  # lazy: kept out of `import course_utils` (workers)
 
-    bar = tqdm(total=None if n_timed is None else repeats * n_timed, disable=not progress,
-               desc=str(label)[:40], unit="batch", leave=False)
     monitor, times, runs, windows = TreeMonitor(), [], [], []   # runs: batch sizes per repeat
-    try:
+    with tqdm(total=None if n_timed is None else repeats * n_timed, disable=not progress,
+              desc=str(label)[:40], unit="batch", leave=False) as bar:
         for _ in range(repeats):
             it = iter(loader)  # starts the workers (unless persistent and already running)
             try:
@@ -297,8 +294,6 @@ def measure_loader(loader: Iterable, *, batches: int | None = None,
             times.append(t1 - t0)
             runs.append(sizes)
             windows.append(monitor.window(before, after))
-    finally:
-        bar.close()
 
     notes, counts = window_warnings(loader, warmup, min(map(len, runs))), [sum(r) for r in runs]
     if len(set(counts)) > 1:   # every repeat scaled to the first repeat's samples
@@ -326,14 +321,10 @@ class DataWait:
         return [w + s for w, s in zip(self.wait_s, self.step_s)]
 
     @property
-    def total_s(self) -> float:
-        """Seconds of the timed loop: every wait and every step."""
-        return sum(self.wait_s) + sum(self.step_s)
-
-    @property
     def wait_fraction(self) -> float:
         """Total wait over the loop's total time (not a mean of per-step fractions)."""
-        return sum(self.wait_s) / self.total_s if self.total_s > 0 else 0.0
+        total = sum(self.wait_s) + sum(self.step_s)
+        return sum(self.wait_s) / total if total > 0 else 0.0
 
     @property
     def median_wait_s(self) -> float:
