@@ -93,10 +93,6 @@ class EpochShards:
         return [len(x) for x in self.per_rank]
 
     @property
-    def total(self) -> int:
-        return sum(self.counts)
-
-    @property
     def padding(self) -> int:
         """Samples ``DistributedSampler(drop_last=False)`` repeats: ``ceil(n / W) * W - n``."""
         return math.ceil(self.n / self.world_size) * self.world_size - self.n
