@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from course_utils.data import JpegDataset, ToTensorUint8, sample_photo
-from course_utils.tools.bench.recipes import (IMAGENET_MEAN, BatchedJpegFiles, DecodeOnlyFiles,
+from course_utils.image_ops import IMAGENET_MEAN
+from course_utils.tools.bench.recipes import (BatchedJpegFiles, DecodeOnlyFiles,
                                               files_loader, imagenet_recipe_loader,
                                               seed_recipe_loader, tuned_files_loader)
 from course_utils.tools.bench.storage import write_image_folder

@@ -34,7 +34,7 @@ from course_utils.data import LatencyDataset
 from course_utils.tools import tune_loader
 from course_utils.measurement import Measurement, compare
 from course_utils.tools.tune.result import epoch_row
-from course_utils.tools.tune.search import (PROBE_THRESHOLD, LoaderSettings, TuningInterrupted,
+from course_utils.tools.tune.search import (LoaderSettings, TuningInterrupted,
                                             TuningResult, epoch_score)
 from course_utils.tools.tune.window import (QuietInit, Timed, drop_fd_sharer_resets,
                                             measure_window, rebuilt)
@@ -221,7 +221,7 @@ def test_to_dict_is_json(result):
     data = json.loads(json.dumps(result.to_dict()))
     assert data["best"] == result.best.to_dict() and data["winner"] == result.winner
     assert len(data["trials"]) == len(result.trials)
-    assert data["thresholds"]["probe_threshold"] == PROBE_THRESHOLD
+    assert data["scores"] == result.scores and data["best_trial"] == result.best_trial.index
     assert "DataLoader(" in data["code"] and "course_utils" not in data["code_plain"]
     assert set(data["scores"]) == {"defaults", "common recipe", "tuned"}
 

@@ -19,8 +19,8 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from course_utils.checks import check_int
+from course_utils.image_ops import IMAGENET_MEAN, IMAGENET_STD
 
-from .recipes import IMAGENET_MEAN, IMAGENET_STD
 from .storage import folder_files_and_labels
 
 __all__ = ["DALI_DEVICES", "DaliLoader", "dali_missing", "folder_files_and_labels"]
@@ -40,33 +40,6 @@ def dali_missing() -> str | None:
     if importlib.util.find_spec("nvidia.dali") is None:
         return "NVIDIA DALI is not installed: pip install -e .[dali] (make lab and make test do)."
     return None
-
-
-def _recipe_pipeline(files: Sequence[str], labels: Sequence[int], *, batch_size: int, size: int,
-                     num_threads: int, device: str, seed: int) -> Any:
-    """The ImageNet training recipe as a DALI pipeline (lesson 05 writes the same one out)."""
-    dali = importlib.import_module("nvidia.dali")
-    fn, types = dali.fn, dali.types
-    on_gpu = device == "mixed"
-
-    @dali.pipeline_def(batch_size=batch_size, num_threads=num_threads,
-                       device_id=0 if on_gpu else None, seed=seed)
-    def recipe() -> Any:
-        # pad_last_batch: the last batch of an epoch is filled with its last sample (the iterator
-        # drops the padding), so that the next epoch starts at a clean boundary, every file once
-        jpegs, label = fn.readers.file(files=list(files), labels=list(labels), random_shuffle=True,
-                                       pad_last_batch=True, name="reader")
-        images = fn.decoders.image_random_crop(jpegs, device=device, output_type=types.RGB,
-                                               random_area=list(RANDOM_AREA),
-                                               random_aspect_ratio=list(RANDOM_ASPECT_RATIO))
-        images = fn.resize(images, resize_x=size, resize_y=size)
-        images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
-                                          mean=[255 * m for m in IMAGENET_MEAN],
-                                          std=[255 * s for s in IMAGENET_STD],
-                                          mirror=fn.random.coin_flip(probability=0.5))
-        return images, label
-
-    return recipe()
 
 
 class DaliLoader:
@@ -96,14 +69,31 @@ class DaliLoader:
         return math.ceil(len(self.files) / self.batch_size)
 
     def _start(self) -> Any:
+        """The pipeline (lesson 05 writes the same one out) and its iterator."""
         why = dali_missing()
         if why:
             raise RuntimeError(why)
-        plugin = importlib.import_module("nvidia.dali.plugin.pytorch")
-        pipe = _recipe_pipeline(self.files, self.labels, batch_size=self.batch_size,
-                                size=self.size, num_threads=self.num_threads, device=self.device,
-                                seed=self.seed)
-        return plugin.DALIGenericIterator(pipe, ["images", "labels"], reader_name="reader",
+        dali, plugin = (importlib.import_module(m) for m in ("nvidia.dali", "nvidia.dali.plugin.pytorch"))
+        fn, types, size = dali.fn, dali.types, self.size
+
+        @dali.pipeline_def(batch_size=self.batch_size, num_threads=self.num_threads,
+                           device_id=0 if self.device == "mixed" else None, seed=self.seed)
+        def recipe() -> Any:
+            # pad_last_batch: an epoch's last batch is filled with its last sample (the iterator
+            # drops the padding), so the next epoch starts at a clean boundary, every file once
+            jpegs, label = fn.readers.file(files=self.files, labels=self.labels,
+                                           random_shuffle=True, pad_last_batch=True, name="reader")
+            images = fn.decoders.image_random_crop(jpegs, device=self.device, output_type=types.RGB,
+                                                   random_area=list(RANDOM_AREA),
+                                                   random_aspect_ratio=list(RANDOM_ASPECT_RATIO))
+            images = fn.resize(images, resize_x=size, resize_y=size)
+            images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
+                                              mean=[255 * m for m in IMAGENET_MEAN],
+                                              std=[255 * s for s in IMAGENET_STD],
+                                              mirror=fn.random.coin_flip(probability=0.5))
+            return images, label
+
+        return plugin.DALIGenericIterator(recipe(), ["images", "labels"], reader_name="reader",
                                           last_batch_policy=plugin.LastBatchPolicy.PARTIAL,
                                           auto_reset=True)
 

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision import datasets, transforms
 
 from course_utils.checks import check_folder, check_int
+from course_utils.image_ops import IMAGENET_MEAN, IMAGENET_STD
 from course_utils.machine import usable_cpus
 from course_utils.pipelines import BatchedDecode, keep_batch
 from course_utils.threads import make_worker_init
@@ -28,8 +29,6 @@ from ..batch_buffers import ReusedSegments
 from .storage import FOLDER_HINT, folder_files_and_labels, reduced_decode_flag
 
 PathLike = Union[str, os.PathLike]
-IMAGENET_MEAN = [0.485, 0.456, 0.406]
-IMAGENET_STD = [0.229, 0.224, 0.225]
 # IMREAD_COLOR_RGB (OpenCV >= 4.10) decodes straight to RGB. It replaces the IMREAD_COLOR bit
 # (the two together are an error) and keeps a reduced-scale bit (tests/test_recipes.py checks).
 _DECODE_RGB = cv2.IMREAD_COLOR_RGB if hasattr(cv2, "IMREAD_COLOR_RGB") else None

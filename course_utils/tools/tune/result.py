@@ -19,9 +19,6 @@ from course_utils.measurement import Comparison, Measurement, compare, fmt_time,
 from course_utils.plots import figure_title, plot_measurements
 from course_utils.threads import WorkerThreadLimiter, make_worker_init
 
-from .rules import (COMPARE_SHARE, LADDER_FALL_FRACTION, LADDER_FALLS, PROBE_FRACTION,
-                    PROBE_THRESHOLD)
-
 __all__ = ["LoaderSettings", "Trial", "TuningResult", "TuningInterrupted", "epoch_score",
            "epoch_row"]
 
@@ -276,8 +273,8 @@ class TuningResult:
                  f"{self.elapsed_s:.1f} s in all (budget {self.budget_s:g} s)",
                  f"data:     {self.dataset}", f"consumer: {self.consumer}",
                  f"samples/s below: over an epoch of {self.epoch_samples} samples with that "
-                 f"consumer, start-up included (persistent workers: only their restart); probes "
-                 f"below {PROBE_THRESHOLD:.0%} of the best were stopped early", "", self.table()]
+                 f"consumer, start-up included (persistent workers: only their restart); probe "
+                 f"only: stopped after a probe window clearly below the best", "", self.table()]
         if self.comparison is not None:
             lines += ["", "Side by side (the same score and consumer as the search, repeats "
                           "interleaved):", self.side_by_side()]
@@ -342,9 +339,6 @@ class TuningResult:
     def to_dict(self) -> dict:
         return jsonable({f.name: getattr(self, f.name) for f in dataclasses.fields(self)} | {
             "best_trial": self.best_trial.index, "scores": self.scores, "machine": self.machine,
-            "thresholds": {"probe_fraction": PROBE_FRACTION, "probe_threshold": PROBE_THRESHOLD,
-                           "ladder_fall_fraction": LADDER_FALL_FRACTION,
-                           "ladder_falls": LADDER_FALLS, "compare_share": COMPARE_SHARE},
             "code": self.code(), "code_plain": self.code_plain(),
             "code_course": self.code_course()})
 

@@ -21,6 +21,7 @@ import gc
 import multiprocessing
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
@@ -38,16 +39,24 @@ from course_utils.timing import default_warmup
 
 from .result import (RECIPE_LABEL, TUNED_LABEL, LoaderSettings, Trial, TuningInterrupted,
                      TuningResult, epoch_score)
-from .rules import (COMPARE_SHARE, LADDER_FALL_FRACTION, LADDER_FALLS, PROBE_FRACTION,
-                    PROBE_THRESHOLD)
 from .side_by_side import SideBySide
 from .window import (WORKER_TIMEOUT_S, Timed, consumer_device, make_consumer,
-                     measure_window, pooled, quiet_loader_warnings, rebuilt)
+                     measure_window, pooled, rebuilt)
 
 __all__ = ["LoaderSettings", "Trial", "TuningResult", "TuningInterrupted", "tune_loader",
            "epoch_score", "PROBE_FRACTION", "PROBE_THRESHOLD", "LADDER_FALL_FRACTION",
            "LADDER_FALLS", "COMPARE_SHARE", "MIN_BUDGET_S", "MIN_FOLDER_IMAGES", "WORKER_TIMEOUT_S"]
 
+#: a probe window is this fraction of a full trial window
+PROBE_FRACTION = 0.25
+#: a probe whose score is below this fraction of the best score so far is not timed fully
+PROBE_THRESHOLD = 0.8
+#: a ladder rung "falls" when its score is below this fraction of the best rung so far
+LADDER_FALL_FRACTION = 0.95
+#: the num_workers ladder stops after this many falling rungs in a row (batch size: after one)
+LADDER_FALLS = 2
+#: share of the budget kept for the final side-by-side comparison
+COMPARE_SHARE = 0.25
 #: smallest budget that can try anything (the first trial starts workers-free, a few batches)
 MIN_BUDGET_S = 2.0
 #: a folder needs this many readable images (the smallest batch size the ladder tries)
@@ -409,8 +418,8 @@ def tune_loader(data: Any = None, *, budget_s: float = 60.0, batch_size: int | N
     side: SideBySide | None = None
     stage, search_elapsed = "search", None
     try:
-        # DataLoader's warnings that the tuner's own settings cause, for the whole run
-        with quiet_loader_warnings():
+        with warnings.catch_warnings():   # DataLoader's about the tuner's own settings
+            warnings.filterwarnings("ignore", message=".*pin_memory.*|This DataLoader will create")
             start = LoaderSettings(num_workers=worker_counts[0], batch_size=batch_size)
             search.stages(start, worker_counts, batch_sizes, usable)
             search_elapsed = search.elapsed()

@@ -1,6 +1,6 @@
 """The tuner's side by side (lesson 06): DataLoader defaults, the common recipe and the tuned
-setting measured like the search (the same windows, consumer and score), rounds interleaved, so
-that the recommendation is the winner of one run on one machine."""
+setting measured like the search (the same windows, consumer and score), one window per row per
+round, rounds interleaved: the recommendation is the winner of one run on one machine."""
 from __future__ import annotations
 
 import gc
@@ -22,13 +22,11 @@ __all__ = ["SideBySide"]
 
 
 class SideBySide:
-    """Defaults vs common recipe vs tuned, measured like the search (the same windows,
-    consumer and score), one window per row per round, rounds interleaved."""
+    """The rows (module docstring) over the search's pipeline ``pipe``; a note goes to ``notes``
+    when the common recipe cannot run on it."""
 
     def __init__(self, pipe: Any, tuned: LoaderSettings, batch_size: int,
                  notes: list[str]) -> None:
-        """``pipe``: the search's pipeline (``dataset``, ``collate_fn``, ``base``, ``size``);
-        a note is added to ``notes`` when the common recipe cannot run on it."""
         self.entries: list[tuple[str, DataLoader, Callable[[], Any]]] = []
         if pipe.base is not None:
             recipe = common_recipe_loader(pipe.base, batch_size=batch_size, size=pipe.size)
@@ -48,10 +46,9 @@ class SideBySide:
         self.runs: dict[str, list[tuple[Measurement, float]]] = {k: [] for k in self.settings}
 
     def measure(self, search: Any, min_batches: int) -> None:
-        """Round 1 gives each row ``min_batches`` timed batches (and its rate); later rounds
-        give every row a window of the same length in seconds, sized so that the rounds fit in
-        the budget left (two rounds at least). ``search``: the tuner's search (its clock,
-        budget, device, consumer and progress bar)."""
+        """Round 1 times ``min_batches`` batches per row (and its rate); later rounds give every
+        row a window of the same seconds, sized to fit the rounds (two at least) in what is left
+        of ``search``'s budget."""
         rounds, t0 = pick(full=4, quick=3), search.elapsed()
         left_s = max(0.0, search.budget_s - t0)
         timed: dict[str, Timed] = {}

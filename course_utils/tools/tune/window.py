@@ -20,7 +20,6 @@ import threading
 import time
 import traceback
 import types
-import warnings
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -99,16 +98,6 @@ def sigint_deferred() -> Iterator[None]:
             signal.signal(signal.SIGINT, old_handler)
             if noted and callable(old_handler):
                 old_handler(signal.SIGINT, None)    # default_int_handler: KeyboardInterrupt
-
-
-@contextmanager
-def quiet_loader_warnings() -> Iterator[None]:
-    """DataLoader's warnings about the tuner's own settings (pin_memory without CUDA, more workers
-    than CPUs) are not shown while it measures."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*pin_memory.*")
-        warnings.filterwarnings("ignore", message="This DataLoader will create")
-        yield
 
 
 def rebuilt(loader: DataLoader) -> DataLoader:
