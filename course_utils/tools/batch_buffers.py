@@ -93,7 +93,7 @@ class _SlotBatch(tuple):
         batch.slot = slot
         return batch
 
-    def __reduce_ex__(self, protocol: Any) -> tuple:
+    def __reduce__(self) -> tuple:
         assert _ring is not None       # a slot comes only from this worker's ring
         tensors = tuple(i for i, x in enumerate(self[1:]) if isinstance(x, torch.Tensor))
         rest = tuple(x.numpy() if i in tensors else x for i, x in enumerate(self[1:]))
