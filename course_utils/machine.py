@@ -17,11 +17,11 @@ import psutil
 import torch
 
 from .config import QUICK_ENV
-from .start_methods import start_method
+from .start_methods import explain_start_method, start_method  # lesson 00 imports both from here
 from .threads import ThreadPools, opencv_parallel_framework, thread_pools
 
 __all__ = ["CpuInfo", "cpu_info", "usable_cpus", "AcceleratorInfo", "accelerator", "default_device",
-           "DoctorReport", "doctor", "advise", "machine_summary"]
+           "DoctorReport", "doctor", "advise", "machine_summary", "explain_start_method"]
 
 GIB = 1024**3
 #: Below this much available RAM (bytes) the doctor warns about worker memory.
