@@ -29,8 +29,8 @@ from ..batch_buffers import ReusedSegments
 from .storage import FOLDER_HINT, folder_files_and_labels, reduced_decode_flag
 
 PathLike = Union[str, os.PathLike]
-# IMREAD_COLOR_RGB (OpenCV >= 4.10) decodes straight to RGB. It replaces the IMREAD_COLOR bit
-# (the two together are an error) and keeps a reduced-scale bit (tests/test_recipes.py checks).
+# IMREAD_COLOR_RGB (OpenCV >= 4.10) decodes straight to RGB: it replaces the IMREAD_COLOR bit
+# (both are an error) and keeps a reduced-scale bit (tests/test_recipes.py checks)
 _DECODE_RGB = cv2.IMREAD_COLOR_RGB if hasattr(cv2, "IMREAD_COLOR_RGB") else None
 
 
@@ -66,10 +66,10 @@ def imagenet_recipe_loader(root: PathLike, *, batch_size: int = 64, size: int = 
 class _JpegFiles(Dataset):
     """Every JPEG file under ``root``, labelled as ``ImageFolder`` labels them."""
 
-    def __init__(self, root: PathLike, where: str) -> None:
+    def __init__(self, root: PathLike) -> None:
         files, labels = folder_files_and_labels(root)
         if not files:
-            raise ValueError(f"{where}: root={str(root)!r} has no .jpg/.jpeg files; pass a "
+            raise ValueError(f"{type(self).__name__}: root={str(root)!r} has no .jpg/.jpeg files; pass a "
                              f"folder of JPEG files.")
         self.paths = np.array(files)      # no Python objects: copy-on-read safe
         self.labels = np.array(labels, dtype=np.int64)
@@ -82,30 +82,26 @@ class _JpegFiles(Dataset):
 
 
 class BatchedJpegFiles(_JpegFiles, ReusedSegments, BatchedDecode):
-    """The course's tuned dataset on files: ``__getitems__(indices)`` returns
-    (N x 3 x size x size uint8, labels) in channels_last memory (use ``collate_fn=keep_batch``),
-    on reused shared segments in a worker; ``reduced``: decode at the smallest scale that keeps
-    ``size``."""
+    """The course's tuned dataset on files: ``__getitems__`` returns (N x 3 x size x size uint8,
+    labels) in channels_last memory on reused shared segments (``collate_fn=keep_batch``);
+    ``reduced``: decode at the smallest scale that keeps ``size``."""
 
     def __init__(self, root: PathLike, size: int = 224, *, reduced: bool = True) -> None:
-        super().__init__(root, "BatchedJpegFiles")
+        super().__init__(root)
         self.size = check_int("size", size, 1, "BatchedJpegFiles")
         self.reduced = bool(reduced)
 
     def _decode_into(self, index: int, out: np.ndarray) -> None:
-        raw = self._read(index)
+        raw, side, rgb = self._read(index), (self.size, self.size), _DECODE_RGB is not None
         flag = reduced_decode_flag(raw, self.size) if self.reduced else cv2.IMREAD_COLOR
-        if _DECODE_RGB is not None:      # OpenCV >= 4.10 decodes straight to RGB
-            rgb = cv2.imdecode(raw, (flag & ~cv2.IMREAD_COLOR) | _DECODE_RGB)
-            if rgb is None:
-                raise ValueError(f"BatchedJpegFiles: OpenCV could not decode {self.paths[index]!s}.")
-            cv2.resize(rgb, (self.size, self.size), dst=out, interpolation=cv2.INTER_LINEAR)
-            return
-        bgr = cv2.imdecode(raw, flag)
-        if bgr is None:
+        image = cv2.imdecode(raw, (flag & ~cv2.IMREAD_COLOR) | _DECODE_RGB if rgb else flag)
+        if image is None:
             raise ValueError(f"BatchedJpegFiles: OpenCV could not decode {self.paths[index]!s}.")
-        small = cv2.resize(bgr, (self.size, self.size), interpolation=cv2.INTER_LINEAR)
-        cv2.cvtColor(small, cv2.COLOR_BGR2RGB, dst=out)
+        if rgb:                          # OpenCV >= 4.10 decoded straight to RGB
+            cv2.resize(image, side, dst=out, interpolation=cv2.INTER_LINEAR)
+        else:
+            small = cv2.resize(image, side, interpolation=cv2.INTER_LINEAR)
+            cv2.cvtColor(small, cv2.COLOR_BGR2RGB, dst=out)
 
     def _labels(self, indices: list[int]) -> torch.Tensor:
         return torch.as_tensor(self.labels[np.asarray(indices)], dtype=torch.int64)
@@ -115,23 +111,15 @@ class DecodeOnlyFiles(_JpegFiles):
     """Read and decode each file at full size, nothing more: ``__getitems__`` returns
     (pixels decoded per image, labels), so no batch is built or sent. The decode ceiling."""
 
-    def __init__(self, root: PathLike) -> None:
-        super().__init__(root, "DecodeOnlyFiles")
-
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         pixels = [cv2.imdecode(self._read(index), cv2.IMREAD_COLOR).size for index in indices]
         return torch.tensor(pixels), torch.as_tensor(self.labels[np.asarray(indices)])
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        pixels, labels = self.__getitems__([index])
-        return pixels[0], int(labels[0])
-
 
 def files_loader(dataset: Dataset, *, batch_size: int = 64, num_workers: int | None = None,
                  shuffle: bool = True) -> DataLoader:
-    """A DataLoader over a batched file dataset (``BatchedJpegFiles``, ``DecodeOnlyFiles``):
-    batched fetch, workers = usable CPUs by default, every pool limited to 1 thread in them,
-    ``pin_memory`` only with a CUDA device to copy to."""
+    """A DataLoader over a batched dataset (``collate_fn=keep_batch``): by default one worker per
+    usable CPU, each pool at 1 thread in them, ``pin_memory`` only with CUDA."""
     workers = usable_cpus() if num_workers is None else check_int(
         "num_workers", num_workers, 0, "files_loader", " Pass None for the usable CPUs.")
     return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, collate_fn=keep_batch,

@@ -26,7 +26,7 @@ from torch.utils.data import Dataset
 from course_utils.config import pick
 from course_utils.data import JpegDataset
 from course_utils.machine import usable_cpus
-from course_utils.measurement import Comparison, Measurement, compare, jsonable
+from course_utils.measurement import Comparison, Measurement, compare, fmt_time, jsonable
 from course_utils.pipelines import BatchedJpegDataset, recipe_process_settings
 from course_utils.timing import MIN_TIMED_BATCHES, default_warmup, measure_loader
 
@@ -173,12 +173,11 @@ class BenchmarkResult:
             lines.append(f"DALI ran the ImageNet recipe at {self.dali_speedup:.2f}x its DataLoader's "
                          f"samples/s, and at {self.loaders.ratio(DALI, 'cpu_s_per_sample'):.2f}x its "
                          f"CPU-s/sample.")
-        share = self.shipping_share
-        if share is not None:
+        if self.shipping_share is not None:
             tuned, shipping = (self.loaders.row(k).cpu_s_per_sample for k in (TUNED, SHIPPING))
-            lines.append(f"Of the tuned loader's {tuned * 1e3:.2f} ms of CPU per sample, sending "
-                         f"its pixels alone took {shipping * 1e3:.2f} ms ({share:.0%}); decode only "
-                         f"sends none.")
+            lines.append(f"Of the tuned loader's {fmt_time(tuned)} of CPU per sample, sending its "
+                         f"pixels alone took {fmt_time(shipping)} ({self.shipping_share:.0%}); "
+                         f"decode only sends none.")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -234,17 +233,15 @@ def run_benchmark(*, n: int, batch_size: int, repeats: int, size: int = 224,
         store = _packed_store(base, folder, size)
         rows.append((RAM_BYTES, files_loader(ReusedJpegBatches(base, size), batch_size=batch_size),
                      nothing))
-        can_evict = evict_from_page_cache(files[:1])
-        if can_evict:
+        if evict_from_page_cache(files[:1]):
             rows.append((COLD, tuned_files_loader(folder, batch_size=batch_size, size=size),
                          functools.partial(_cold, files)))
             cold_cache = ("the files' pages were dropped before each repeat (posix_fadvise "
                           "DONTNEED); a VM's host may still cache them")
         else:
-            cold_cache = ("not measured: this OS has no posix_fadvise, so this run cannot drop "
-                          "just these files' cached pages before each repeat; emptying the whole "
-                          "cache takes admin rights (macOS: sudo purge; Linux, as root: echo 3 > "
-                          "/proc/sys/vm/drop_caches) or a reboot")
+            cold_cache = ("not measured: this OS has no posix_fadvise to drop these files' cached "
+                          "pages; emptying the whole cache takes admin rights (macOS: sudo purge; "
+                          "Linux, as root: echo 3 > /proc/sys/vm/drop_caches) or a reboot")
         rows += [(MEMMAP, files_loader(store.dataset(), batch_size=batch_size), nothing),
                  (RAM_GATHER, files_loader(store.dataset(in_memory=True), batch_size=batch_size), nothing)]
     runs: dict[str, list[Measurement]] = {label: [] for label, _, _ in rows}
@@ -260,10 +257,7 @@ def run_benchmark(*, n: int, batch_size: int, repeats: int, size: int = 224,
     merged = {label: Measurement.merge(parts) for label, parts in runs.items()}
     loaders = compare([merged[k] for k in (SEED, IMAGENET, TUNED, DECODE_ONLY, SHIPPING, DALI)
                        if k in merged], baseline=IMAGENET)
-    storage_table = None
-    if storage:
-        storage_table = compare([merged[k] for k in (RAM_BYTES, TUNED, COLD, MEMMAP, RAM_GATHER)
-                                 if k in merged], baseline=RAM_BYTES)
-    return BenchmarkResult(loaders, storage_table, base.describe(), str(folder), cold_cache,
-                           dali_note)
+    stores = compare([merged[k] for k in (RAM_BYTES, TUNED, COLD, MEMMAP, RAM_GATHER) if k in merged],
+                     baseline=RAM_BYTES) if storage else None
+    return BenchmarkResult(loaders, stores, base.describe(), str(folder), cold_cache, dali_note)
 

@@ -330,7 +330,7 @@ class TuningResult:
         args = s.call_args("make_worker_init({n})")
         if self.code_dataset.startswith("BatchedJpegDataset") and dataset is None:
             args.insert(2, "collate_fn=keep_batch")
-        imports = list(self.code_imports)
+        imports = ["from torch.utils.data import DataLoader", *self.code_imports]
         if not s.num_workers or s.threads_per_worker is None:   # no make_worker_init
             imports = [i.replace(", make_worker_init", "").replace("make_worker_init, ", "")
                        for i in imports if not i.endswith("import make_worker_init")]

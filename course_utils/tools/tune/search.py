@@ -22,7 +22,7 @@ import multiprocessing
 import os
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 from torch.utils.data import DataLoader, Dataset
@@ -72,9 +72,9 @@ class _Pipeline:
     base: Dataset | None             # images as HxWx3 uint8 (for the recipe/defaults), or None
     description: str
     code_dataset: str                # Python expression of the dataset in the pasted code
-    code_imports: list[str]
+    code_imports: list[str]          # its imports, beside DataLoader's
     size: int
-    notes: list[str] = field(default_factory=list)   # e.g. damaged files skipped
+    notes: list[str]                 # e.g. damaged files skipped
     baseline_code: tuple[str, list[str]] = ("dataset", [])   # the baselines' dataset, as code
 
 
@@ -93,44 +93,40 @@ def folder_for_tuning(data: ImageFolderDataset, where: str) -> ImageFolderDatase
 
 
 def _pipeline(data: Any, size: int, n_images: int | None, progress: bool = True) -> _Pipeline:
-    loader_import = "from torch.utils.data import DataLoader"
     if data is None:
         data = JpegDataset(n=pick(full=2000, quick=200) if n_images is None else n_images,
                            progress=None if progress else False)
     elif isinstance(data, (str, os.PathLike)):
-        path = check_folder(data, "data", "pass the folder that holds your images (or data=None "
-                                          "for the course data).")
-        data = ImageFolderDataset(path, skip_damaged=True)
+        data = ImageFolderDataset(check_folder(data, "data", "pass the folder that holds your "
+                                               "images (or data=None for the course data)."),
+                                  skip_damaged=True)
     notes: list[str] = []
     if isinstance(data, ImageFolderDataset):
         data = folder_for_tuning(data, f"data={str(data.root)!r}")
         if data.damaged:
             notes.append(f"{data.damaged_summary()}; they were left out")
+    recipe = "from course_utils.data import CommonRecipeTransform"
     if isinstance(data, JpegDataset) and data.transform is None:
-        recipe = (f"TransformedDataset(dataset, CommonRecipeTransform({size}))",
-                  [loader_import, "from course_utils.data import CommonRecipeTransform",
-                   "from course_utils.pipelines import TransformedDataset"])
         return _Pipeline(BatchedJpegDataset(data, size), keep_batch, data, data.describe(),
                          f"BatchedJpegDataset(dataset, size={size})",
-                         [loader_import, "from course_utils import keep_batch, make_worker_init",
-                          "from course_utils.pipelines import BatchedJpegDataset"],
-                         size, baseline_code=recipe)
+                         ["from course_utils import keep_batch, make_worker_init",
+                          "from course_utils.pipelines import BatchedJpegDataset"], size, notes,
+                         (f"TransformedDataset(dataset, CommonRecipeTransform({size}))",
+                          [recipe, "from course_utils.pipelines import TransformedDataset"]))
     if isinstance(data, ImageFolderDataset) and data.transform is None:
         skip = ", skip_damaged=True" if data.damaged else ""
         folder = f"ImageFolderDataset({str(data.root)!r}, transform="
         folder_import = "from course_utils.image_folder import ImageFolderDataset"
-        recipe = (f"{folder}CommonRecipeTransform({size}){skip})",
-                  [loader_import, "from course_utils.data import CommonRecipeTransform", folder_import])
         return _Pipeline(data.with_transform(ToTensorUint8(size)), None, data, data.describe(),
                          f"{folder}ToTensorUint8({size}){skip})",
-                         [loader_import, "from course_utils import ToTensorUint8, make_worker_init",
-                          folder_import], size, notes, recipe)
+                         ["from course_utils import ToTensorUint8, make_worker_init", folder_import],
+                         size, notes, (f"{folder}CommonRecipeTransform({size}){skip})",
+                                       [recipe, folder_import]))
     if isinstance(data, Dataset) or (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
         describe = getattr(data, "describe", None)
         text = describe() if callable(describe) else f"{type(data).__name__} of {len(data)} items"
         return _Pipeline(data, None, None, text, "dataset",
-                         [loader_import, "from course_utils import make_worker_init"], size, notes,
-                         ("dataset", [loader_import]))
+                         ["from course_utils import make_worker_init"], size, notes)
     raise TypeError(f"data must be None (the course's JPEG dataset), a folder of images (str or "
                     f"Path), a JpegDataset, an ImageFolderDataset or a map-style Dataset; got "
                     f"{type(data).__name__}.")

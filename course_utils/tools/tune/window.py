@@ -11,8 +11,6 @@ until they are gone (in an iterator's ``__del__`` it would be lost), its workers
 """
 from __future__ import annotations
 
-import math
-import numbers
 import signal
 import statistics
 import sys
@@ -26,6 +24,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from course_utils.checks import check_seconds
 from course_utils.device import move_to_device
 from course_utils.measurement import Measurement
 from course_utils.process_tree import stop_workers
@@ -200,13 +199,9 @@ def make_consumer(step_s: Any, step: Any) -> tuple[Callable[[Any], Any] | None, 
                             f"step), got {type(step).__name__}; or pass step_s=seconds.")
         return step, f"{getattr(step, '__name__', type(step).__name__)}(batch), called on " \
                      f"each batch"
-    if isinstance(step_s, bool) or (step_s is not None and (
-            not isinstance(step_s, numbers.Real) or not math.isfinite(step_s) or step_s < 0)):
-        raise ValueError(f"step_s must be the seconds your training step takes per batch (a "
-                         f"number >= 0), got {step_s!r}; pass e.g. step_s=0.05.")
-    if not step_s:
+    seconds = 0.0 if step_s is None else check_seconds("step_s", step_s, "tune_loader")
+    if not seconds:
         return None, "none: the loader alone (pass step_s or --step-ms: your training step)"
-    seconds = float(step_s)
     return (lambda batch: time.sleep(seconds)), \
         f"a {seconds * 1e3:g} ms training step per batch (a sleep: a GPU step leaving the CPU free)"
 
