@@ -15,7 +15,7 @@ import pytest
 from course_utils.tools.cli import script_exit_status, split_diagnose_argv
 from course_utils.tools.diagnose import DiagnoseError
 from course_utils.tools.diagnose import script as ds
-from course_utils.tools.diagnose.probe import OUT_OF_SCOPE
+from course_utils.tools.diagnose.script import OUT_OF_SCOPE
 
 SCRIPTS = Path(__file__).parent / "diagnose_scripts"
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,8 +37,8 @@ def _cli(*args, path=(), timeout=120):
      ["diagnose", "--budget=3", "-m", "pkg.train"], ["--lr", "1"]),
     (["diagnose", "--no-progress", "--bogus", "train.py"],
      ["diagnose", "--no-progress", "--bogus", "train.py"], []),
-    (["diagnose", "pkg.train:make_loop", "--budget", "3"],
-     ["diagnose", "pkg.train:make_loop", "--budget", "3"], []),
+    (["diagnose", "--json=r.json", "train.py", "--json", "theirs.json"],
+     ["diagnose", "--json=r.json", "train.py"], ["--json", "theirs.json"]),
 ])
 def test_everything_after_the_script_is_the_scripts(argv, ours, theirs):
     assert split_diagnose_argv(argv) == (ours, theirs)
@@ -349,5 +349,5 @@ def test_a_loader_with_no_timed_batch_has_no_figures():
     assert (empty.wait_fraction, empty.samples_per_s, empty.mean_step_s()) == (None, None, None)
     assert empty.tail_s() == {"p50": None, "p95": None, "p99": None}
     lines = ds.ScriptDiagnosis("t.py", _run(_stats(1), empty), "data-bound", []).__str__()
-    assert "13 batch(es), none timed (the first 3 are start-up and warm-up)" in lines
+    assert "13 batch(es), none timed (the first 2 are warm-up, the start-up's included)" in lines
     assert _stats(waits=(0.01, 0.03), steps=(0.01, 0.01)).tail_s()["p50"] == pytest.approx(0.02)

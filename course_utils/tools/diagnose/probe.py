@@ -1,15 +1,13 @@
-"""Inside ``diagnose train.py``: run the learner's script unchanged and time every DataLoader batch.
-
-:func:`run_probe` runs the script as ``__main__`` with its own ``sys.argv`` in this process,
-after three class-level wraps that the script never sees: ``DataLoader.__init__`` (records the
-loader's settings and where it was made, and applies ``--try`` overrides), ``DataLoader.__iter__``
-(an epoch starts) and the iterator's ``__next__`` (the wait for each batch, and the time between
-batches: the step). Past its deadline the next ``__next__`` shuts every loader's workers down and
-raises :class:`BudgetSpent`, a ``BaseException`` that the script's ``except Exception`` lets through.
-What was measured goes to a JSON file for :mod:`course_utils.tools.diagnose.script`.
+"""Inside ``diagnose train.py``: :func:`run_probe` runs the script as ``__main__`` (its own
+``sys.argv``) after three class-level wraps it never sees: ``DataLoader.__init__`` (settings, where
+it is made, ``--try`` overrides), ``DataLoader.__iter__`` (an epoch starts), the iterator's
+``__next__`` (the wait for each batch; the time to the next ``next`` is the step). Past the deadline
+the next ``__next__`` stops every loader's workers and raises :class:`BudgetSpent`, which the
+script's ``except Exception`` lets through. The figures, in seconds, go to a JSON file.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
@@ -29,15 +27,16 @@ import torch.multiprocessing as tmp
 from torch.utils.data import DataLoader
 from torch.utils.data import dataloader as dataloader_module
 
-from course_utils.start_methods import start_method
-from course_utils.timing import batch_size_of
+from course_utils.process_tree import loader_worker_pids, stop_workers
+from course_utils.start_methods import resolve_context
+from course_utils.timing import batch_size_of, default_warmup
+
+from .script import OUT_OF_SCOPE, TRY_KEYS
 
 #: seconds between two samples of the workers' CPU time and threads, per loader
 SAMPLE_EVERY_S = 0.5
-#: how a run that the probe refused ends (``end`` in its JSON)
-OUT_OF_SCOPE = "out of scope"
-#: the settings recorded for each loader (and the ones ``--try`` may override)
-SETTINGS = ("num_workers", "batch_size", "pin_memory", "persistent_workers", "prefetch_factor")
+#: at most this many steps' CUDA events are kept per loader (two events each)
+MAX_EVENT_STEPS = 4096
 
 
 class BudgetSpent(BaseException):
@@ -48,14 +47,13 @@ class OutOfScope(BaseException):
     """The script starts processes of its own that train (ranks); diagnose does not follow them."""
 
 
-def _now() -> float:
-    return time.perf_counter()
+_now = time.perf_counter
 
 
-def _where(frame_depth: int = 2) -> str:
+def _where() -> str:
     """``file:line`` where the loader is made: the first caller outside torch, this package and
     installed packages (else the first outside torch and this module)."""
-    frames = [info for info in inspect.stack(0)[frame_depth:] if "<frozen" not in info.filename
+    frames = [info for info in inspect.stack(0)[2:] if "<frozen" not in info.filename
               and "torch" + os.sep not in info.filename and not info.filename.endswith("probe.py")]
     own = [info for info in frames if not any(part in info.filename for part in (
         "site-packages", "dist-packages", os.path.join("course_utils", "tools", "diagnose")))]
@@ -63,24 +61,19 @@ def _where(frame_depth: int = 2) -> str:
     return f"{found[0].filename}:{found[0].lineno}" if found else "unknown"
 
 
-def _type_name(obj: Any) -> str:
-    return type(obj).__name__ if obj is not None else "None"
-
-
 def _transform_of(dataset: Any) -> str:
-    """The type of the dataset's ``transform`` (through ``Subset``-style ``.dataset``), or None."""
+    """The type name of the dataset's ``transform`` (through ``Subset``-style ``.dataset``)."""
     for _ in range(4):
         for attr in ("transform", "transforms"):
             found = getattr(dataset, attr, None)
-            if found is not None and callable(found):
-                return _type_name(found)
+            if callable(found):
+                return type(found).__name__
         dataset = getattr(dataset, "dataset", None)
-        if dataset is None:
-            break
     return "None"
 
 
 def _describe_batch(batch: Any) -> str:
+    """``"float32 (8, 3, 8, 8)"``: the dtype and shape of the batch's images."""
     images = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
     if isinstance(images, dict) and images:
         images = next(iter(images.values()))
@@ -89,14 +82,9 @@ def _describe_batch(batch: Any) -> str:
     return type(images).__name__
 
 
-#: at most this many steps' CUDA events are kept per loader (two events each)
-MAX_EVENT_STEPS = 4096
-
-
 class GpuSteps:
-    """CUDA events on the current stream around each timed step (a batch's arrival to the next
-    ``next``). The GPU's busy share is its time inside the steps over the time from the first
-    step's start to the last step's end, read once at the end: no sync in the loop."""
+    """CUDA events on the current stream around each timed step; the GPU's busy share is its time
+    inside the steps over the first step's start to the last's end, read once at the end."""
 
     def __init__(self) -> None:
         self.pairs: list[tuple[Any, Any]] = []
@@ -108,7 +96,6 @@ class GpuSteps:
 
     @staticmethod
     def event() -> Any:
-        """A CUDA event recorded now on the current stream."""
         found = torch.cuda.Event(enable_timing=True)
         found.record()
         return found
@@ -123,7 +110,7 @@ class GpuSteps:
             self.open = None
 
     def busy_share(self) -> float | None:
-        """Busy share in [0, 1] over at least two steps; None when not measured."""
+        """The share in [0, 1] over at least two steps; None when not measured."""
         if len(self.pairs) < 2:
             return None
         torch.cuda.synchronize()
@@ -133,23 +120,18 @@ class GpuSteps:
 
 
 class LoaderRecord:
-    """One DataLoader's settings and timings (seconds). The first epoch's first batch is the
-    start-up; its next ``num_workers x prefetch_factor`` batches (made ahead, they look free)
-    are warm-up; every later batch adds its wait in ``next`` and the step that followed it."""
+    """One DataLoader's settings and timings (seconds). Its first :func:`default_warmup` batches
+    (the engine's warm-up: every batch in flight, the start-up's first batch included) are not
+    timed; every later batch adds its wait in ``next`` and the step that followed it."""
 
     def __init__(self, index: int, loader: DataLoader, where: str, overridden: dict) -> None:
         self.index, self.where, self.overridden = index, where, overridden
-        settings = {k: getattr(loader, k, None) for k in SETTINGS}
-        ctx = loader.multiprocessing_context
-        settings["start_method"] = ((ctx if isinstance(ctx, str) else ctx.get_start_method())
-                                    if ctx is not None else start_method()
-                                    if loader.num_workers else "main process")
-        settings["dataset"] = _type_name(loader.dataset)
-        settings["transform"] = _transform_of(loader.dataset)
-        settings["iterable_dataset"] = isinstance(loader.dataset, torch.utils.data.IterableDataset)
-        self.settings = settings
-        workers = loader.num_workers
-        self.warmup = workers * (loader.prefetch_factor or 2) if workers else 1
+        self.settings = {k: getattr(loader, k, None) for k in TRY_KEYS} | {
+            "start_method": resolve_context(loader.multiprocessing_context)[1]
+                            if loader.num_workers else "main process",
+            "dataset": type(loader.dataset).__name__, "transform": _transform_of(loader.dataset),
+            "iterable_dataset": isinstance(loader.dataset, torch.utils.data.IterableDataset)}
+        self.warmup = default_warmup(loader)
         self.startup_s: float | None = None
         self.waits: list[float] = []
         self.steps: list[float] = []
@@ -157,13 +139,10 @@ class LoaderRecord:
         self.batch: str | None = None
         self.worker_cpu: dict[int, list[float]] = {}     # pid -> [first seen, last seen] CPU-s
         self.worker_threads: dict[int, int] = {}
-        self.gpu_busy: list[float] = []                  # NVML samples, where torch reads them
         self.gpu_steps = GpuSteps()
-        self.t_iter: float | None = None
+        self.t_iter: float | None = None                 # when iter(loader) was called
         self.last: float | None = None                   # when the last batch came back
-        self.last_counted = False
-        self.next_sample = 0.0
-        self._procs: dict[int, psutil.Process] = {}
+        self.last_counted, self.next_sample = False, 0.0
 
     def epoch_starts(self, t: float) -> None:
         """``iter(loader)`` was called at ``t`` (workers start here unless they persist)."""
@@ -182,15 +161,14 @@ class LoaderRecord:
         if self.batches == 0:
             self.startup_s = t1 - (self.t_iter if self.t_iter is not None else t0)
             self.batch = _describe_batch(batch)
-        counted = self.batches > self.warmup
+        counted = self.batches >= self.warmup
         if counted:
             since_iter = first_of_epoch and self.t_iter is not None
             self.waits.append(t1 - (self.t_iter if since_iter else t0))
             self.samples += batch_size_of(batch)
+            self.gpu_steps.started()
         self.batches += 1
         self.last, self.last_counted = t1, counted
-        if counted:
-            self.gpu_steps.started()
         return first_of_epoch
 
     def epoch_ends(self) -> None:
@@ -198,58 +176,40 @@ class LoaderRecord:
 
     def sample(self, iterator: Any, t: float, force: bool = False) -> None:
         """Every :data:`SAMPLE_EVERY_S` and at each epoch's first batch (new workers): each
-        worker's CPU seconds and OS threads (psutil), and the GPU's busy share where torch can
-        read it (NVML). A worker's CPU after its last sample is not seen: a lower bound."""
+        worker's CPU seconds and OS threads (psutil). A worker's CPU after its last sample is not
+        seen: a lower bound."""
         if t < self.next_sample and not force:
             return
         self.next_sample = t + SAMPLE_EVERY_S
-        for worker in getattr(iterator, "_workers", None) or []:
-            pid = getattr(worker, "pid", None)
+        for pid in loader_worker_pids(iterator) or []:
             try:
-                proc = self._procs.setdefault(pid, psutil.Process(pid))
+                proc = psutil.Process(pid)
                 cpu = proc.cpu_times()
                 self.worker_threads[pid] = max(self.worker_threads.get(pid, 0), proc.num_threads())
-            except (psutil.Error, TypeError, ValueError):
+            except psutil.Error:
                 continue
             seen = self.worker_cpu.setdefault(pid, [cpu.user + cpu.system] * 2)
             seen[1] = cpu.user + cpu.system
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            try:
-                self.gpu_busy.append(float(torch.cuda.utilization()) / 100)
-            except Exception:                 # no NVML here: the share stays unmeasured
-                pass
 
     def to_dict(self) -> dict:
         return {"index": self.index, "where": self.where, "settings": self.settings,
                 "overridden": self.overridden, "startup_s": self.startup_s,
                 "warmup_batches": self.warmup, "batches": self.batches, "epochs": self.epochs,
                 "samples": self.samples, "waits_s": self.waits, "steps_s": self.steps,
-                "batch": self.batch,
-                "worker_cpu_s": sum(last - first for first, last in self.worker_cpu.values()),
+                "batch": self.batch, "worker_cpu_s": sum(last - first for first, last in self.worker_cpu.values()),
                 "workers_seen": len(self.worker_cpu),
                 "worker_threads": sorted(self.worker_threads.values()),
-                **self._gpu_busy()}
-
-    def _gpu_busy(self) -> dict:
-        """The GPU's busy share over the timed steps: CUDA events first, else NVML's samples."""
-        share = self.gpu_steps.busy_share()
-        if share is not None:
-            return {"gpu_busy": share, "gpu_busy_source": "CUDA events around each step"}
-        if self.gpu_busy:
-            return {"gpu_busy": sum(self.gpu_busy) / len(self.gpu_busy),
-                    "gpu_busy_source": "NVML utilization samples"}
-        return {"gpu_busy": None, "gpu_busy_source": None}
+                "gpu_busy": self.gpu_steps.busy_share()}
 
 
 class Probe:
-    """The wraps, the records, and the deadline; :meth:`install` once, :meth:`uninstall` after."""
+    """The wraps, the records and the deadline: :meth:`install` once, :meth:`uninstall` after."""
 
     def __init__(self, budget_s: float, overrides: dict[int, dict] | None = None) -> None:
         self.deadline = _now() + budget_s
         self.overrides = overrides or {}
         self.records: list[LoaderRecord] = []
         self.iterators: "weakref.WeakSet[Any]" = weakref.WeakSet()
-        self.stopped = False
         self._saved: dict[tuple[type, str], Any] = {}
 
     def install(self) -> None:
@@ -257,8 +217,7 @@ class Probe:
         for owner, name, wrap in ((DataLoader, "__init__", self._wrap_init),
                                   (DataLoader, "__iter__", self._wrap_iter),
                                   (base, "__next__", self._wrap_next)):
-            original = owner.__dict__[name]
-            self._saved[owner, name] = original
+            self._saved[owner, name] = original = owner.__dict__[name]
             setattr(owner, name, wrap(original))
         self._wrap_ranks()
 
@@ -283,13 +242,9 @@ class Probe:
         def __init__(loader: DataLoader, *args: Any, **kwargs: Any) -> None:
             index = len(probe.records)
             changes = probe.overrides.get(index, {})
-            if changes:
-                bound = signature.bind(loader, *args, **kwargs)
-                arguments = dict(bound.arguments)
-                arguments.pop(next(iter(signature.parameters)))       # self
-                extra = arguments.pop("kwargs", {}) if "kwargs" in signature.parameters else {}
-                arguments.update(extra)
-                arguments.update(changes)
+            if changes:                  # DataLoader.__init__ has no **kwargs: all are named
+                arguments = {**signature.bind(loader, *args, **kwargs).arguments, **changes}
+                del arguments["self"]
                 if arguments.get("num_workers", 0) == 0:
                     arguments.update(prefetch_factor=None, persistent_workers=False)
                 args, kwargs = (), arguments
@@ -334,26 +289,21 @@ class Probe:
 
     def stop(self) -> None:
         """Shut every loader's workers down (persistent ones too)."""
-        self.stopped = True
         for iterator in list(self.iterators):
-            shutdown = getattr(iterator, "_shutdown_workers", None)
-            if shutdown is not None:
-                try:
-                    shutdown()
-                except Exception:
-                    pass
+            with contextlib.suppress(Exception):
+                stop_workers(iterator)
 
 
 def run_probe(config: dict) -> int:
     """Run the script of ``config`` (``script`` or ``module``, ``argv``, ``budget_s``,
-    ``overrides``, ``out``) under a :class:`Probe`; write what was measured to ``out``; return
-    the exit status (0: budget spent or the script ended; the script's own; 1: it raised;
-    130: Ctrl-C; 2: out of scope)."""
-    probe = Probe(float(config["budget_s"]), {int(k): v for k, v in config.get("overrides", {}).items()})
+    ``overrides``, ``out``, ``grace_s``) under a :class:`Probe`, write the figures to ``out``;
+    the exit status: 0 (budget spent, script ended), the script's own, 1 (it raised), 130
+    (Ctrl-C), 2 (out of scope)."""
+    probe = Probe(config["budget_s"], {int(k): v for k, v in config["overrides"].items()})
     end, status, error = "the script ended", 0, None
     t_start = _now()
-    sys.argv = [config.get("script") or config["module"], *config.get("argv", [])]
-    watchdog = threading.Timer(float(config["budget_s"]) + float(config.get("grace_s", 10)),
+    sys.argv = [config.get("script") or config["module"], *config["argv"]]
+    watchdog = threading.Timer(config["budget_s"] + config["grace_s"],
                                lambda: _write_and_exit(config, probe, t_start))
     watchdog.daemon = True
     probe.install()
@@ -368,9 +318,8 @@ def run_probe(config: dict) -> int:
     except BudgetSpent:
         end = "the budget was spent"
     except SystemExit as exc:
-        code = exc.code
-        status = code if isinstance(code, int) else (0 if code is None else 1)
-        end = f"the script called sys.exit({code!r})"
+        status = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        end = f"the script called sys.exit({exc.code!r})"
     except KeyboardInterrupt:
         end, status = "interrupted (Ctrl-C)", 130
     except OutOfScope as exc:

@@ -1,14 +1,13 @@
 """``python -m course_utils diagnose train.py [ARGS...]``: the learner's script, unchanged, measured.
 
-:func:`diagnose_script` runs the script in a child process under the probe
-(:mod:`course_utils.tools.diagnose.probe`) for part of the budget, picks the loader the loop spent
-the most time on, gives the verdict (the same rule and threshold as ``diagnose MODULE:FUNCTION``),
-names likely causes, then re-runs the script once per ``--try`` (or per default fix when it is
-data-bound) with that loader's arguments overridden where it is made, and measures each side by
-side. Each run has its own process group, killed when the run ends: no worker outlives it.
+:func:`diagnose_script` runs the script in a child process under :mod:`.probe` for half the budget,
+takes the loader the loop spent the most time on, gives the verdict (:mod:`.rules`) and likely
+causes, then re-runs the script once per ``--try`` (or default fix when data-bound) with that
+loader's arguments changed where it is made. Each run's process group is killed when it ends.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -23,10 +22,13 @@ from typing import Any
 import numpy as np
 
 from course_utils.machine import usable_cpus
+from course_utils.measurement import fmt_time, jsonable
 
-from .rules import DiagnoseError, runs_own_pools, verdict
+from .rules import MIN_GAIN, DiagnoseError, runs_own_pools, verdict
 
-#: what ``--try`` may change, and how its value is read
+#: how a run that the probe refused ends (``end`` in its JSON)
+OUT_OF_SCOPE = "out of scope"
+#: the loader settings the probe records, which ``--try`` may change, and how its value is read
 TRY_KEYS = {"num_workers": int, "batch_size": int, "prefetch_factor": int,
             "pin_memory": bool, "persistent_workers": bool}
 #: the baseline run's share of the budget (the rest is split between the fixes)
@@ -45,8 +47,7 @@ def parse_try(text: str) -> dict[str, Any]:
         if not sep or key not in TRY_KEYS or not value:
             raise DiagnoseError(f"--try {text!r}: each change is KEY=VALUE with KEY one of "
                                 f"{', '.join(TRY_KEYS)}, e.g. --try num_workers=4,pin_memory=true.")
-        kind = TRY_KEYS[key]
-        if kind is bool:
+        if TRY_KEYS[key] is bool:
             if value.lower() not in ("true", "false", "1", "0"):
                 raise DiagnoseError(f"--try {key}={value!r}: use true or false.")
             changes[key] = value.lower() in ("true", "1")
@@ -66,7 +67,7 @@ def change_label(changes: dict[str, Any]) -> str:
 
 @dataclass
 class LoaderStats:
-    """One loader's figures from one run (seconds; see :class:`~.probe.LoaderRecord`)."""
+    """One loader's figures from one run, as :class:`~.probe.LoaderRecord` wrote them."""
 
     raw: dict
 
@@ -76,6 +77,7 @@ class LoaderStats:
 
     @property
     def loop_s(self) -> float:
+        """Seconds of the timed batches: their waits in ``next`` and the steps after them."""
         return float(sum(self.raw["waits_s"]) + sum(self.raw["steps_s"]))
 
     @property
@@ -84,31 +86,35 @@ class LoaderStats:
 
     @property
     def wait_fraction(self) -> float | None:
-        """Time blocked in ``next`` over the loop's time (wait + step), after the warm-up."""
+        """Seconds waiting in ``next`` over :attr:`loop_s` (None: nothing timed)."""
         return sum(self.raw["waits_s"]) / self.loop_s if self.loop_s > 0 else None
 
     @property
     def samples_per_s(self) -> float | None:
+        """The timed batches' samples over :attr:`loop_s`: a fix that removes a stall in the
+        tail (workers restarting each epoch) shows here, where a median per batch would hide it."""
         return self.raw["samples"] / self.loop_s if self.loop_s > 0 else None
 
     def tail_s(self) -> dict[str, float | None]:
+        """p50, p95 and p99 of the wait per timed batch, in seconds."""
         waits = self.raw["waits_s"]
         return {f"p{q}": (float(np.percentile(waits, q)) if waits else None) for q in (50, 95, 99)}
 
     def mean_step_s(self) -> float | None:
+        """Mean seconds between a batch's arrival and the next ``next``."""
         steps = self.raw["steps_s"]
         return float(np.mean(steps)) if steps else None
 
     def to_dict(self) -> dict:
-        out = {k: v for k, v in self.raw.items() if k not in ("waits_s", "steps_s")}
-        return {**out, "timed_batches": self.timed_batches, "wait_fraction": self.wait_fraction,
+        return {**{k: v for k, v in self.raw.items() if k not in ("waits_s", "steps_s")},
+                "timed_batches": self.timed_batches, "wait_fraction": self.wait_fraction,
                 "samples_per_s": self.samples_per_s, "wait_tail_s": self.tail_s(),
                 "mean_step_s": self.mean_step_s()}
 
 
 @dataclass
 class ScriptRun:
-    """One run of the script under the probe."""
+    """One run of the script under the probe: how it ended, seconds it ran, each loader."""
 
     label: str
     changes: dict
@@ -124,37 +130,32 @@ class ScriptRun:
         timed = [s for s in self.loaders if s.loop_s > 0]
         return max(timed, key=lambda s: s.loop_s) if timed else None
 
-
-def _python_env() -> dict[str, str]:
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[3])      # the course's package, wherever it is
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    return env
+    def loader(self, index: int) -> LoaderStats | None:
+        return next((s for s in self.loaders if s.index == index), None)
 
 
 def run_script(target: str, argv: list[str], *, module: bool, budget_s: float,
                overrides: dict[int, dict] | None = None, label: str = "as it is") -> ScriptRun:
-    """Run the script (or ``-m`` module) for at most ``budget_s`` seconds under the probe, in
-    a new process group that is killed afterwards; what it measured."""
+    """Run the script (or ``-m`` module) under the probe for at most ``budget_s`` seconds, in a
+    new process group that is killed afterwards; ``overrides``: loader index -> ``--try``."""
     with tempfile.TemporaryDirectory(prefix="course_diagnose_") as tmp:
         out = Path(tmp) / "probe.json"
         config = {"script" if not module else "module": target, "argv": list(argv),
                   "budget_s": budget_s, "overrides": overrides or {}, "out": str(out),
                   "grace_s": GRACE_S}
         (Path(tmp) / "config.json").write_text(json.dumps(config))
+        root = str(Path(__file__).resolve().parents[3])      # the course's package, wherever it is
+        path = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
         child = subprocess.Popen([sys.executable, "-m", "course_utils.tools.diagnose.probe",
-                                  str(Path(tmp) / "config.json")], env=_python_env(),
-                                 start_new_session=True)
+                                  str(Path(tmp) / "config.json")],
+                                 env={**os.environ, "PYTHONPATH": path}, start_new_session=True)
         try:
-            child.wait(timeout=budget_s + 2 * GRACE_S + 30)
-        except subprocess.TimeoutExpired:
-            pass
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=budget_s + 2 * GRACE_S + 30)
         except KeyboardInterrupt:
             _signal_group(child, signal.SIGINT)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
             raise
         finally:
             _signal_group(child, signal.SIGKILL)       # the workers too, whatever they do
@@ -169,17 +170,14 @@ def run_script(target: str, argv: list[str], *, module: bool, budget_s: float,
 
 
 def _signal_group(child: subprocess.Popen, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(child.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def default_tries(main: LoaderStats, cuda: bool) -> list[dict[str, Any]]:
-    """The cheap fixes worth a re-run for a data-bound loader: more workers (twice as many, and
-    one per usable CPU, at most twice the CPUs; kept across epochs when the script's epochs
-    restarted them), persistent workers alone when it has workers, pinned memory on CUDA. At
-    most three."""
+    """At most three fixes to re-run a data-bound loader with: more workers (the fix candidates
+    twice as many and one per usable CPU, at most twice the CPUs; kept across epochs when the
+    script's epochs restarted them), persistent workers alone, pinned memory on CUDA."""
     s, usable = main.raw["settings"], usable_cpus()
     workers = s["num_workers"] or 0
     restarts = not s["persistent_workers"] and main.raw["epochs"] > 1
@@ -204,13 +202,12 @@ def likely_causes(main: LoaderStats, cuda: bool) -> list[str]:
     if runs_own_pools(raw["worker_threads"]):
         causes.append(f"thread pools inside the workers: up to {max(raw['worker_threads'])} OS "
                       f"threads in a worker (oversubscription, lesson 02)")
-    if str(raw.get("batch")).startswith("float32") and str(raw.get("batch")).count(",") == 3:
+    if str(raw["batch"]).startswith("float32") and str(raw["batch"]).count(",") == 3:
         causes.append(f"float32 batches from the workers ({raw['batch']}); uint8 until the device "
                       f"sends a quarter of the bytes (lesson 01)")
     if workers and not s["persistent_workers"] and raw["epochs"] > 1:
-        causes.append(f"the workers restart every epoch ({raw['epochs']} epochs, start-up "
-                      f"{raw['startup_s']:.2f} s the first time) without persistent_workers=True "
-                      f"(lesson 03)")
+        causes.append(f"the workers restart every epoch ({raw['epochs']} epochs, start-up {raw['startup_s']:.2f}"
+                      f" s the first time) without persistent_workers=True (lesson 03)")
     if cuda and not s["pin_memory"]:
         causes.append("unpinned memory: the copy to the GPU cannot overlap (lesson 04)")
     return causes
@@ -228,102 +225,86 @@ class ScriptDiagnosis:
     notes: list[str] = field(default_factory=list)
 
     def main(self) -> LoaderStats | None:
+        """The baseline's busiest loader: the one the verdict and the fixes are about."""
         return self.baseline.main_loader()
 
     def gain(self, run: ScriptRun) -> float | None:
-        """The fix's samples/s on the main loader over the baseline's (None: not measured)."""
-        base, main = self.main(), None
-        if base is not None:
-            main = next((s for s in run.loaders if s.index == base.index), None)
-        if base is None or main is None or not base.samples_per_s or not main.samples_per_s:
+        """The run's samples/s on the main loader over the baseline's (None: not measured)."""
+        base = self.main()
+        fixed = None if base is None else run.loader(base.index)
+        if fixed is None or not base.samples_per_s or not fixed.samples_per_s:
             return None
-        return main.samples_per_s / base.samples_per_s
+        return fixed.samples_per_s / base.samples_per_s
 
     def best_fix(self) -> ScriptRun | None:
-        """The fix with the largest gain above 1.05x, if one was measured."""
-        scored = [(g, r) for r in self.fixes if (g := self.gain(r)) is not None and g > 1.05]
+        """The fix with the largest gain above :data:`~.rules.MIN_GAIN`, if one was measured."""
+        scored = [(g, r) for r in self.fixes if (g := self.gain(r)) is not None and g > MIN_GAIN]
         return max(scored, key=lambda x: x[0])[1] if scored else None
 
     def to_dict(self) -> dict:
         def run(r: ScriptRun) -> dict:
-            return {"label": r.label, "changes": r.changes, "end": r.end, "status": r.status,
-                    "elapsed_s": r.elapsed_s, "cuda": r.cuda, "gain": self.gain(r),
-                    "loaders": [s.to_dict() for s in r.loaders]}
-        best = self.best_fix()
-        main = self.main()
-        return {"command": self.command, "verdict": self.verdict, "causes": self.causes,
+            return {**{k: v for k, v in vars(r).items() if k != "error"}, "gain": self.gain(r)}
+        best, main = self.best_fix(), self.main()
+        return jsonable({"command": self.command, "verdict": self.verdict, "causes": self.causes,
                 "main_loader": None if main is None else main.index,
                 "data_wait_fraction": None if main is None else main.wait_fraction,
                 "baseline": run(self.baseline), "fixes": [run(r) for r in self.fixes],
                 "best_fix": None if best is None else best.changes, "notes": self.notes,
-                "error": self.baseline.error}
+                "error": self.baseline.error})
 
     def __str__(self) -> str:
-        main = self.main()
-        lines = [f"diagnose {self.command}: "
-                 + (self.verdict.upper() if self.verdict else "NO VERDICT")
-                 + ("" if main is None else f" (loader {main.index} waited {main.wait_fraction:.0%} "
-                                            f"of its loop)")]
+        main, best = self.main(), self.best_fix()
+        lines = [f"diagnose {self.command}: " + (self.verdict or "no verdict").upper() + (
+            "" if main is None else f" (loader {main.index} waited {main.wait_fraction:.0%} of its loop)")]
         for stats in self.baseline.loaders:
             lines += _loader_lines(stats, stats is main)
-        if self.causes:
-            lines += ["likely causes:"] + [f"  - {c}" for c in self.causes]
+        lines += ["likely causes:"] * bool(self.causes) + [f"  - {c}" for c in self.causes]
         if self.fixes:
             lines.append(f"fixes, each a re-run of the script with loader {main.index}'s arguments "
                          f"changed where it is made:")
             for r in self.fixes:
-                m = next((s for s in r.loaders if s.index == main.index), None)
-                gain = self.gain(r)
+                m, gain = r.loader(main.index), self.gain(r)
                 lines.append(f"  - {change_label(r.changes):<28} " + (
-                    "not measured (no timed batch)" if m is None or gain is None else
-                    f"{m.samples_per_s:8,.0f} samples/s, data wait {m.wait_fraction:.0%}: "
-                    f"{gain:.2f}x"))
-            best = self.best_fix()
-            if best is not None:
-                lines.append(f"change: {main.raw['where']}: DataLoader(..., "
-                             f"{change_label(best.changes)})  ({self.gain(best):.2f}x samples/s)")
-            else:
-                lines.append("none of the fixes gave more than 1.05x here.")
+                    "not measured (no timed batch)" if gain is None else
+                    f"{m.samples_per_s:8,.0f} samples/s, data wait {m.wait_fraction:.0%}: {gain:.2f}x"))
+            lines.append(f"none of the fixes gave more than {MIN_GAIN:.2f}x here." if best is None else
+                         f"change: {main.raw['where']}: DataLoader(..., {change_label(best.changes)})"
+                         f"  ({self.gain(best):.2f}x samples/s)")
         lines.append(f"the run ended: {self.baseline.end} after {self.baseline.elapsed_s:.1f} s")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
 
 def _loader_lines(stats: LoaderStats, main: bool) -> list[str]:
-    s, raw = stats.raw["settings"], stats.raw
-    ms = lambda x: "-" if x is None else f"{x * 1e3:.1f} ms"  # noqa: E731
-    tail = stats.tail_s()
-    gpu = raw.get("gpu_busy")
+    s, raw, tail, gpu = stats.raw["settings"], stats.raw, stats.tail_s(), stats.raw["gpu_busy"]
     lines = [f"loader {stats.index}{' (the loop)' if main else ''}, made at {raw['where']}: "
-             f"{s['dataset']} (transform {s['transform']}), num_workers={s['num_workers']}, "
-             f"batch_size={s['batch_size']}, pin_memory={s['pin_memory']}, persistent_workers="
-             f"{s['persistent_workers']}, prefetch_factor={s['prefetch_factor']}, "
-             f"start method {s['start_method']}"]
+             f"{s['dataset']} (transform {s['transform']}), "
+             + "".join(f"{k}={s[k]}, " for k in TRY_KEYS) + f"start method {s['start_method']}"]
     if not stats.timed_batches:
         return lines + [f"  {raw['batches']} batch(es), none timed (the first "
-                        f"{raw['warmup_batches'] + 1} are start-up and warm-up)"]
+                        f"{raw['warmup_batches']} are warm-up, the start-up's included)"]
     lines += [f"  {stats.timed_batches} timed batches of {raw['batches']} ({raw['epochs']} "
               f"epoch(s)), {stats.samples_per_s:,.0f} samples/s over the loop; start-up "
               f"{raw['startup_s']:.2f} s to the first batch; batches {raw['batch']}",
               f"  data wait {stats.wait_fraction:.0%} of the loop; wait per batch p50 "
-              f"{ms(tail['p50'])}, p95 {ms(tail['p95'])}, p99 {ms(tail['p99'])}; step (between "
-              f"batches) {ms(stats.mean_step_s())} mean",
-              f"  workers: {raw['workers_seen']} seen, {raw['worker_cpu_s']:.2f} CPU-s sampled, OS threads "
-              f"{raw['worker_threads'] or '-'}; GPU busy: "
-              + ("not measured (no CUDA here)" if gpu is None else
-                 f"{gpu:.0%} of the loop ({raw.get('gpu_busy_source')})")]
+              f"{fmt_time(tail['p50'])}, p95 {fmt_time(tail['p95'])}, p99 {fmt_time(tail['p99'])}; "
+              f"step (between batches) {fmt_time(stats.mean_step_s())} mean",
+              f"  workers: {raw['workers_seen']} seen, {raw['worker_cpu_s']:.2f} CPU-s sampled, OS "
+              f"threads {raw['worker_threads'] or '-'}; GPU busy: " + (
+                  "not measured (no CUDA steps)" if gpu is None else
+                  f"{gpu:.0%} of the loop (CUDA events around each step)")]
     return lines
 
 
 def diagnose_script(target: str, argv: list[str] | None = None, *, module: bool = False,
                     budget_s: float = 60.0, tries: list[dict[str, Any]] | None = None,
                     progress: bool = True) -> ScriptDiagnosis:
-    """Run the script as it is, give the verdict, and measure the fixes (module docstring).
-    ``tries``: the changes to measure (None: the default fixes when it is data-bound)."""
+    """Run the script as it is for half of ``budget_s`` seconds, give the verdict, and measure
+    ``tries`` (None: the default fixes when data-bound) in the other half (module docstring)."""
     argv = list(argv or [])
     if not module and not Path(target).is_file():
         raise DiagnoseError(f"{target!r}: no such script; pass your training script (diagnose "
-                            f"train.py --epochs 1), -m package.module, or MODULE:FUNCTION.")
+                            f"train.py --epochs 1) or -m package.module.")
     if not budget_s > 0:
         raise DiagnoseError(f"--budget must be a positive number of seconds, got {budget_s!r}.")
     command = " ".join([("-m " if module else "") + target, *argv])
@@ -332,30 +313,28 @@ def diagnose_script(target: str, argv: list[str] | None = None, *, module: bool 
     say(f"diagnose: running {command} as it is for {share * budget_s:.0f} s ...", file=sys.stderr)
     t0 = time.perf_counter()
     baseline = run_script(target, argv, module=module, budget_s=share * budget_s)
-    # Python's and torch's start-up in each run's process come before its budget begins
-    overhead_s = max(0.0, time.perf_counter() - t0 - baseline.elapsed_s)
+    overhead_s = max(0.0, time.perf_counter() - t0 - baseline.elapsed_s)   # Python's, torch's start
     main = baseline.main_loader()
     if main is None:
         return ScriptDiagnosis(command, baseline, None, [], notes=[
             f"the script iterated no DataLoader batch to time within {share * budget_s:.0f} s "
             f"({baseline.end}); run it for longer with --budget, or check that it reaches its loop"])
     bound = verdict(main.wait_fraction)
-    causes = likely_causes(main, baseline.cuda) if bound == "data-bound" else []
+    result = ScriptDiagnosis(command, baseline, bound,
+                             likely_causes(main, baseline.cuda) if bound == "data-bound" else [])
     if tries is None:
         tries = default_tries(main, baseline.cuda) if bound == "data-bound" else []
-    result = ScriptDiagnosis(command, baseline, bound, causes)
     if baseline.status != 0:
         return result
     slice_s = (1 - share) * budget_s / max(1, len(tries))
-    for changes in tries:
+    for changes, label in zip(tries, map(change_label, tries)):
         if slice_s < MIN_SLICE_S:
-            result.notes.append(f"not tried: {change_label(changes)} ({slice_s:.1f} s each is "
-                                f"under {MIN_SLICE_S:g} s; raise --budget)")
+            result.notes.append(f"not tried: {label} ({slice_s:.1f} s each is under {MIN_SLICE_S:g} s;"
+                                f" raise --budget)")
             continue
-        say(f"diagnose: re-running with {change_label(changes)} for {slice_s:.0f} s ...",
-            file=sys.stderr)
+        say(f"diagnose: re-running with {label} for {slice_s:.0f} s ...", file=sys.stderr)
         result.fixes.append(run_script(target, argv, module=module, budget_s=slice_s,
-                                       overrides={main.index: changes}, label=change_label(changes)))
+                                       overrides={main.index: changes}, label=label))
     result.notes.append(f"each run also spent {overhead_s:.1f} s starting Python and torch before "
                         f"its share of --budget {budget_s:g} s began")
     return result

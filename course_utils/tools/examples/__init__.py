@@ -1,7 +1,3 @@
-"""Learner-style training scripts for ``python -m course_utils diagnose`` (lesson 08, tests).
-
-Each is an ordinary script (argparse, ``main()``, run with ``python data_bound.py``) that
-``diagnose`` runs unchanged: ``python -m course_utils diagnose
-course_utils/tools/examples/data_bound.py --epochs 50``. Each also defines ``make_loop()``
-returning ``(loader, step)`` for ``diagnose course_utils.tools.examples.data_bound:make_loop``.
-"""
+"""Learner-style training scripts (argparse, ``main()``) that ``python -m course_utils diagnose``
+runs unchanged (lesson 08, exercise 08, the GPU check, tests): ``python -m course_utils diagnose
+course_utils/tools/examples/data_bound.py --epochs 50``."""

@@ -2,8 +2,6 @@
 a small CNN trained on the CPU. ``diagnose`` should call it compute-bound::
 
     python -m course_utils diagnose course_utils/tools/examples/compute_bound.py --epochs 20
-
-``make_loop()`` hands the same loop over as ``(loader, step)`` (``diagnose MODULE:FUNCTION``).
 """
 from __future__ import annotations
 
@@ -30,14 +28,6 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: tuple,
     loss.backward()
     optimizer.step()
     return loss.item()
-
-
-def make_loop() -> tuple[DataLoader, object]:
-    """The training loader and one step, for ``diagnose ...compute_bound:make_loop``."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    loader = DataLoader(ArrayDataset(256, shape=(3, 64, 64)), batch_size=32, shuffle=True)
-    model, optimizer = make_model(device)
-    return loader, lambda batch: train_step(model, optimizer, batch, device)
 
 
 def main() -> None:

@@ -3,8 +3,6 @@ decode, blur and float32 conversion) in front of a model that takes a millisecon
 validation loader beside the training one. Run it as it is, or let ``diagnose`` run it::
 
     python -m course_utils diagnose course_utils/tools/examples/data_bound.py --epochs 50
-
-``make_loop()`` hands the same loop over as ``(loader, step)`` (``diagnose MODULE:FUNCTION``).
 """
 from __future__ import annotations
 
@@ -49,14 +47,6 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: tuple,
     loss.backward()
     optimizer.step()
     return loss.item()
-
-
-def make_loop() -> tuple[DataLoader, object]:
-    """The training loader and one step, for ``diagnose ...data_bound:make_loop``."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    loader = DataLoader(BlurredFloatImages(pick(full=512, quick=192)), batch_size=16, shuffle=True)
-    model, optimizer = make_model(device)
-    return loader, lambda batch: train_step(model, optimizer, batch, device)
 
 
 def main() -> None:
