@@ -234,9 +234,9 @@ class WorkerThreadLimiter:
         return f"WorkerThreadLimiter(n_threads={self.n_threads}, seed={self.seed})"
 
 
-#: ``make_worker_init(n_threads=1, seed=None, *, set_env=True)``: the worker_init_fn lesson 02
-#: writes in full, as the package's one class.
-make_worker_init = WorkerThreadLimiter
+def make_worker_init(n_threads: int = 1, seed: int | None = None, *, set_env: bool = True) -> WorkerThreadLimiter:
+    """A :class:`WorkerThreadLimiter`: the worker_init_fn lesson 02 writes in full."""
+    return WorkerThreadLimiter(n_threads, seed, set_env=set_env)
 
 
 class _PoolProbe(list):
