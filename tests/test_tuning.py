@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import course_utils.tools.tune.search as tuning
-import course_utils.tools.tune.side_by_side as side_by_side
+import course_utils.tools.tune.window as tune_window
 from course_utils import JpegDataset
 from course_utils.__main__ import main
 from course_utils.data import LatencyDataset
@@ -273,7 +273,7 @@ def test_early_stopping_marks_probes(monkeypatch, small_jpegs):
 def test_a_baseline_that_wins_is_recommended(monkeypatch, small_jpegs):
     """Force the common recipe to win the side by side: it is recommended, said so, and its
     code is the code to paste; the search's best is still reported."""
-    real = side_by_side.SideBySide.summary
+    real = tune_window.SideBySide.summary
 
     def recipe_wins(self):          # the recipe's windows read 1000x faster, with no start-up
         comparison, startups = real(self)
@@ -283,7 +283,7 @@ def test_a_baseline_that_wins_is_recommended(monkeypatch, small_jpegs):
         return (compare([fast if m is slow else m for m in comparison.rows]),
                 {**startups, "common recipe": 0.0})
 
-    monkeypatch.setattr(side_by_side.SideBySide, "summary", recipe_wins)
+    monkeypatch.setattr(tune_window.SideBySide, "summary", recipe_wins)
     r = tune_loader(small_jpegs, budget_s=4, size=32, batch_size=8, worker_counts=[0],
                     batch_sizes=[8], progress=False)
     assert r.winner == "common recipe"

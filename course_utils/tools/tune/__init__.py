@@ -1,5 +1,3 @@
-"""``python -m course_utils tune``: fast DataLoader settings within a time budget (lesson 06).
-
-:mod:`.search` runs the search and the side by side (:func:`~.search.tune_loader`),
-:mod:`.window` measures one setting, :mod:`.result` is what the tuner returns.
+"""``python -m course_utils tune`` (lesson 06): :mod:`.search` (:func:`~.search.tune_loader`),
+:mod:`.window` (how one setting and the side by side are measured), :mod:`.result` (what it returns).
 """

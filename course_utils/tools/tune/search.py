@@ -11,9 +11,9 @@ A coordinate search of fixed structure, each stage starting from the best so far
 A trial is a probe window (:data:`PROBE_FRACTION` of a full one) and, unless it scores below
 :data:`PROBE_THRESHOLD` of the best, a full window (:mod:`.window`), scored by
 :func:`~.result.epoch_score`. The budget (wall seconds) covers everything, :data:`COMPARE_SHARE`
-of it the side by side with the baselines (:mod:`.side_by_side`), whose winner is recommended; a
-trial starts only when its estimate fits (the rest: ``not_tried``). Ctrl-C stops every worker and
-raises :class:`TuningInterrupted` with what was measured.
+of it the side by side with the baselines (:class:`~.window.SideBySide`), whose winner is
+recommended; a trial starts only when its estimate fits (the rest: ``not_tried``). Ctrl-C stops
+every worker and raises :class:`TuningInterrupted` with what was measured.
 """
 from __future__ import annotations
 
@@ -39,8 +39,7 @@ from course_utils.timing import default_warmup
 
 from .result import (RECIPE_LABEL, TUNED_LABEL, LoaderSettings, Trial, TuningInterrupted,
                      TuningResult, epoch_score)
-from .side_by_side import SideBySide
-from .window import (WORKER_TIMEOUT_S, Timed, consumer_device, make_consumer,
+from .window import (WORKER_TIMEOUT_S, SideBySide, Timed, consumer_device, make_consumer,
                      measure_window, pooled, rebuilt)
 
 __all__ = ["LoaderSettings", "Trial", "TuningResult", "TuningInterrupted", "tune_loader",
