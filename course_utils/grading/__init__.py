@@ -2,8 +2,8 @@
 answer)``. :mod:`~course_utils.grading.checker` holds :func:`check` and what every grader shares;
 ``ex00_measure_first`` ... ``ex08_find_the_stall``, one grader per exercise notebook;
 :mod:`~course_utils.grading.grade` and :mod:`~course_utils.grading.cli`, ``python -m course_utils
-grade NOTEBOOK`` through nbval (with ``kernels`` and the plugins ``_nbval_kernels``,
-``_nbval_report``). Importing this package loads no grader: ``check`` loads them when first asked.
+grade NOTEBOOK`` through nbval (with ``kernels`` and the plugin ``_nbval_kernels``). Importing
+this package loads no grader: ``check`` loads them when first asked.
 """
 from __future__ import annotations
 

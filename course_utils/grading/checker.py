@@ -119,8 +119,9 @@ def require_callable(exercise: str, answer: Any, expected: str, *, what: str = "
 
 def require_signature(exercise: str, fn: Callable[..., Any], problem: str, expected: str,
                       *args: Any, **kwargs: Any) -> None:
-    """Raise :class:`ExerciseFailed` with ``problem`` unless ``fn(*args, **kwargs)`` binds to
-    its signature (one that cannot be read is let through: the call decides)."""
+    """Raise :class:`ExerciseFailed` unless ``fn`` is callable, and with ``problem`` unless
+    ``fn(*args, **kwargs)`` binds to its signature (one that cannot be read: the call decides)."""
+    require_callable(exercise, fn, expected)
     try:
         inspect.signature(fn).bind(*args, **kwargs)
     except TypeError:

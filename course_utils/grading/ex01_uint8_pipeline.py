@@ -67,24 +67,23 @@ def _not_uint8(stage: str, out: Any, expected: str) -> ExerciseFailed:
 
 
 def _check_image_stage(stage: str, out: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """A uint8 NumPy image of ``shape``."""
     expected = f"NumPy uint8 array of shape {shape}"
+    shown = dict(expected=expected, seen=describe(out))
     if isinstance(out, torch.Tensor):
         raise _fail(f"`{stage}` returned a torch tensor; the image stays a NumPy (H, W, 3) "
-                    f"array until to_tensor.", expected=expected, seen=describe(out),
-                    hint="return a NumPy array here (cv2 and slicing give you one); make the "
-                         "tensor in to_tensor.")
+                    f"array until to_tensor.", **shown, hint="return a NumPy array here (cv2 "
+                    "and slicing give you one); make the tensor in to_tensor.")
     if not isinstance(out, np.ndarray):
-        raise _fail(f"`{stage}` must return a NumPy array.", expected=expected,
-                    seen=describe(out), hint=f"did `{stage}` forget a `return`?")
+        raise _fail(f"`{stage}` must return a NumPy array.", **shown,
+                    hint=f"did `{stage}` forget a `return`?")
     if out.dtype != np.uint8:
         raise _not_uint8(stage, out, expected)
     if out.shape != shape:
-        hint = f"`{stage}` should give {shape}."
-        if stage == "resize" and out.shape == (shape[1], shape[0], 3):
-            hint = ("height and width are swapped: cv2.resize takes dsize=(width, height), "
-                    "while NumPy shapes are (height, width, channels).")
-        raise _fail(f"`{stage}` returned the wrong shape.", expected=expected,
-                    seen=describe(out), hint=hint)
+        raise _fail(f"`{stage}` returned the wrong shape.", **shown, hint=(
+            "height and width are swapped: cv2.resize takes dsize=(width, height), while NumPy "
+            "shapes are (height, width, channels)." if stage == "resize" and
+            out.shape == (shape[1], shape[0], 3) else f"`{stage}` should give {shape}."))
     return out
 
 
@@ -150,21 +149,21 @@ def _check_flip(pipeline: Any, cropped: np.ndarray, shape: tuple[int, ...]) -> N
 
 
 def _check_to_tensor(out: Any, flipped: np.ndarray, c: int) -> torch.Tensor:
+    """A (3, c, c) uint8 tensor of ``flipped``'s pixels."""
     expected = f"torch.Tensor of shape (3, {c}, {c}), dtype torch.uint8"
+    shown = dict(expected=expected, seen=describe(out))
     if not isinstance(out, torch.Tensor):
-        raise _fail("`to_tensor` must return a torch tensor.", expected=expected,
-                    seen=describe(out),
+        raise _fail("`to_tensor` must return a torch tensor.", **shown,
                     hint="make a tensor of the NumPy pixels without converting them (torch can "
                          "wrap a contiguous array as it is), then put the channel axis first.")
     if out.dtype != torch.uint8:
         raise _not_uint8("to_tensor", out, expected)
     if tuple(out.shape) == (c, c, 3):
-        raise _fail("`to_tensor` kept the channels last.", expected=expected, seen=describe(out),
+        raise _fail("`to_tensor` kept the channels last.", **shown,
                     hint="models take channels first: reorder the axes of the (H, W, 3) tensor "
                          "to (3, H, W) (a reshape or view would scramble the pixels).")
     if tuple(out.shape) != (3, c, c):
-        raise _fail("`to_tensor` returned the wrong shape.", expected=expected,
-                    seen=describe(out))
+        raise _fail("`to_tensor` returned the wrong shape.", **shown)
     if not torch.equal(out, torch.from_numpy(np.ascontiguousarray(flipped)).permute(2, 0, 1)):
         raise _fail("`to_tensor` changed the pixel values.", seen=describe(out),
                     expected="the same uint8 pixels, laid out (3, H, W)",
@@ -174,21 +173,19 @@ def _check_to_tensor(out: Any, flipped: np.ndarray, c: int) -> torch.Tensor:
 
 def _check_normalized(out: Any, reference: torch.Tensor, params: PipelineParams,
                       where: str = "normalize(batch)") -> Any:
-    expected = f"torch.Tensor {tuple(reference.shape)} float32"
+    """The normalized batch is float32 and within tolerance of ``reference``; else a failure
+    that names the likely cause (uint8 wrap-around, BGR, a mirror, per-channel values)."""
+    shown = dict(expected=f"torch.Tensor {tuple(reference.shape)} float32", seen=describe(out))
     if not isinstance(out, torch.Tensor):
-        raise _fail("`normalize` must return a torch tensor.", expected=expected,
-                    seen=describe(out))
-    if out.dtype == torch.float64:
-        raise _fail("`normalize` returned float64.", expected=expected, seen=describe(out),
-                    hint="float64 doubles the bytes again: convert to float32, and keep mean/std "
-                         "float32 too.")
+        raise _fail("`normalize` must return a torch tensor.", **shown)
     if out.dtype != torch.float32:
-        raise _fail(f"`normalize` returned {out.dtype}.", expected=expected, seen=describe(out),
-                    hint="normalize is where the conversion happens: to float32 first, then "
-                         "(x / 255 - mean) / std.")
+        raise _fail(f"`normalize` returned {str(out.dtype)[6:]}.", **shown, hint=(
+            "float64 doubles the bytes again: convert to float32, and keep mean/std float32 too."
+            if out.dtype == torch.float64 else "normalize is where the conversion happens: to "
+            "float32 first, then (x / 255 - mean) / std."))
     if out.shape != reference.shape:
-        raise _fail("`normalize` returned the wrong shape.", expected=expected,
-                    seen=describe(out), hint="keep the batch's (N, 3, H, W) shape.")
+        raise _fail("`normalize` returned the wrong shape.", **shown,
+                    hint="keep the batch's (N, 3, H, W) shape.")
     diff = output_difference(out, reference, params)
     if diff.within_tolerance:
         return diff

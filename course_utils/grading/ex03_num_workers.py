@@ -49,35 +49,30 @@ GROWTH_FRACTION = 0.15
 
 # ---- 03.choose_workers -----------------------------------------------------------------------
 
-def _curve(name: str, story: str, workers: Sequence[int], truth: Sequence[float],
-           noise: float, seed: int) -> dict:
-    rng = np.random.default_rng(seed)
-    factors = 1.0 + rng.uniform(-noise, noise, size=len(truth))
-    measured = [round(float(t * f), 1) for t, f in zip(truth, factors)]
-    return {"name": name, "story": story, "workers": list(workers), "truth": list(truth),
-            "measured": measured}
-
-
 def synthetic_curves() -> list[dict]:
     """The curves the grader feeds: name, story, workers, true and measured rates (samples/s,
     with seeded multiplicative noise: the same curves every run)."""
     plateau = [90, 100, 200, 300, 400, 500, 600, 700, 800, 798, 795, 793, 790, 788, 785, 782, 780]
-    peak = [250, 240, 460, 650, 750, 680, 610, 560, 510, 470, 430, 400, 380]
-    rising = [100, 100, 198, 390, 760, 1450, 2600]
-    flat = [10000, 3500, 4300, 4400, 4200, 4000, 3800, 3500, 3300]
-    noisy = [90, 100, 200, 300, 400, 500, 580, 600, 600, 600, 600, 600, 600, 600, 600, 600, 600]
-    return [
-        _curve("rise then plateau", "CPU-bound decoding on a machine with 8 usable cores",
-               range(17), plateau, 0.03, 1),
-        _curve("peak then decline", "every worker adds threads: past 4 workers the cores are "
-               "oversubscribed", range(13), peak, 0.03, 2),
-        _curve("still rising", "latency-bound loading (network storage), measured on a "
-               "doubling grid", [0, 1, 2, 4, 8, 16, 32], rising, 0.03, 3),
-        _curve("workers do not help", "light in-memory data: sending batches between "
-               "processes costs more than making them", range(9), flat, 0.03, 4),
-        _curve("noisy plateau", "a plateau measured on a busy machine (5 % noise)",
-               range(17), noisy, 0.05, 16),
-    ]
+    noisy = [90, 100, 200, 300, 400, 500, 580] + [600] * 10
+    curves = [
+        ("rise then plateau", "CPU-bound decoding on a machine with 8 usable cores", range(17),
+         plateau, 0.03, 1),
+        ("peak then decline", "every worker adds threads: past 4 workers the cores are "
+         "oversubscribed", range(13), [250, 240, 460, 650, 750, 680, 610, 560, 510, 470, 430,
+                                        400, 380], 0.03, 2),
+        ("still rising", "latency-bound loading (network storage), measured on a doubling grid",
+         [0, 1, 2, 4, 8, 16, 32], [100, 100, 198, 390, 760, 1450, 2600], 0.03, 3),
+        ("workers do not help", "light in-memory data: sending batches between processes costs "
+         "more than making them", range(9), [10000, 3500, 4300, 4400, 4200, 4000, 3800, 3500,
+                                             3300], 0.03, 4),
+        ("noisy plateau", "a plateau measured on a busy machine (5 % noise)", range(17), noisy,
+         0.05, 16)]
+    out = []
+    for name, story, workers, truth, noise, seed in curves:
+        factors = 1.0 + np.random.default_rng(seed).uniform(-noise, noise, size=len(truth))
+        out.append({"name": name, "story": story, "workers": list(workers), "truth": list(truth),
+                    "measured": [round(float(t * f), 1) for t, f in zip(truth, factors)]})
+    return out
 
 
 def shuffled(curve: dict, seed: int) -> dict:
@@ -184,9 +179,9 @@ def _judge_shuffled(choose: Callable, curve: dict, in_order: int, seed: int) -> 
                  "choose by the counts themselves, not by their position in the lists.") from None
 
 
-def _measured_curve(max_workers: int | None = None) -> dict:
-    """A real samples/s-vs-workers curve of JPEG decoding measured now on this machine."""
-    top = min(2 * usable_cpus(), 6) if max_workers is None else max_workers
+def _measured_curve() -> dict:
+    """A samples/s-vs-workers curve of JPEG decoding measured now on this machine."""
+    top = min(2 * usable_cpus(), 6)
     dataset = JpegDataset(n=pick(full=320, quick=160), min_side=320, max_side=640,
                           transform=ToTensorUint8(160))
     with limit_threads(1):  # the main process like the workers: one thread per pool
@@ -200,8 +195,7 @@ def _measured_curve(max_workers: int | None = None) -> dict:
 
 @grader(CHOOSE)
 def grade_choose_workers(choose_num_workers: Callable[..., Any], *,
-                         measure_real_curve: bool = True,
-                         max_workers: int | None = None) -> CheckResult:
+                         measure_real_curve: bool = True) -> CheckResult:
     """Check ``choose_num_workers(workers, samples_per_s)`` on synthetic curves and a real one."""
     require_callable(CHOOSE, choose_num_workers,
                      "a function choose_num_workers(workers, samples_per_s)")
@@ -211,9 +205,8 @@ def grade_choose_workers(choose_num_workers: Callable[..., Any], *,
     plain = [int(a) for a in answers if isinstance(a, numbers.Integral) and not isinstance(a, bool)]
     if len(plain) == len(answers) and len(set(plain)) == 1:
         const = plain[0]
-        why = ""
-        if const == (os.cpu_count() or -1):
-            why = " — that is os.cpu_count(), which knows nothing about the workload"
+        why = (" — that is os.cpu_count(), which knows nothing about the workload"
+               if const == (os.cpu_count() or -1) else "")
         raise ExerciseFailed(
             CHOOSE, f"the function returned {const} for every curve{why}.",
             expected="answers that follow the curves: " + ", ".join(
@@ -228,7 +221,7 @@ def grade_choose_workers(choose_num_workers: Callable[..., Any], *,
     details: dict[str, Any] = {c["name"]: int(a) for c, a in zip(curves, answers)}
     summary = "; ".join(f"{c['name']}: {int(a)}" for c, a in zip(curves, answers))
     if measure_real_curve:
-        real = _measured_curve(max_workers)
+        real = _measured_curve()
         answer = _call_choice(choose_num_workers, real)
         judge_choice(real, answer, "curve measured here", saturated=MEASURED_SATURATED_FRACTION)
         details["measured here"] = int(answer)
@@ -245,8 +238,32 @@ _LIST_BASELINE: dict[tuple, Any] = {}  # (n, seed, workers) -> WorkerMemory of t
 
 def object_holders(dataset: Any, n: int) -> list[tuple[str, str, int]]:
     """(where, kind, count) for each attribute of ``dataset`` (a dataset of ``n`` records), or
-    entry nested in one, that holds OBJECTS_FRACTION * n Python objects or more."""
-    return _containers(dataset, max(1, int(n * OBJECTS_FRACTION)), "", 0, set())
+    entry nested in one (3 levels deep), holding OBJECTS_FRACTION * n Python objects or more."""
+    threshold, found, seen = max(1, int(n * OBJECTS_FRACTION)), [], set()
+
+    def visit(obj: Any, path: str, depth: int) -> None:
+        if id(obj) in seen or depth > 3 or isinstance(
+                obj, (torch.Tensor, str, bytes, bytearray, memoryview, numbers.Number)):
+            return
+        seen.add(id(obj))
+        if isinstance(obj, np.ndarray):
+            if obj.dtype == object and obj.size >= threshold:
+                found.append((path, "NumPy array of dtype=object", int(obj.size)))
+        elif isinstance(obj, (list, tuple, set, frozenset, dict)):
+            if len(obj) >= threshold:
+                found.append((path, type(obj).__name__, len(obj)))
+            else:
+                for k, v in (obj.items() if isinstance(obj, dict) else enumerate(obj)):
+                    visit(v, f"{path}[{k!r}]", depth + 1)
+        else:
+            attrs = dict(vars(obj)) if hasattr(obj, "__dict__") else {}
+            attrs.update({a: getattr(obj, a) for a in getattr(type(obj), "__slots__", ()) or ()
+                          if isinstance(a, str) and hasattr(obj, a)})
+            for k, v in attrs.items():
+                visit(v, f"{path}.{k}" if path else k, depth + 1)
+
+    visit(dataset, "", 0)
+    return found
 
 
 def growth_verdict(list_growth: Sequence[float], answer_growth: Sequence[float]) -> str:
@@ -256,38 +273,6 @@ def growth_verdict(list_growth: Sequence[float], answer_growth: Sequence[float])
     if reference < MIN_LIST_GROWTH_BYTES:
         return "too little to compare"
     return "pass" if max(answer_growth) <= GROWTH_FRACTION * reference else "fail"
-
-
-def _containers(obj: Any, threshold: int, path: str, depth: int,
-                seen: set[int]) -> list[tuple[str, str, int]]:
-    """Attributes (and nested dict/list/tuple entries) holding >= threshold Python objects."""
-    if id(obj) in seen or depth > 3:
-        return []
-    seen.add(id(obj))
-    found: list[tuple[str, str, int]] = []
-    if isinstance(obj, np.ndarray):
-        if obj.dtype == object and obj.size >= threshold:
-            found.append((path, "NumPy array of dtype=object", int(obj.size)))
-        return found
-    if isinstance(obj, (torch.Tensor, str, bytes, bytearray, memoryview, numbers.Number)):
-        return found
-    if isinstance(obj, (list, tuple, set, frozenset, dict)):
-        if len(obj) >= threshold:
-            found.append((path, type(obj).__name__, len(obj)))
-            return found
-        items = obj.items() if isinstance(obj, dict) else enumerate(obj)
-        for k, v in items:
-            found += _containers(v, threshold, f"{path}[{k!r}]", depth + 1, seen)
-        return found
-    attrs: dict[str, Any] = {}
-    if hasattr(obj, "__dict__"):
-        attrs.update(vars(obj))
-    for slot in getattr(type(obj), "__slots__", ()) or ():
-        if isinstance(slot, str) and hasattr(obj, slot):
-            attrs[slot] = getattr(obj, slot)
-    for k, v in attrs.items():
-        found += _containers(v, threshold, f"{path}.{k}" if path else k, depth + 1, seen)
-    return found
 
 
 def _same_item(i: int, want: Any, got: Any) -> None:
@@ -319,9 +304,8 @@ def _same_item(i: int, want: Any, got: Any) -> None:
 @grader(COPY)
 def grade_copy_on_read(make_safe: Callable[[list], Any], *, n_records: int = 60_000,
                        num_workers: int = 2, seed: int = 1) -> CheckResult:
-    """Check ``make_safe(records)`` gives the same items as RecordListDataset(records) and does
-    not grow every forked worker's private memory while it reads them."""
-
+    """``make_safe(records)`` gives the same items as RecordListDataset(records), keeps no Python
+    object per record, and does not grow every forked worker's private memory as it reads them."""
     require_callable(COPY, make_safe, "a class (or function) called with the list of records, "
                                       "returning a dataset", what="class or function",
                      hint="pass the class itself, without calling it.")
@@ -336,14 +320,11 @@ def grade_copy_on_read(make_safe: Callable[[list], Any], *, n_records: int = 60_
                                   "__getitem__.")
     refuse_course_code(COPY, safe)
     if not hasattr(safe, "__getitem__") or not hasattr(safe, "__len__"):
-        raise ExerciseFailed(COPY, "the answer is not a dataset.",
-                             expected="an object with __len__ and __getitem__ (a "
-                                      "torch.utils.data.Dataset)",
-                             seen=f"{type(safe).__name__}: {safe!r}"[:300])
+        raise ExerciseFailed(COPY, "the answer is not a dataset.", seen=describe(safe, 300),
+                             expected="an object with __len__ and __getitem__ (a Dataset)")
     if len(safe) != len(records):
-        raise ExerciseFailed(COPY, "the dataset has the wrong length.",
+        raise ExerciseFailed(COPY, "the dataset has the wrong length.", seen=f"{len(safe)}",
                              expected=f"{len(records)} items (one per record)",
-                             seen=f"{len(safe)}",
                              hint="__len__ should return the number of records.")
     rng = np.random.default_rng(seed)
     for i in [0, 1, len(records) - 1] + rng.integers(0, len(records), size=200).tolist():

@@ -178,8 +178,7 @@ def _check_batches(batches: list, loader: _RecordingLoader, device: torch.device
                              "the training step.")
         if images.shape != want_images.shape or labels.shape != want_labels.shape:
             raise _fail(f"batch {k} changed shape.", hint="move the tensors as they are.",
-                        expected=f"images {tuple(want_images.shape)}, labels "
-                                 f"{tuple(want_labels.shape)}",
+                        expected=f"images {tuple(want_images.shape)}, labels {tuple(want_labels.shape)}",
                         seen=f"images {tuple(images.shape)}, labels {tuple(labels.shape)}")
         if device.type != "meta" and not (torch.equal(labels.cpu(), want_labels)
                                           and torch.equal(images.cpu(), want_images)):
@@ -329,21 +328,18 @@ def _cuda_overlap_check(answer: Any, device: torch.device, mib: int, threshold: 
 def grade_prefetcher(answer: Any, *, device: Any = None, n_batches: int = 6, batch_size: int = 4,
                      cuda_checks: bool = True, copy_mib: int = 32,
                      overlap_threshold: float = 0.3) -> CheckResult:
-    """Check a Prefetcher class: order, values, placement, dtypes and double buffering on any
-    device; on CUDA also that copies overlap compute and that no batch is read mid-copy."""
+    """A Prefetcher class: order, values, placement, dtypes and double buffering on any device;
+    on CUDA also that copies overlap compute and that no batch is read mid-copy."""
     dev = resolve_device(device)
-    checked: list[str] = []
-    not_checked: list[str] = []
-
     loader = _RecordingLoader(n_batches, batch_size)
     prefetcher = _build(answer, loader, dev)
     batches, pulled = _run_pass(prefetcher, loader, dev)
     _check_batches(batches, loader, dev)
-    checked.append(f"all {n_batches} batches once, in order, with the loader's values and dtypes, "
-                   f"images and labels on {dev}")
     _check_lookahead(pulled, n_batches)
-    checked.append("batch k+1 was requested before batch k was handed out (double buffering)")
-
+    checked = [f"all {n_batches} batches once, in order, with the loader's values and dtypes, "
+               f"images and labels on {dev}",
+               "batch k+1 was requested before batch k was handed out (double buffering)"]
+    not_checked: list[str] = []
     again, _ = _run_pass(prefetcher, loader, dev)
     if len(again) != n_batches:
         raise _fail("a second pass over the same prefetcher (the next epoch) did not give the "
@@ -365,16 +361,15 @@ def grade_prefetcher(answer: Any, *, device: Any = None, n_batches: int = 6, bat
 
     if dev.type == "cpu":
         meta = torch.device("meta")
-        mloader = _RecordingLoader(n_batches, batch_size)
         try:
-            mbatches, _ = _run_pass(_build(answer, mloader, meta), mloader, meta)
+            mbatches, _ = _run_pass(_build(answer, loader, meta), loader, meta)
         except ExerciseFailed as exc:
             not_checked.append(f"placement on a second device ('meta' failed: {exc.problem})")
         except NotImplementedError as exc:  # the CPU pass ran: torch refuses an op on 'meta'
             not_checked.append(f"placement on a second device (an operation is not supported "
                                f"on 'meta' tensors: {exc})")
         else:
-            _check_batches(mbatches, mloader, meta)
+            _check_batches(mbatches, loader, meta)
             checked.append("placement and dtypes again on PyTorch's 'meta' device (this machine's "
                            "device is the CPU, where everything is 'on the device' already)")
 
@@ -393,11 +388,10 @@ def grade_prefetcher(answer: Any, *, device: Any = None, n_batches: int = 6, bat
                         f"while a kernel computes)", "that the current stream waits for the copy "
                         "stream and that a batch's memory is not reused while it is read (a "
                         "missing wait_stream or record_stream only shows as a race on a GPU)"]
-    summary = "checked: " + "; ".join(checked) + "."
-    if not_checked:
-        summary += " NOT checked on this device: " + "; ".join(not_checked) + "."
-    details["checked"], details["not_checked"] = checked, not_checked
-    return CheckResult(EXERCISE, summary, details)
+    details.update(checked=checked, not_checked=not_checked)
+    return CheckResult(EXERCISE, "checked: " + "; ".join(checked) + "." + (
+        " NOT checked on this device: " + "; ".join(not_checked) + "." if not_checked else ""),
+        details)
 
 
 # ---- step 1: copy() alone ------------------------------------------------------------

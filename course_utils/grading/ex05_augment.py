@@ -6,14 +6,14 @@ reproducibility, and torch calls that do not grow with the batch.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import torch
 
 from course_utils.lessons.l05_measure import count_torch_calls
 
-from .checker import (CheckResult, ExerciseFailed, call_answer, describe, grader, require_callable,
-                      require_signature)
+from .checker import CheckResult, ExerciseFailed, call_answer, describe, grader, require_signature
 
 EXERCISE = "05.batched_flip_brightness"
 
@@ -51,11 +51,13 @@ def _call(fn: Callable, batch: torch.Tensor, seed: int | None = 0, flip_p: float
                        str(exc).lower() and "device" in str(exc).lower() else None)
 
 
+def _fail(where: str, problem: str, **kw: str) -> ExerciseFailed:
+    return ExerciseFailed(EXERCISE, f"{where}: {problem}", **kw)
+
+
 def _basic(out: Any, batch: torch.Tensor, before: torch.Tensor, where: str) -> torch.Tensor:
     """Type, in-place, device, dtype, shape, finiteness, value range."""
-    def fail(problem: str, **kw: str) -> ExerciseFailed:
-        return ExerciseFailed(EXERCISE, f"{where}: {problem}", **kw)
-
+    fail = functools.partial(_fail, where)
     if not isinstance(out, torch.Tensor):
         raise fail("your function must return a tensor.", seen=describe(out),
                    expected=f"a tensor like the input, {describe(batch)}",
@@ -72,18 +74,16 @@ def _basic(out: Any, batch: torch.Tensor, before: torch.Tensor, where: str) -> t
                    hint="keep everything on batch.device: no .cpu(), no NumPy; create random "
                         "numbers with device=batch.device.")
     if out.dtype != batch.dtype:
-        if out.dtype == torch.float64:
-            hint = ("float64 usually comes from NumPy (np.random.* gives float64) or a float64 "
-                    "tensor: draw the random numbers with torch, on batch.device, and give the "
-                    "factors the batch's dtype.")
-        elif batch.dtype in (torch.float16, torch.bfloat16):
-            hint = (f"the input was {batch.dtype}, as in mixed-precision training. torch.rand "
-                    f"makes float32, and float32 factors times a {batch.dtype} batch promote "
-                    f"the result to float32 (twice the bytes). Give the factors the batch's dtype.")
-        else:
-            hint = "return the batch's dtype: convert the random factors to it."
         raise fail(f"the output dtype is {out.dtype}, the input was {batch.dtype}.",
-                   expected=f"dtype {batch.dtype}", seen=describe(out), hint=hint)
+                   expected=f"dtype {batch.dtype}", seen=describe(out), hint=(
+                       "float64 usually comes from NumPy (np.random.* gives float64) or a float64 "
+                       "tensor: draw the random numbers with torch, on batch.device, and give the "
+                       "factors the batch's dtype." if out.dtype == torch.float64 else
+                       f"the input was {batch.dtype}, as in mixed-precision training. torch.rand "
+                       f"makes float32, and float32 factors times a {batch.dtype} batch promote "
+                       f"the result to float32 (twice the bytes). Give the factors the batch's "
+                       f"dtype." if batch.dtype in (torch.float16, torch.bfloat16) else
+                       "return the batch's dtype: convert the random factors to it."))
     if out.shape != batch.shape:
         raise fail("the output has the wrong shape.", expected=f"shape {tuple(batch.shape)}",
                    seen=describe(out),
@@ -136,13 +136,11 @@ def _analyse(out: torch.Tensor, x: torch.Tensor, tol: float, where: str) -> tupl
             (s.flip(1), "some samples had their colour channels reversed (dim 1).",
              "flip the width, dim 3, not the channels.")):
         if float(_fit(o, hyp)[1][0]) <= tol:
-            raise ExerciseFailed(EXERCISE, f"{where}: {problem}", expected="left-right mirror images",
-                                 seen=seen, hint=hint)
+            raise _fail(where, problem, expected="left-right mirror images", seen=seen, hint=hint)
     others = torch.cat([x, x.flip(3)])
     if bool((_fit(o.expand_as(others), others)[1] <= tol).any()):
-        raise ExerciseFailed(
-            EXERCISE, f"{where}: sample {i}'s output was made from another sample's image.",
-            expected="every output sample made from its own input sample",
+        raise _fail(
+            where, f"sample {i}'s output was made from another sample's image.", expected="every output sample made from its own input sample",
             seen=seen, hint="did you flip the batch dimension (dim 0) instead of the width (dim 3)? "
                             "Choosing per sample between the image and its mirror (an "
                             "element-wise selection with a per-sample mask) keeps samples in place.")
@@ -150,24 +148,21 @@ def _analyse(out: torch.Tensor, x: torch.Tensor, tol: float, where: str) -> tupl
         dark = hyp <= _DARK_MAX
         d = (o - hyp)[dark]
         if d.numel() and float(d.std()) < tol and abs(float(d.mean())) > 10 * tol:
-            raise ExerciseFailed(
-                EXERCISE, f"{where}: brightness was added, not multiplied.",
-                expected="out = clamp(factor * image): a factor in [1 - brightness, 1 + brightness]",
+            raise _fail(
+                where, "brightness was added, not multiplied.", expected="out = clamp(factor * image): a factor in [1 - brightness, 1 + brightness]",
                 seen=f"sample {i}: every pixel shifted by {float(d.mean()):+.3f}",
                 hint="multiply by the factor (one per sample, broadcast over its pixels). Scaling "
                      "keeps black black; adding lifts it.")
-        per_channel = [(o[:, c:c + 1], hyp[:, c:c + 1]) for c in range(o.shape[1])]
-        fits = [_fit(a, b) for a, b in per_channel]
+        fits = [_fit(o[:, c:c + 1], hyp[:, c:c + 1]) for c in range(o.shape[1])]
         if all(float(e[0]) <= tol for _, e in fits):
-            factors = ", ".join(f"{float(f[0]):.3f}" for f, _ in fits)
-            raise ExerciseFailed(
-                EXERCISE, f"{where}: each colour channel got its own brightness factor.",
+            raise _fail(
+                where, "each colour channel got its own brightness factor.",
                 expected="one factor per sample, the same for its three channels",
-                seen=f"sample {i}: factors {factors} for its channels",
+                seen=f"sample {i}: factors {', '.join(f'{float(f[0]):.3f}' for f, _ in fits)}",
                 hint="draw N factors, not N x C, and broadcast each over its sample's channels "
                      "and pixels.")
-    raise ExerciseFailed(
-        EXERCISE, f"{where}: the output is not the input flipped (or not) and scaled by one factor per sample.",
+    raise _fail(
+        where, "the output is not the input flipped (or not) and scaled by one factor per sample.",
         expected="out[i] = clamp(factor[i] * (batch[i] mirrored left-right, or not), 0, 1)",
         seen=seen, hint="check the order: flip, then multiply, then clamp; one factor per sample, "
                         "shaped (N, 1, 1, 1) to broadcast.")
@@ -176,9 +171,7 @@ def _analyse(out: torch.Tensor, x: torch.Tensor, tol: float, where: str) -> tupl
 def _check_values(fn: Callable, device: torch.device, *, n: int, side: int, seed: int) -> dict:
     """All value checks on one device (float32). Returns what was read back."""
     where, tol, b, p = f"on {device.type}", 2e-4, 0.4, 0.5
-
-    def fail(problem: str, **kw: str) -> ExerciseFailed:
-        return ExerciseFailed(EXERCISE, f"{where}: {problem}", **kw)
+    fail = functools.partial(_fail, where)
 
     def run(flip_p: float, brightness: float, seed: int = seed) -> Any:
         return _call(fn, x, seed, flip_p, brightness)
@@ -275,11 +268,21 @@ def _check_batched(fn: Callable, *, side: int, seed: int) -> dict:
     return {"calls": c_big}
 
 
-_DEVICE_MIX = ("not on the expected device", "same device", "expected all tensors",
-               "device type cpu", "found at least two devices")
 _HOST_COPY = ("cannot copy out of meta", "to numpy", "tolist", "numpy()")
 _DATA_DEPENDENT = ("item() cannot be called on meta", "nonzero", "data-dependent",
                    "data dependent", "masked_select", "meta tensors")
+#: (words of torch's error on 'meta', the problem, what is expected, the hint)
+_META_FAILURES = (
+    (("not on the expected device", "same device", "expected all tensors", "device type cpu",
+      "found at least two devices"),
+     "on another device, your function mixes in tensors made on the CPU.",
+     "every tensor created on batch.device", "torch.rand(n) and torch.tensor(...) create CPU "
+     "tensors; on a GPU batch this fails the same way. Pass device=batch.device (and "
+     "generator=generator)."),
+    (_HOST_COPY, "your function copies the batch to the host (.cpu(), .numpy() or .tolist()).",
+     "all the work on batch.device, the result on batch.device", "on a GPU that is two copies "
+     "over PCIe per batch and CPU work in the training loop: do it all with torch ops on the "
+     "batch where it is."))
 
 
 def _check_meta(fn: Callable, *, n: int, side: int) -> str:
@@ -294,20 +297,10 @@ def _check_meta(fn: Callable, *, n: int, side: int) -> str:
                 s in low for s in _HOST_COPY + _DATA_DEPENDENT):
             raise  # the stub itself
         seen = f"on the 'meta' device (a stand-in for a GPU): {type(exc).__name__}: {str(exc)[:160]}"
-        if any(s in low for s in _DEVICE_MIX):
-            raise ExerciseFailed(
-                EXERCISE, "on another device, your function mixes in tensors made on the CPU.",
-                expected="every tensor created on batch.device", seen=seen,
-                hint="torch.rand(n) and torch.tensor(...) create CPU tensors; on a GPU batch this "
-                     "fails the same way. Pass device=batch.device (and generator=generator)."
-            ) from exc
-        if any(s in low for s in _HOST_COPY):
-            raise ExerciseFailed(
-                EXERCISE, "your function copies the batch to the host (.cpu(), .numpy() or "
-                          ".tolist()).", seen=seen,
-                expected="all the work on batch.device, the result on batch.device",
-                hint="on a GPU that is two copies over PCIe per batch and CPU work in the "
-                     "training loop: do it all with torch ops on the batch where it is.") from exc
+        for words, problem, expected, hint in _META_FAILURES:
+            if any(w in low for w in words):
+                raise ExerciseFailed(EXERCISE, problem, expected=expected, seen=seen,
+                                     hint=hint) from exc
         if any(s in low for s in _DATA_DEPENDENT):
             return ("device check on 'meta' skipped: your function reads values back from the "
                     "device (.item(), bool(...), or boolean-mask indexing such as batch[mask]). "
@@ -332,7 +325,6 @@ def _check_meta(fn: Callable, *, n: int, side: int) -> str:
 def grade_flip_brightness(fn: Callable[..., Any], *, n: int = 64, side: int = 12, seed: int = 0,
                           accelerators: bool = True) -> CheckResult:
     """Check a batched random flip + brightness with per-sample randomness on every device here."""
-    require_callable(EXERCISE, fn, _SIGNATURE)
     require_signature(EXERCISE, fn, "your function does not take the arguments batch, flip_p, "
                       "brightness, generator.", _SIGNATURE, 0, flip_p=0.5, brightness=0.4,
                       generator=None)

@@ -115,16 +115,14 @@ def _check_batch(batch: Any, dataset: JpegDataset, indices: Sequence[int], size:
                     hint="torch.from_numpy(array) makes a tensor that shares the array's memory.")
     if images.dtype != torch.uint8:
         raise _fail(f"the images are {images.dtype}, not torch.uint8.", expected=want,
-                    seen=f"{images.dtype}, shape {tuple(images.shape)}",
-                    hint="keep uint8 until the end (lesson 01): convert to float on the device, "
-                         "for the whole batch, in the training step - a float32 batch is 4x the "
-                         "bytes to make, send between processes and copy.")
+                    seen=describe(images), hint="keep uint8 until the end (lesson 01): convert to "
+                    "float on the device, for the whole batch, in the training step - a float32 "
+                    "batch is 4x the bytes to make, send between processes and copy.")
     if tuple(images.shape) != shape:
         raise _fail("the images have the wrong shape.", expected=f"{shape} (N, C, H, W)",
-                    seen=str(tuple(images.shape)),
-                    hint=f"every image resized to {size}x{size}, channels first. A decoded "
-                         f"image is (H, W, C): which tensor method reorders dimensions "
-                         f"without copying?")
+                    seen=str(tuple(images.shape)), hint=f"every image resized to {size}x{size}, "
+                    f"channels first. A decoded image is (H, W, C): which tensor method reorders "
+                    f"dimensions without copying?")
     ref = torch.stack([ToTensorUint8(size)(dataset[i][0]) for i in indices])
     if not torch.equal(images, ref):
         diff = (images.int() - ref.int()).abs()

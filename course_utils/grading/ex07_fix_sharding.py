@@ -1,13 +1,9 @@
-"""Grader for exercise 07: a ``make_epoch_loader(dataset, epoch, rank, world_size)`` that shards
-correctly and reshuffles each epoch.
-
-It runs the function for every rank in this process (:func:`simulate_ranks`; fast, and enough to
-find most mistakes), then in 2 ranks started by ``torchrun``, which import it from the module the
-exercise's ``%%writefile`` cell wrote. Both times the dataset is an ``IndexDataset`` of
-:data:`N_SAMPLES` items (odd: 2 ranks cannot split it evenly) and the epochs are :data:`EPOCHS`
-(epoch 1 twice: a restart replays an epoch). From what the ranks drew: nothing dropped; no sample
-twice beyond ``DistributedSampler``'s padding; the same count on every rank (under DDP a rank
-with an extra batch waits for ever); a new order every epoch; a replayed epoch identical.
+"""Grader for exercise 07: ``make_epoch_loader(dataset, epoch, rank, world_size)`` run for every
+rank in this process (:func:`simulate_ranks`), then in 2 ranks started by ``torchrun`` that import
+it from the module the exercise's ``%%writefile`` cell wrote, on :data:`N_SAMPLES` items and
+:data:`EPOCHS`. Judged from what the ranks drew: nothing dropped; no sample twice beyond
+``DistributedSampler``'s padding; the same count on every rank; a new order every epoch; a
+replayed epoch identical.
 """
 from __future__ import annotations
 
@@ -51,6 +47,7 @@ def module_of(fn: Callable) -> tuple[str, str]:
 
 
 def _run_in_ranks(fn: Callable, *, timeout_s: float) -> tuple[list[dict], str]:
+    """What each torchrun rank drew, importing ``fn`` from its module; and the backend."""
     module, folder = module_of(fn)
     try:
         run = launch("learner", {"module": module, "name": fn.__name__, "n": N_SAMPLES,
@@ -164,15 +161,15 @@ def judge(report: ShardingReport, where: str) -> str:
 @grader(SHARDING)
 def grade_sharding(make_epoch_loader: Any, *, torchrun: bool = True,
                    timeout_s: float = 180) -> CheckResult:
-    """Grade ``make_epoch_loader(dataset, epoch, rank, world_size)`` (see the module docstring).
-    ``torchrun=False`` skips the real run (the in-process simulation only; used in tests)."""
-    if isinstance(make_epoch_loader, type) or not callable(make_epoch_loader):
-        raise ExerciseFailed(SHARDING, "the answer is not a function.", seen=describe(make_epoch_loader),
-                             expected="make_epoch_loader(dataset, epoch, rank, world_size) -> loader",
-                             hint="pass the function itself, without calling it.")
+    """Grade ``make_epoch_loader`` (see the module docstring); ``torchrun=False``: the in-process
+    simulation only."""
+    expected = "make_epoch_loader(dataset, epoch, rank, world_size) -> loader"
+    if isinstance(make_epoch_loader, type):        # a class such as DataLoader is callable too
+        raise ExerciseFailed(SHARDING, "the answer is not a function.", expected=expected,
+                             seen=describe(make_epoch_loader))
     require_signature(SHARDING, make_epoch_loader, "make_epoch_loader does not take 4 arguments.",
-                      "make_epoch_loader(dataset, epoch, rank, world_size)", 0, 0, 0, 2)
-    records = None
+                      expected, 0, 0, 0, 2)
+    records = summary = None
     try:
         records = simulate_ranks(make_epoch_loader, N_SAMPLES, WORLD_SIZE, EPOCHS)
     except NotImplementedError:
@@ -192,14 +189,13 @@ def grade_sharding(make_epoch_loader: Any, *, torchrun: bool = True,
                                  expected="a loader for (dataset, epoch, rank, world_size=2)",
                                  hint="call it yourself with rank=0 and rank=1 and read the "
                                       "error.") from exc
-    details: dict = {"simulated": records}
-    where = "in this process"
+    details, where = {"simulated": records}, "in this process"
     if records is not None:
         summary = judge(sharding_report(records, N_SAMPLES),
                         "simulated ranks (called one after the other in this process)")
     if torchrun:
-        ranks, backend = _run_in_ranks(make_epoch_loader, timeout_s=timeout_s)
-        summary = judge(sharding_report(ranks, N_SAMPLES), f"{WORLD_SIZE} ranks started by torchrun")
-        details["ranks"] = ranks
+        details["ranks"], backend = _run_in_ranks(make_epoch_loader, timeout_s=timeout_s)
+        summary = judge(sharding_report(details["ranks"], N_SAMPLES),
+                        f"{WORLD_SIZE} ranks started by torchrun")
         where = f"in {WORLD_SIZE} ranks under torchrun ({backend})"
     return CheckResult(SHARDING, f"{summary} - {where}.", details)

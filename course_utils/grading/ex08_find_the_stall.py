@@ -15,7 +15,7 @@ import os
 import random
 import tempfile
 import time
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -229,119 +229,107 @@ def real_traces(steps: int = 8) -> tuple[dict, ...]:
     return tuple(out)
 
 
-# ---- calling the learner's functions ---------------------------------------------------------
-
-def _raised_hint(exc: Exception) -> str:
-    if isinstance(exc, KeyError) and exc.args and exc.args[0] in ("dur", "ts"):
-        return (f"not every event has {exc.args[0]!r}: metadata ('ph': 'M'), instant ('i') and "
-                f"flow ('s', 'f') events have no duration; keep the complete events, ph == 'X'.")
-    if isinstance(exc, (ValueError, IndexError, ZeroDivisionError)):
-        return ("the trace has steps to count; print the ProfilerStep spans you found and the "
-                "ones left after the warm-up.")
-    return "run it on the trace above in a cell of its own and read the traceback."
-
-
+# ---- calling the learner's functions and judging what they return ---------------------------
 def _call(exercise: str, fn: Callable, events: list[dict], signature: str, **kwargs: Any) -> Any:
-    return call_answer(exercise, fn, copy.deepcopy(events), signature=signature,
-                       hint=_raised_hint, **kwargs)
+    """``fn`` on a copy of ``events``; an error fails with a hint for the common ones."""
+    def hint(exc: Exception) -> str:
+        if isinstance(exc, KeyError) and exc.args and exc.args[0] in ("dur", "ts"):
+            return (f"not every event has {exc.args[0]!r}: metadata ('ph': 'M'), instant ('i') "
+                    f"and flow ('s', 'f') events have no duration; keep the complete events, "
+                    f"ph == 'X'.")
+        if isinstance(exc, (ValueError, IndexError, ZeroDivisionError)):
+            return ("the trace has steps to count; print the ProfilerStep spans you found and "
+                    "the ones left after the warm-up.")
+        return "run it on the trace above in a cell of its own and read the traceback."
+    return call_answer(exercise, fn, copy.deepcopy(events), signature=signature, hint=hint,
+                       **kwargs)
 
 
-def _as_fraction(value: Any, where: str) -> float:
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+def _judge(value: Any, answer: float, mistakes: dict[str, float], where: str, tol: float) -> float:
+    """The answer's fraction, or ExerciseFailed naming the mistake whose value it matches."""
+    value = value.item() if isinstance(value, torch.Tensor) and value.numel() == 1 else value
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise ExerciseFailed(WAIT, f"{where}: data_wait_fraction must return one number.",
-                             expected="a float between 0 and 1, such as 0.42",
-                             seen=describe(value), hint="return wait / time as a plain float (did it forget a `return`?).")
+                             expected="a finite float between 0 and 1, such as 0.42",
+                             seen=describe(value),
+                             hint="return wait / time as a plain float (did it forget a `return`?); "
+                                  "divide by the counted steps' total duration, which is > 0.")
     value = float(value)
-    if not math.isfinite(value):
-        raise ExerciseFailed(WAIT, f"{where}: the fraction is not finite.", seen=repr(value),
-                             hint="divide by the counted steps' total duration, which is > 0.")
-    return value
-
-
-def _judge(value: float, answer: float, mistakes: dict[str, float], where: str, tol: float) -> None:
     if abs(value - answer) <= tol:
-        return
-    seen = f"{value:.4f}"
+        return value
     for key, wrong in mistakes.items():
         if abs(value - wrong) <= tol:
             problem, hint = MISTAKES[key]
             raise ExerciseFailed(WAIT, f"{where}: {problem}", expected=f"{answer:.4f}",
-                                 seen=f"{seen} (what that mistake gives)", hint=hint)
-    if value > 1 or value < 0:
-        problem, hint = MISTAKES["percent"] if value > 1 else ("the fraction is negative.", "")
-        raise ExerciseFailed(WAIT, f"{where}: {problem}", expected=f"{answer:.4f}", seen=seen,
-                             hint=hint or "durations are positive: add them up, don't subtract.")
-    raise ExerciseFailed(
-        WAIT, f"{where}: the fraction is off.", expected=f"{answer:.4f}", seen=seen,
-        hint="wait = the durations of the 'fetch' and 'h2d copy' spans inside the counted steps; "
-             "time = the counted ProfilerStep spans' durations; the counted steps are all but the "
-             "first `warmup_steps` in time order. Print what you add up for each step.")
+                                 seen=f"{value:.4f} (what that mistake gives)", hint=hint)
+    problem, hint = (MISTAKES["percent"] if value > 1 else
+                     ("the fraction is negative.", "durations are positive: add them up, don't "
+                      "subtract.") if value < 0 else
+                     ("the fraction is off.", "wait = the durations of the 'fetch' and 'h2d copy' "
+                      "spans inside the counted steps; time = the counted ProfilerStep spans' "
+                      "durations; the counted steps are all but the first `warmup_steps` in time "
+                      "order. Print what you add up for each step."))
+    raise ExerciseFailed(WAIT, f"{where}: {problem}", expected=f"{answer:.4f}", seen=f"{value:.4f}",
+                         hint=hint)
 
 
-# ---- the graders -----------------------------------------------------------------------------
+def _cases(real: bool) -> list[tuple[str, dict, dict[str, float], float]]:
+    """(where, case, its mistakes' values, tolerance) for the synthetic and the real traces."""
+    out = [(f"on {c['name']}", c, c["mistakes"], TOLERANCE) for c in synthetic_cases()]
+    for c in real_traces() if real else ():
+        with_startup = _reference_fraction(c["events"], 0)
+        out.append((f"on a loop profiled here ({c['name']})", c, {"warm-up": with_startup}
+                    if abs(with_startup - c["answer"]) > 0.03 else {}, REAL_TOLERANCE))
+    return out
+
 
 @grader(WAIT)
 def grade_wait_fraction(data_wait_fraction: Callable[..., Any], *, real: bool = True) -> CheckResult:
-    """Check ``data_wait_fraction(events, warmup_steps=1)`` on synthetic and real traces."""
+    """``data_wait_fraction(events, warmup_steps=1)`` on synthetic and real traces."""
     signature = "data_wait_fraction(events, warmup_steps=1)"
     require_callable(WAIT, data_wait_fraction, signature)
-
-    def cases() -> Iterator[tuple[str, dict, dict[str, float], float]]:
-        for case in synthetic_cases():
-            yield f"on {case['name']}", case, case["mistakes"], TOLERANCE
-        for case in real_traces() if real else ():
-            with_startup = _reference_fraction(case["events"], 0)
-            yield (f"on a loop profiled here ({case['name']})", case,
-                   {"warm-up": with_startup} if abs(with_startup - case["answer"]) > 0.03 else {},
-                   REAL_TOLERANCE)
-
-    found = {}
-    for where, case, mistakes, tol in cases():
-        value = _as_fraction(_call(WAIT, data_wait_fraction, case["events"], signature,
-                                   warmup_steps=case["warmup_steps"]), where)
-        _judge(value, case["answer"], mistakes, where, tol)
-        found[case["name"]] = value
+    found = {case["name"]: _judge(_call(WAIT, data_wait_fraction, case["events"], signature,
+                                        warmup_steps=case["warmup_steps"]),
+                                  case["answer"], mistakes, where, tol)
+             for where, case, mistakes, tol in _cases(real)}
     shown = "; ".join(f"{k}: {v:.3f}" for k, v in found.items())
     return CheckResult(WAIT, f"every trace's fraction is right ({shown}).", found)
 
 
 @grader(STALL)
 def grade_bottleneck(bottleneck: Callable[..., Any], *, real: bool = True) -> CheckResult:
-    """Check ``bottleneck(events, warmup_steps=1, threshold=0.10)`` names the held-back loops."""
+    """``bottleneck(events, warmup_steps=1, threshold=0.10)`` names the held-back loops."""
     signature = "bottleneck(events, warmup_steps=1, threshold=0.10)"
     require_callable(STALL, bottleneck, signature)
-    # (what, events, warmup_steps, threshold, fraction)
-    trials = [(c["name"], c["events"], c["warmup_steps"], 0.10, c["answer"])
-              for c in synthetic_cases()]
     near = synthetic_trace([(1.5, 0, 8.5, 0)] * 5)                 # waits 15 % of the time
-    trials += [("a loop that waits 15 % of its time", near, 0, 0.10, 0.15),
-               ("the same loop with threshold=0.25", near, 0, 0.25, 0.15)]
-    if real:
-        trials += [(f"a loop profiled here ({c['name']})", c["events"], c["warmup_steps"], 0.10,
-                    c["answer"]) for c in real_traces()]
+    # (what, events, warmup_steps, threshold, fraction)
+    trials = [(where[3:], c["events"], c["warmup_steps"], 0.10, c["answer"])
+              for where, c, _, _ in _cases(real)]
+    trials[len(synthetic_cases()):len(synthetic_cases())] = [
+        ("a loop that waits 15 % of its time", near, 0, 0.10, 0.15),
+        ("the same loop with threshold=0.25", near, 0, 0.25, 0.15)]
     labels = []
     for what, events, warmup, threshold, fraction in trials:
         label = _call(STALL, bottleneck, events, signature, warmup_steps=warmup, threshold=threshold)
         expected = "data" if fraction > threshold else "compute"
         if label not in ("data", "compute"):
-            hint = "return the string 'data' or 'compute'."
-            if isinstance(label, str) and label.lower().startswith(("data", "compute")):
-                hint = ("diagnose prints 'data-bound'; this function returns the short words, "
-                        "exactly 'data' or 'compute' (lower case).")
-            raise ExerciseFailed(STALL, f"on {what}: the answer must be 'data' or 'compute'.",
-                                 expected=repr(expected), seen=describe(label), hint=hint)
+            raise ExerciseFailed(
+                STALL, f"on {what}: the answer must be 'data' or 'compute'.",
+                expected=repr(expected), seen=describe(label),
+                hint="diagnose prints 'data-bound'; this function returns the short words, exactly "
+                     "'data' or 'compute' (lower case)." if isinstance(label, str) and
+                label.lower().startswith(("data", "compute")) else
+                "return the string 'data' or 'compute'.")
         if label != expected:
-            seen = f"{label!r}; the loop waited {fraction:.0%} of its counted steps' time"
-            hint = (f"'data' when the wait fraction is more than threshold (here {threshold:.2f}), "
-                    f"else 'compute'; use the `threshold` argument, not a number of your own.")
-            if "start-up" in what:
-                hint = (f"with the warm-up counted this loop looks data-bound, but after "
-                        f"warmup_steps={warmup} it waited only {fraction:.0%}: skip the warm-up "
-                        f"steps before you judge.")
-            raise ExerciseFailed(STALL, f"on {what}: the wrong bottleneck.", expected=repr(expected),
-                                 seen=seen, hint=hint)
+            raise ExerciseFailed(
+                STALL, f"on {what}: the wrong bottleneck.", expected=repr(expected),
+                seen=f"{label!r}; the loop waited {fraction:.0%} of its counted steps' time",
+                hint=f"with the warm-up counted this loop looks data-bound, but after "
+                     f"warmup_steps={warmup} it waited only {fraction:.0%}: skip the warm-up "
+                     f"steps before you judge." if "start-up" in what else
+                     f"'data' when the wait fraction is more than threshold (here "
+                     f"{threshold:.2f}), else 'compute'; use the `threshold` argument, not a "
+                     f"number of your own.")
         labels.append(f"{what}: {label}")
     return CheckResult(STALL, f"every loop named right ({'; '.join(labels)}).",
                        {"labels": labels})

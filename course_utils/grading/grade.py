@@ -1,6 +1,7 @@
 """``python -m course_utils grade exercises/00_measure_first.ipynb``: each notebook run top to
 bottom in a fresh kernel by ``pytest --nbval-lax``, each cell's outcome mapped back to the
-exercise whose ``check("ID", ...)`` call it holds."""
+exercise whose ``check("ID", ...)`` call it holds. The pytest run loads this module as a plugin
+too (``-p course_utils.grading.grade``): its hooks write each cell's outcome as a JSON line."""
 from __future__ import annotations
 
 import json
@@ -16,6 +17,21 @@ _CHECK_RE = re.compile(r"""check\(\s*["']([\w.\-]+)["']""")
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 _CELL_RE = re.compile(r"::Cell (\d+)$")
 _EXAMPLE = "exercises/00_measure_first.ipynb"
+_PATHS: dict[str, str] = {}          # nodeid -> absolute path of the notebook that holds it
+
+
+def pytest_itemcollected(item):  # noqa: D103 - pytest hook
+    _PATHS[item.nodeid] = os.path.realpath(str(item.path))
+
+
+def pytest_runtest_logreport(report):  # noqa: D103 - pytest hook
+    target = os.environ.get("COURSE_GRADE_REPORT")
+    if not target or report.when != "call" and not (report.when == "setup" and report.failed):
+        return
+    with open(target, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps({"nodeid": report.nodeid, "path": _PATHS.get(report.nodeid, ""),
+                             "outcome": report.outcome,
+                             "longrepr": str(report.longrepr or "")}) + "\n")
 
 
 @dataclass
@@ -91,13 +107,8 @@ def read_notebook(path: str | os.PathLike) -> dict:
                                 f"{nb_path.as_posix()}/*.ipynb for every notebook in it.")
     if nb_path.suffix != ".ipynb":
         raise ValueError(f"{where} is not a notebook (.ipynb file); pass a path like {_EXAMPLE}.")
-    try:
-        raw = nb_path.read_bytes()
-    except OSError as exc:
-        raise OSError(f"{where} cannot be read ({exc.strerror or exc}); check that the file is "
-                      f"readable.") from None
-    try:
-        notebook = json.loads(raw.decode("utf-8"))
+    try:   # an unreadable file raises its own OSError, naming the path
+        notebook = json.loads(nb_path.read_bytes().decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{where} is not valid notebook JSON ({exc}); restore it, e.g. with "
                          f"git checkout -- {nb_path.as_posix()} (this discards your edits) or "
@@ -118,7 +129,7 @@ def grade_notebooks(paths: list[str | os.PathLike], *, cell_timeout: int = 600) 
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.jsonl"
         env = dict(os.environ, COURSE_GRADE_REPORT=str(report))
-        cmd = [sys.executable, "-m", "pytest", "-p", "course_utils.grading._nbval_report",
+        cmd = [sys.executable, "-m", "pytest", "-p", "course_utils.grading.grade",
                "-p", "course_utils.grading._nbval_kernels", "-p",
                "no:cacheprovider", "-q", "--nbval-lax", f"--nbval-cell-timeout={cell_timeout}",
                *dict.fromkeys(real.values())]

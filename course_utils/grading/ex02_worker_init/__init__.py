@@ -17,7 +17,7 @@ import cv2
 from course_utils.threads import THREAD_ENV_VARS, ThreadPools, is_torch_openmp
 
 from ..checker import (CheckResult, ExerciseFailed, call_answer, grader, refuse_course_code,
-                       require_callable, require_signature)
+                       require_signature)
 from .workers import EXERCISE, Hung, run_in_workers, stuck_frames, use_parent_pools, with_code
 
 from .share import SHARE, grade_share      # step 1: the share alone (importing registers it)
@@ -266,7 +266,6 @@ def grade_worker_init(answer: Callable[[int], Any], *, timeout_s: float = 20.0,
     """Run ``answer(cpu_budget)`` as the worker_init_fn of real DataLoader workers for each of
     ``runs`` (fork runs skipped where there is no fork) and judge their pools. ``timeout_s``: the
     DataLoader timeout (fresh workers get at least 60 s to start)."""
-    require_callable(EXERCISE, answer, "a function make_budget_init(cpu_budget)")
     require_signature(EXERCISE, answer, "make_budget_init is called with one argument, the CPU "
                       "budget.", "def make_budget_init(cpu_budget): ...", 7)
     methods = multiprocessing.get_all_start_methods()

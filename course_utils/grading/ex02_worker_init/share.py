@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..checker import (CheckResult, ExerciseFailed, call_answer, grader, require_callable,
-                       require_signature)
+from ..checker import CheckResult, ExerciseFailed, call_answer, grader, require_signature
 
 SHARE = "02.share"
 
@@ -21,25 +20,18 @@ CASES = (
     ((1, 1, True), 1),
 )
 
-_RULES = {
-    "whole": "a pool runs whole threads: the share is the budget divided by the workers, rounded "
-             "down (integer division)",
-    "floor": "every worker needs at least one thread, even when the budget is smaller than the "
-             "number of workers",
-    "fork": "a forked worker must keep 1 thread per pool whatever its share: growing a pool it "
-            "inherited can hang it (lesson 02, section 4)",
-}
-
-
 def _rule(args: tuple[int, int, bool], want: int, got: Any) -> str:
     """Which rule a wrong answer broke, from the case it failed."""
     budget, workers, forked = args
     if forked:
-        return _RULES["fork"]
+        return ("a forked worker must keep 1 thread per pool whatever its share: growing a pool "
+                "it inherited can hang it (lesson 02, section 4)")
     if budget < workers:
-        return _RULES["floor"]
+        return ("every worker needs at least one thread, even when the budget is smaller than "
+                "the number of workers")
     if isinstance(got, float) or budget % workers:
-        return _RULES["whole"]
+        return ("a pool runs whole threads: the share is the budget divided by the workers, "
+                "rounded down (integer division)")
     return f"{budget} CPUs shared by {workers} workers is {want} threads each"
 
 
@@ -47,7 +39,6 @@ def _rule(args: tuple[int, int, bool], want: int, got: Any) -> str:
 def grade_share(answer: Callable[[int, int, bool], int]) -> CheckResult:
     """Call ``answer(cpu_budget, num_workers, forked)`` on :data:`CASES`; each must return the
     expected int."""
-    require_callable(SHARE, answer, "a function thread_share(cpu_budget, num_workers, forked)")
     require_signature(SHARE, answer, "thread_share takes three arguments.",
                       "def thread_share(cpu_budget, num_workers, forked): ...", 1, 1, False)
     for args, want in CASES:

@@ -114,15 +114,14 @@ class _WorkerProbe(Dataset):
         dump = open(os.path.join(self.folder, f"stack_fetch{wid}.txt"), "w")
         faulthandler.dump_traceback_later(self.dump_after_s, file=dump)
         try:
-            image = OpenCVHeavyTransform(work_side=384)(decode_jpeg(self.jpeg))
+            OpenCVHeavyTransform(work_side=384)(decode_jpeg(self.jpeg))
             a = np.random.default_rng(index).random((256, 256))
             float((a @ a).sum())                                 # BLAS
             float(torch.randn(64, 64).matmul(torch.randn(64, 64)).sum())  # torch's pool
         finally:
             faulthandler.cancel_dump_traceback_later()
             dump.close()
-        return {"state": dict(_STATE), "pools": thread_pools().to_dict(), "worker": wid,
-                "shape": tuple(image.shape)}
+        return {"state": dict(_STATE), "pools": thread_pools().to_dict(), "worker": wid}
 
 
 # ---- running it ------------------------------------------------------------------------------
