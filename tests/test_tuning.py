@@ -83,7 +83,7 @@ def test_result_is_consistent(result):
     assert "<- best of the search" in table
     text = str(result)
     assert "Code to paste" in text and "pin_memory" in text and "Recommended:" in text
-    assert "<- recommended" in result.side_by_side()
+    assert "<- recommended" in str(result.side_by_side_rows())
     assert [t.index for t in result.trials] == list(range(1, len(result.trials) + 1))
 
 

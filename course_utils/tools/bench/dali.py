@@ -27,9 +27,6 @@ __all__ = ["DALI_DEVICES", "DaliLoader", "dali_missing", "folder_files_and_label
 
 #: where the pipeline runs: everything on the CPU, or nvJPEG decode + GPU augmentation
 DALI_DEVICES = ("cpu", "mixed")
-#: the ImageNet recipe's RandomResizedCrop ranges, as DALI names them
-RANDOM_AREA = (0.08, 1.0)
-RANDOM_ASPECT_RATIO = (3 / 4, 4 / 3)
 
 
 def dali_missing() -> str | None:
@@ -84,8 +81,8 @@ class DaliLoader:
             jpegs, label = fn.readers.file(files=self.files, labels=self.labels,
                                            random_shuffle=True, pad_last_batch=True, name="reader")
             images = fn.decoders.image_random_crop(jpegs, device=self.device, output_type=types.RGB,
-                                                   random_area=list(RANDOM_AREA),
-                                                   random_aspect_ratio=list(RANDOM_ASPECT_RATIO))
+                                                   random_area=[0.08, 1.0],   # RandomResizedCrop's
+                                                   random_aspect_ratio=[3 / 4, 4 / 3])
             images = fn.resize(images, resize_x=size, resize_y=size)
             images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW",
                                               mean=[255 * m for m in IMAGENET_MEAN],

@@ -94,8 +94,7 @@ def folder_files_and_labels(root: PathLike) -> tuple[list[str], list[int]]:
 
 def jpeg_size(data: bytes | np.ndarray) -> tuple[int, int] | None:
     """(height, width) from a JPEG's start-of-frame header, or None if none is found (no decode)."""
-    buf = memoryview(np.asarray(data, dtype=np.uint8).reshape(-1)) if isinstance(data, np.ndarray) \
-        else memoryview(data)
+    buf = memoryview(data.reshape(-1) if isinstance(data, np.ndarray) else data)
     if len(buf) < 4 or buf[0] != 0xFF or buf[1] != 0xD8:
         return None
     i = 2
@@ -117,14 +116,8 @@ def reduced_decode_flag(data: bytes | np.ndarray, size: int) -> int:
     """The ``cv2.imdecode`` flag that decodes at 1/8, 1/4 or 1/2 scale while the shorter side
     stays >= ``size`` pixels; ``cv2.IMREAD_COLOR`` (full size) when none fits or the header is
     unreadable. libjpeg scales during the inverse DCT, so a reduced decode is much cheaper."""
-    shape = jpeg_size(data)
-    if shape is None:
-        return cv2.IMREAD_COLOR
-    short = min(shape)
-    for factor, flag in _REDUCED:
-        if short // factor >= size:
-            return flag
-    return cv2.IMREAD_COLOR
+    short = min(jpeg_size(data) or (0,))
+    return next((flag for factor, flag in _REDUCED if short // factor >= size), cv2.IMREAD_COLOR)
 
 
 def evict_from_page_cache(paths: Sequence[PathLike]) -> bool:

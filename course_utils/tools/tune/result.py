@@ -104,18 +104,12 @@ class LoaderSettings:
 
     def label(self) -> str:
         """``w=2 bs=64 pf=2 persistent thr=2 pin`` (``unlimited``: no worker_init_fn)."""
-        parts = [f"w={self.num_workers}", f"bs={self.batch_size}"]
-        if self.num_workers:
-            parts.append(f"pf={self.prefetch_factor}")
-            if self.persistent_workers:
-                parts.append("persistent")
-            if self.threads_per_worker is None:
-                parts.append("unlimited")
-            elif self.threads_per_worker != 1:
-                parts.append(f"thr={self.threads_per_worker}")
-            if self.multiprocessing_context:
-                parts.append(self.multiprocessing_context)
-        return " ".join(parts + (["pin"] if self.pin_memory else []))
+        n, threads = self.num_workers, self.threads_per_worker
+        parts = [f"w={n}", f"bs={self.batch_size}"] + ([
+            f"pf={self.prefetch_factor}", "persistent" if self.persistent_workers else "",
+            "unlimited" if threads is None else f"thr={threads}" if threads != 1 else "",
+            self.multiprocessing_context or ""] if n else []) + ["pin" if self.pin_memory else ""]
+        return " ".join(p for p in parts if p)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -167,9 +161,6 @@ class Trial:
     @property
     def complete(self) -> bool:
         return self.status == "full"
-
-    def to_dict(self) -> dict:
-        return jsonable(dataclasses.asdict(self))
 
 
 @dataclass
@@ -250,10 +241,6 @@ class TuningResult:
                   if t.measurement is None]
         return "\n".join([str(self.trial_rows()), *failed])
 
-    def side_by_side(self) -> str:
-        rows = self.side_by_side_rows()
-        return "(no side-by-side comparison)" if rows is None else str(rows)
-
     def verdict(self) -> str:
         """One sentence: what is recommended, and why (the side by side's winner)."""
         if self.comparison is None:
@@ -277,7 +264,7 @@ class TuningResult:
                  f"only: stopped after a probe window clearly below the best", "", self.table()]
         if self.comparison is not None:
             lines += ["", "Side by side (the same score and consumer as the search, repeats "
-                          "interleaved):", self.side_by_side()]
+                          "interleaved):", str(self.side_by_side_rows())]
             lines += [f"tuned vs {other}: {self.ratio(other):.2f}x samples/s per epoch, "
                       f"{self.ratio(other, 'cpu_s_per_sample'):.2f}x CPU-s/sample"
                       for other in (RECIPE_LABEL, DEFAULTS_LABEL) if other in self.candidates]
@@ -339,6 +326,7 @@ class TuningResult:
     def to_dict(self) -> dict:
         return jsonable({f.name: getattr(self, f.name) for f in dataclasses.fields(self)} | {
             "best_trial": self.best_trial.index, "scores": self.scores, "machine": self.machine,
+            "trials": [dataclasses.asdict(t) for t in self.trials],
             "code": self.code(), "code_plain": self.code_plain(),
             "code_course": self.code_course()})
 

@@ -153,15 +153,13 @@ class _Search:
         self.pipe, self.budget_s, self.search_s = pipe, budget_s, search_s
         self.epoch_samples, self.device = epoch_samples, device
         self.consumer, self.consumer_text = consumer
-        self.t_start = time.perf_counter()
+        self.t_start, self.trial_s = time.perf_counter(), min(8.0, max(0.3, search_s / 16))
         self.trials: list[Trial] = []
         self.tried: dict[LoaderSettings, Trial] = {}
         self.not_tried: list[str] = []
         self.skipped: list[str] = []
-        self.out_of_budget = False
-        self.trial_s = min(8.0, max(0.3, search_s / 16))
+        self.out_of_budget, self.startup_est = False, 0.5
         self.rate_est: float | None = None      # steady samples/s, best so far
-        self.startup_est = 0.5
         from tqdm.auto import tqdm  # lazy: kept out of `import course_utils` (workers)
 
         self.bar = tqdm(total=round(budget_s, 1), disable=not progress, desc="tuning",
@@ -266,10 +264,9 @@ class _Search:
                 if falls >= falls_to_stop:
                     rest = [x for x in values if (x > v if values[-1] > values[0] else x < v)]
                     if rest:
-                        self.skipped.append(
-                            f"{stage}: {key} in {rest} (below {LADDER_FALL_FRACTION:.0%} "
-                            f"of the ladder's best {falls} time(s) in a row, the last at "
-                            f"{key}={v})")
+                        self.skipped.append(f"{stage}: {key} in {rest} (below "
+                                            f"{LADDER_FALL_FRACTION:.0%} of the ladder's best "
+                                            f"{falls} time(s) in a row, the last at {key}={v})")
                     return
             else:
                 falls = 0
@@ -309,8 +306,7 @@ class _Search:
             self.run("pin_memory/threads", best.replace(pin_memory=True))
         else:
             self.skipped.append("pin_memory/threads: pin_memory=True (no CUDA device here: "
-                                "pinning is a CPU copy that only pays off in a later "
-                                "host-to-GPU copy)")
+                                "pinning only pays off in a host-to-GPU copy)")
         best = self.best_settings(start)
         if best.num_workers and 2 * best.num_workers <= usable:
             context = None
@@ -324,8 +320,7 @@ class _Search:
                                 f"({best.num_workers} workers x 2 threads would exceed the "
                                 f"{usable} usable CPUs)")
         else:
-            self.skipped.append("pin_memory/threads: threads per worker (the best had no "
-                                "workers)")
+            self.skipped.append("pin_memory/threads: threads per worker (the best had no workers)")
 
 
 def _result(search: _Search, pipe: _Pipeline, side: SideBySide | None, notes: list[str],
