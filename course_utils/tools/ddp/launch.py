@@ -156,10 +156,9 @@ def launch(task: str, config: Mapping | None = None, *, nproc: int = 2, timeout_
         if timed_out:
             raise DistributedError(
                 f"{where}: torchrun task {task!r} on {nproc} rank(s) did not finish within "
-                f"timeout_s={timeout_s:g} s, so the whole process group was killed. A rank is "
-                f"stuck (a rank waiting for another that never arrives: rendezvous, a collective "
-                f"or a hung DataLoader worker) or the machine is too busy; try a larger "
-                f"timeout_s or fewer ranks.\n--- last output ---\n{_tail(output)}",
+                f"timeout_s={timeout_s:g} s, so its process group was killed: a rank waits for "
+                f"one that never comes (rendezvous, a collective, a hung worker) or the machine "
+                f"is too busy; try a larger timeout_s.\n--- last output ---\n{_tail(output)}",
                 output=output, rank_errors=errors, timed_out=True)
         ranks = [json.loads(p.read_text()) for r in range(nproc)
                  for p in [out_dir / f"rank{r}.json"] if p.exists()]

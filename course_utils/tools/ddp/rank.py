@@ -71,7 +71,8 @@ def _sampler(cfg: dict, rank: int, world: int) -> dict:
 def _bench(cfg: dict, rank: int, world: int, local_rank: int, backend: str) -> dict:
     """One epoch of this rank's shard through the engine's window (every batch in flight
     untimed, then the rest of the epoch; 10 steps in quick mode). ``step_times``: seconds per
-    timed iteration (wait + step); ``cpu_s``: CPU seconds of the rank and its workers over them."""
+    timed iteration (wait, copy included, + step); ``cpu_s``: CPU seconds of the rank and its
+    workers over them."""
     if cfg.get("rank_threads"):
         torch.set_num_threads(int(cfg["rank_threads"]))
     device = torch.device(f"cuda:{local_rank}" if backend == "nccl" else "cpu")
@@ -95,21 +96,18 @@ def _bench(cfg: dict, rank: int, world: int, local_rank: int, backend: str) -> d
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     monitor, start, sizes = TreeMonitor(), {}, []
 
-    def step(batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+    def step(batch: tuple[torch.Tensor, torch.Tensor]) -> None:    # on `device` already
         images, labels = batch
-        loss = nn.functional.cross_entropy(
-            ddp(images.to(device, non_blocking=True).float().div_(255)), labels.to(device))
+        loss = nn.functional.cross_entropy(ddp(images.float().div_(255)), labels)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
         sizes.append(int(labels.shape[0]))
         if len(sizes) == warm:       # the last untimed step: every rank starts the clock together
             dist.barrier()
             start.update(monitor.snapshot(fresh=True))
 
-    wait = measure_data_wait(loader, step)
+    wait = measure_data_wait(loader, step, device=device)   # the copy counts as waiting
     cpu_s, _ = monitor.window(start, monitor.snapshot(fresh=True))   # the workers are reaped
     return {"samples": sum(sizes[warm:]), "cpu_s": cpu_s, "wait_fraction": wait.wait_fraction,
             "step_times": wait.iteration_s, "step_samples": sizes[warm:],
