@@ -31,10 +31,11 @@ from course_utils.pipelines import BatchedJpegDataset, recipe_process_settings
 from course_utils.timing import MIN_TIMED_BATCHES, default_warmup, measure_loader
 
 from ..batch_buffers import ReusedSegments, shared_uint8, slot_batch
-from .dali import DaliLoader, dali_missing, folder_files_and_labels
+from .dali import DaliLoader, dali_missing
 from .recipes import (DecodeOnlyFiles, files_loader, imagenet_recipe_loader, seed_recipe_loader,
                       tuned_files_loader)
-from .storage import PackedStore, evict_from_page_cache, image_files, write_image_folder
+from .storage import (PackedStore, evict_from_page_cache, folder_files_and_labels,
+                      write_image_folder)
 
 SEED = "seed recipe"
 IMAGENET = "ImageNet training recipe"
@@ -213,7 +214,7 @@ def run_benchmark(*, n: int, batch_size: int, repeats: int, size: int = 224,
     recipe's process-wide settings apply only while it runs."""
     base = JpegDataset(n=n, progress=progress)
     folder = write_image_folder(base)
-    files = image_files(folder)
+    files, labels = folder_files_and_labels(folder)
     nothing = contextlib.nullcontext
     rows: list[tuple[str, Any, Callable[[], ContextManager]]] = [
         (SEED, seed_recipe_loader(folder, batch_size=batch_size, size=size), recipe_process_settings),
@@ -224,8 +225,7 @@ def run_benchmark(*, n: int, batch_size: int, repeats: int, size: int = 224,
     dali_note = dali_missing()
     if dali_note is None:
         device = "mixed" if torch.cuda.is_available() else "cpu"
-        files_, labels_ = folder_files_and_labels(folder)
-        rows.append((DALI, DaliLoader(files_, labels_, batch_size=batch_size, size=size,
+        rows.append((DALI, DaliLoader(files, labels, batch_size=batch_size, size=size,
                                       num_threads=usable_cpus(), device=device), nothing))
         dali_note = f"device={device!r}, num_threads={usable_cpus()} (one process, no workers)"
     cold_cache = "not measured (--no-storage)"
@@ -245,11 +245,8 @@ def run_benchmark(*, n: int, batch_size: int, repeats: int, size: int = 224,
         rows += [(MEMMAP, files_loader(store.dataset(), batch_size=batch_size), nothing),
                  (RAM_GATHER, files_loader(store.dataset(in_memory=True), batch_size=batch_size), nothing)]
     runs: dict[str, list[Measurement]] = {label: [] for label, _, _ in rows}
-    with warnings.catch_warnings():
-        # The recipes ask for 4 workers and pin_memory=True as written; torch warns about both
-        # on a small CPU-only machine. The table shows what they cost instead.
-        warnings.filterwarnings("ignore", message=".*worker processes in total.*")
-        warnings.filterwarnings("ignore", message=".*pin_memory.*")
+    with warnings.catch_warnings():   # about the recipes' 4 workers and pin_memory, as written
+        warnings.filterwarnings("ignore", message=".*(worker processes in total|pin_memory).*")
         for _ in range(repeats):
             for label, loader, settings in rows:
                 with settings():
