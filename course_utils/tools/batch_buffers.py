@@ -30,12 +30,11 @@ class _Ring:
     writes, sent with the ring's first batch only)."""
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
+        self.pid, self.flags_sent = os.getpid(), False
         self.storages: list[torch.UntypedStorage | None] = [None] * SLOTS
         self.free = torch.ones(SLOTS, dtype=torch.uint8).share_memory_()
         # not the pid: a new worker may get a dead one's, and its stale slots would free ours
         self.key = os.urandom(8).hex()
-        self.flags_sent = False
 
 
 _ring: _Ring | None = None
@@ -117,14 +116,11 @@ def _received(images: torch.Tensor, rest: tuple, tensors: tuple[int, ...], key: 
             _flags[key] = flags
             while len(_flags) > _MAX_RINGS:   # oldest first: a forgotten ring only stops reusing
                 del _flags[next(iter(_flags))]
-        kept = []
+        kept = [(StorageWeakRef(images.untyped_storage()), key, slot)]
         for ref, ring, k in _watched:
-            if ring not in _flags:
-                continue
-            if ref.expired():
+            if ring in _flags and ref.expired():
                 _flags[ring][k] = 1
-            else:
+            elif ring in _flags:
                 kept.append((ref, ring, k))
-        kept.append((StorageWeakRef(images.untyped_storage()), key, slot))
         _watched[:] = kept
     return (images, *rest)

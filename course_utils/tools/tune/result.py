@@ -41,12 +41,10 @@ def epoch_score(samples_per_s: float, startup_s: float, batch_size: int,
 def epoch_row(label: str, m: Measurement, startup_s: float, batch_size: int,
               epoch_samples: int) -> Measurement:
     """``m`` as one epoch of ``epoch_samples`` samples lasting ``epoch_samples / score`` seconds
-    (its samples/s is :func:`epoch_score`); CPU, context switches and memory are ``m``'s."""
+    (its samples/s is :func:`epoch_score`); everything else (CPU, memory, ...) is ``m``'s."""
     score = epoch_score(m.samples_per_s, startup_s, batch_size, epoch_samples)
-    return Measurement.from_times(
-        label, [epoch_samples / score], epoch_samples, cpu_s_per_sample=m.cpu_s_per_sample,
-        involuntary_ctx_switches=m.involuntary_ctx_switches, peak_uss_bytes=m.peak_uss_bytes,
-        peak_pss_bytes=m.peak_pss_bytes, settings=m.settings, machine=m.machine)
+    return dataclasses.replace(m, label=label, times_s=[epoch_samples / score],
+                               items_per_repeat=epoch_samples)
 
 
 @dataclass(frozen=True)

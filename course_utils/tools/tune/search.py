@@ -203,12 +203,8 @@ class _Search:
         """Try ``s`` (once); None when it was tried before, or the budget does not allow it."""
         if s in self.tried:
             return self.tried[s]
-        if self.out_of_budget:
-            self.not_tried.append(f"{stage}: {s.label()}")
-            return None
-        plan = self.plan(s)
-        left = self.search_s - self.elapsed()
-        if self.trials and (left <= 0 or self.estimate_s(s, plan) > left):
+        plan, left = self.plan(s), self.search_s - self.elapsed()
+        if self.out_of_budget or (self.trials and (left <= 0 or self.estimate_s(s, plan) > left)):
             self.out_of_budget = True
             self.not_tried.append(f"{stage}: {s.label()}")
             return None
@@ -240,8 +236,7 @@ class _Search:
         self.trials.append(trial)
         self.tried[s] = trial
         if trial.measurement is not None:
-            rate = trial.measurement.samples_per_s
-            self.rate_est = rate if self.rate_est is None else max(self.rate_est, rate)
+            self.rate_est = max(self.rate_est or 0.0, trial.measurement.samples_per_s)
             if s.num_workers and trial.startup_s is not None and not s.persistent_workers:
                 self.startup_est = max(self.startup_est * 0.5, trial.startup_s)
         best = self.best_trial
