@@ -11,13 +11,10 @@ from typing import Any
 
 __all__ = ["tune_loader"]
 
-_LAZY = {"tune_loader": ".tune.search"}
-
 
 def __getattr__(name: str) -> Any:
     """The tuner on first use (PEP 562)."""
-    if name not in _LAZY:
+    if name != "tune_loader":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-    globals()[name] = value
-    return value
+    globals()[name] = importlib.import_module(".tune.search", __name__).tune_loader
+    return globals()[name]

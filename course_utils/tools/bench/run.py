@@ -49,12 +49,13 @@ MEMMAP = "packed uint8 store, np.memmap"
 RAM_GATHER = "packed uint8 store, gathered from RAM"
 
 
+@dataclass
 class ShippingOnly(Dataset):
     """``n`` samples sent like :class:`~.recipes.BatchedJpegFiles`'s batches (N x 3 x size x size
     uint8, allocated the same way), every byte written but nothing read or decoded."""
 
-    def __init__(self, n: int, size: int) -> None:
-        self.n, self.size = n, size
+    n: int
+    size: int
 
     def __len__(self) -> int:
         return self.n
@@ -68,8 +69,7 @@ class ShippingOnly(Dataset):
 
 class ReusedJpegBatches(ReusedSegments, BatchedJpegDataset):
     """The lessons' :class:`~course_utils.pipelines.BatchedJpegDataset` (JPEG bytes in RAM) on
-    reused shared segments, as the files rows' batches are: the rows differ only in where the
-    JPEG bytes come from."""
+    reused segments, as the files rows are: the rows differ only in where the bytes come from."""
 
 
 TARGETS = {"speedup": 2.0, "cpu_ratio": 0.5, "decode_share": 0.8, "memmap_share": 0.6}

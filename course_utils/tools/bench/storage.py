@@ -46,14 +46,11 @@ def write_image_folder(base: JpegDataset, root: PathLike | None = None) -> Path:
         root = Path(tempfile.gettempdir()) / "feed-the-gpu" / name
     root = Path(root).expanduser()
     marker = root / MARKER
-    if marker.exists():
-        if json.loads(marker.read_text()) == settings:
-            return root
-        raise FileExistsError(f"root={str(root)!r} holds another dataset's folder; pass a new "
-                              f"folder (or delete that one).")
+    if marker.exists() and json.loads(marker.read_text()) == settings:
+        return root
     if root.exists() and any(root.iterdir()):
-        raise FileExistsError(f"root={str(root)!r} exists and is not empty; pass a new or empty "
-                              f"folder.")
+        raise FileExistsError(f"root={str(root)!r} is not empty (or holds another dataset's "
+                              f"folder); pass a new or empty folder.")
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=root.name + ".writing-", dir=root.parent))
     try:

@@ -79,10 +79,9 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
 def _kill_group(proc: subprocess.Popen) -> None:
     """End torchrun and every rank/worker it started. torchrun starts each rank in a session of
     its own, so killing torchrun's group does not reach them: their pids are read first."""
-    try:
+    ranks = []
+    with contextlib.suppress(psutil.Error):
         ranks = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
-    except psutil.Error:
-        ranks = []
     if proc.poll() is None:
         _signal_group(proc, signal.SIGTERM)  # torchrun stops its ranks itself
         try:

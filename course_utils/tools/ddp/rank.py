@@ -2,17 +2,16 @@
 started by torchrun from :func:`course_utils.tools.ddp.launch.launch`.
 
 Each rank joins the process group (gloo on CPU, nccl with one GPU per rank), runs its task on the
-config (a JSON dict) and writes its record to ``DIR/rank{RANK}.json``; on an error, its traceback
-to ``DIR/rank{RANK}.error.txt``, and exits 1 (torchrun then stops the other ranks). Every record
-holds the rank's thread pools at start (torchrun sets ``OMP_NUM_THREADS=1`` per rank when it
-starts more than one and the variable is unset). Tasks:
+config (a JSON dict) and writes its record, with its thread pools at start (torchrun sets
+``OMP_NUM_THREADS=1`` per rank when it starts several), to ``DIR/rank{RANK}.json``; on an error,
+its traceback to ``DIR/rank{RANK}.error.txt``, and exits 1 (torchrun stops the others). Tasks:
 
 * ``sampler``: the indices each epoch of ``DistributedSampler`` drew over an ``IndexDataset``, in
   order, for each *variant* (shuffle, seed, drop_last, set_epoch, workers, start method; lesson 07);
 * ``bench``: a tiny DDP model trained on JPEGs decoded in the rank's workers, timed by
   :func:`~course_utils.timing.measure_data_wait` (lesson 07's ``measure_ddp``);
 * ``learner``: what ``make_loader(dataset, epoch, rank, world_size)``, named by ``module`` and
-  ``name`` and imported by the rank, draws each epoch (exercise 07);
+  ``name``, draws each epoch (exercise 07);
 * ``fail``: rank ``rank`` raises before joining the group (lesson 07 shows the error).
 """
 from __future__ import annotations
@@ -43,7 +42,7 @@ from course_utils.timing import MIN_TIMED_BATCHES, default_warmup, measure_data_
 from .launch import TASKS
 
 
-def _sampler(cfg: dict, rank: int, world: int) -> dict:
+def _sampler(cfg: dict, rank: int, world: int, *_: object) -> dict:
     dataset, variants, drawn = IndexDataset(int(cfg.get("n", 10))), {}, 0
     for v in cfg.get("variants", [{"name": "default"}]):
         sampler = DistributedSampler(dataset, num_replicas=world, rank=rank,
@@ -114,7 +113,7 @@ def _bench(cfg: dict, rank: int, world: int, local_rank: int, backend: str) -> d
             "pools": thread_pools().to_dict()}
 
 
-def _learner(cfg: dict, rank: int, world: int) -> dict:
+def _learner(cfg: dict, rank: int, world: int, *_: object) -> dict:
     make_loader = getattr(importlib.import_module(cfg["module"]), cfg["name"])
     dataset = IndexDataset(int(cfg["n"]))
     calls = [{"epoch": int(epoch), "indices": indices_of(make_loader(dataset, int(epoch), rank, world))}
@@ -144,12 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.backend == "nccl":
             torch.cuda.set_device(local_rank)
         dist.init_process_group(args.backend, timeout=timedelta(seconds=max(10.0, args.timeout_s)))
-        if args.task == "sampler":
-            record.update(_sampler(cfg, rank, world))
-        elif args.task == "bench":
-            record.update(_bench(cfg, rank, world, local_rank, args.backend))
-        elif args.task == "learner":
-            record.update(_learner(cfg, rank, world))
+        if args.task != "fail":
+            task = {"sampler": _sampler, "bench": _bench, "learner": _learner}[args.task]
+            record.update(task(cfg, rank, world, local_rank, args.backend))
         tmp = out / f"rank{rank}.json.tmp"
         tmp.write_text(json.dumps(record))
         tmp.replace(out / f"rank{rank}.json")

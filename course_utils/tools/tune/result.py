@@ -209,10 +209,6 @@ class TuningResult:
         """Samples/s per epoch (:func:`epoch_score`) of each side-by-side row, by label."""
         return {label: row.samples_per_s for label, row in self._rows_by_label().items()}
 
-    @property
-    def machine(self) -> str:
-        return self.best_trial.measurement.machine
-
     def ratio(self, other: str, metric: str = "samples_per_s") -> float:
         """The tuned row's ``metric`` over ``other``'s ("common recipe" or "defaults"), per epoch:
         "samples_per_s" (the score: what decides) or any other of the core's metrics."""
@@ -323,7 +319,8 @@ class TuningResult:
 
     def to_dict(self) -> dict:
         return jsonable({f.name: getattr(self, f.name) for f in dataclasses.fields(self)} | {
-            "best_trial": self.best_trial.index, "scores": self.scores, "machine": self.machine,
+            "best_trial": self.best_trial.index, "scores": self.scores,
+            "machine": self.best_trial.measurement.machine,
             "trials": [dataclasses.asdict(t) for t in self.trials],
             "code": self.code(), "code_plain": self.code_plain(),
             "code_course": self.code_course()})

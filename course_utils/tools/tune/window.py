@@ -21,6 +21,7 @@ import time
 import traceback
 import types
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import torch
@@ -53,11 +54,8 @@ class Draws(Sampler):
         return self.length
 
     def __iter__(self) -> Iterator[int]:
-        left = self.length
-        while left > 0:
-            chunk = torch.randperm(self.n).tolist()[:left]
-            left -= len(chunk)
-            yield from chunk
+        passes = max(1, -(-self.length // self.n))     # ceil(length / n) shuffled passes
+        return iter(torch.cat([torch.randperm(self.n) for _ in range(passes)])[:self.length].tolist())
 
 
 def drop_fd_sharer_resets(exc_type: type[BaseException], exc: BaseException,
@@ -71,12 +69,12 @@ def drop_fd_sharer_resets(exc_type: type[BaseException], exc: BaseException,
     sys.__excepthook__(exc_type, exc, tb)
 
 
+@dataclass
 class QuietInit:
     """A worker_init_fn that leaves Ctrl-C (a terminal sends it to the whole process group) to the
     main process, which stops the workers; then runs ``fn``."""
 
-    def __init__(self, fn: Callable[[int], None] | None) -> None:
-        self.fn = fn
+    fn: Callable[[int], None] | None
 
     def __call__(self, worker_id: int) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -152,14 +150,13 @@ class Timed:
                 self._live.append(inner)
         return self._epoch(inner, t0)
 
-    def _epoch(self, inner: Any, t0: float | None) -> Iterator[Any]:
-        for batch in inner:
+    def _epoch(self, inner: Any, t0: float) -> Iterator[Any]:
+        for i, batch in enumerate(inner):
             if self._device is not None:
                 batch = move_to_device(batch, self._device)
                 torch.cuda.synchronize()
-            if t0 is not None:
+            if i == 0:
                 self.startups.append(time.perf_counter() - t0)
-                t0 = None
             yield batch
             if self._consumer is not None:
                 self._consumer(batch)      # the training step, before the next batch is pulled
@@ -219,12 +216,9 @@ def consumer_device(device: Any) -> str | None:
         device = "cuda" if torch.cuda.is_available() else None
     if device is None or torch.device(device).type == "cpu":
         return None
-    if torch.device(device).type != "cuda":
-        raise ValueError(f"device={device!r}: the tuner copies batches to a CUDA device only; "
-                         f"pass device='auto', 'cuda' or None.")
-    if not torch.cuda.is_available():
-        raise ValueError(f"device={device!r} asks for CUDA but torch.cuda.is_available() is "
-                         f"False here; pass device=None.")
+    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+        raise ValueError(f"device={device!r}: the tuner copies batches to a CUDA device only, "
+                         f"where torch.cuda.is_available(); pass device='auto' or None.")
     return device
 
 
@@ -246,8 +240,8 @@ class SideBySide:
                                                             shuffle=True), nullcontext))
             notes.append("the common recipe needs images as HxWx3 uint8 arrays (a JpegDataset "
                          "or ImageFolderDataset without a transform); compared with defaults only")
-        tuned_loader = DataLoader(pipe.dataset, collate_fn=pipe.collate_fn, **tuned.loader_kwargs())
-        self.entries.append((TUNED_LABEL, tuned_loader, nullcontext))
+        self.entries.append((TUNED_LABEL, DataLoader(pipe.dataset, collate_fn=pipe.collate_fn,
+                                                     **tuned.loader_kwargs()), nullcontext))
         self.settings = {label: LoaderSettings.of(loader) for label, loader, _ in self.entries}
         self.settings[TUNED_LABEL] = tuned
         self.runs: dict[str, list[tuple[Measurement, float]]] = {k: [] for k in self.settings}
@@ -257,8 +251,7 @@ class SideBySide:
         row a window of the same seconds, sized to fit the rounds (two at least) in what is left
         of ``search``'s budget."""
         rounds, t0 = pick(full=4, quick=3), search.elapsed()
-        left_s = max(0.0, search.budget_s - t0)
-        timed: dict[str, Timed] = {}
+        left_s, timed = max(0.0, search.budget_s - t0), {}
         try:
             timed.update((label, Timed(rebuilt(loader), search.device, search.consumer))
                          for label, loader, _ in self.entries)
