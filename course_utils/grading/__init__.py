@@ -1,10 +1,6 @@
-"""The graders: ``from course_utils.grading import check`` and ``check("03.choose_workers",
-answer)``. :mod:`~course_utils.grading.checker` holds :func:`check` and what every grader shares;
-``ex00_measure_first`` ... ``ex08_find_the_stall``, one grader per exercise notebook;
-:mod:`~course_utils.grading.grade` and :mod:`~course_utils.grading.cli`, ``python -m course_utils
-grade NOTEBOOK`` through nbval (with ``kernels`` and the plugin ``_nbval_kernels``). Importing
-this package loads no grader: ``check`` loads them when first asked.
-"""
+"""The graders: ``check`` (in ``checker``), one ``exNN_*`` grader per exercise notebook, and
+``grade NOTEBOOK`` (``grade``, ``cli``, ``kernels``, ``_nbval_kernels``). Importing this package
+loads no grader: ``check`` loads them when first asked."""
 from __future__ import annotations
 
 import importlib

@@ -1,8 +1,6 @@
-"""``check("00.time_loader", time_loader)`` runs the grader registered for that id (with
-:func:`grader`; one module per exercise) on the answer, for real, and returns a
-:class:`CheckResult` or raises :class:`ExerciseFailed` (what was expected, what was seen, a hint).
-An answer defined in the course package itself is refused (:func:`refuse_course_code`).
-"""
+"""``check("00.time_loader", time_loader)`` runs the grader registered for that id on the answer,
+for real: a :class:`CheckResult`, or :class:`ExerciseFailed` (what was expected, what was seen, a
+hint). An answer defined in the course package itself is refused (:func:`refuse_course_code`)."""
 from __future__ import annotations
 
 import functools
@@ -29,11 +27,11 @@ class ExerciseFailed(AssertionError):
 
     def __init__(self, exercise: str, problem: str, *, expected: str = "", seen: str = "",
                  hint: str = "") -> None:
-        self.exercise, self.problem = exercise, problem
-        self.expected, self.seen, self.hint = expected, seen, hint
-        lines = [f"{exercise}: {problem}"] + [f"  {k}:{' ' * (9 - len(k))}{v}" for k, v in (
-            ("expected", expected), ("seen", seen), ("hint", hint)) if v]
-        super().__init__("\n".join(lines))
+        self.exercise, self.problem, self.expected, self.seen, self.hint = (
+            exercise, problem, expected, seen, hint)
+        super().__init__("\n".join([f"{exercise}: {problem}"] + [
+            f"  {k}:{' ' * (9 - len(k))}{v}" for k, v in
+            (("expected", expected), ("seen", seen), ("hint", hint)) if v]))
 
     def as_exercise(self, exercise: str) -> "ExerciseFailed":
         """The same failure, reported for ``exercise`` (a step that reuses another's checks)."""
@@ -80,10 +78,7 @@ def exercise_ids() -> list[str]:
 
 
 def check(exercise: str, answer: Any, **options: Any) -> CheckResult:
-    """Grade ``answer`` for ``exercise``; return a :class:`CheckResult` or raise ExerciseFailed.
-
-    ``options`` go to the grader (for example a smaller workload in a test).
-    """
+    """Grade ``answer`` for ``exercise``; ``options`` go to the grader (a test's smaller workload)."""
     _load_graders()
     if exercise not in _GRADERS:
         known = ", ".join(sorted(_GRADERS)) or "none"
@@ -134,10 +129,8 @@ def require_signature(exercise: str, fn: Callable[..., Any], problem: str, expec
 def call_answer(exercise: str, fn: Callable[..., Any], *args: Any, what: str = "your function",
                 signature: str = "", hint: Any = None, expected: str = "", seen: str = "",
                 **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)``. NotImplementedError goes on to :func:`check` ("not done yet");
-    any other error becomes a failure saying ``what`` raised it, with ``hint`` (a text, or a
-    function of the exception returning one or None); a TypeError about the arguments, when
-    ``signature`` is given, asks to keep that signature."""
+    """``fn(*args, **kwargs)``; an error (but NotImplementedError: "not done yet") fails saying
+    ``what`` raised it, with ``hint`` (a text, or a function of the exception) or ``signature``."""
     try:
         return fn(*args, **kwargs)
     except NotImplementedError:
@@ -154,9 +147,8 @@ def call_answer(exercise: str, fn: Callable[..., Any], *args: Any, what: str = "
 
 
 def refuse_course_code(exercise: str, answer: Any) -> None:
-    """Raise :class:`ExerciseFailed` when ``answer`` (a function or class, also behind a
-    ``functools.partial`` or a bound method, or an instance of a class) was defined in the course
-    package: the exercise asks for the learner's own code. What the answer calls is not judged."""
+    """Refuse an answer (a function or class, also behind a partial or a bound method, or an
+    instance) defined in the course package. What the answer calls is not judged."""
     obj = answer.func if isinstance(answer, functools.partial) else answer
     obj = getattr(obj, "__func__", obj) if isinstance(obj, types.MethodType) else obj
     if not isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):

@@ -1,7 +1,5 @@
-"""Grader for exercise 00: ``time_loader(loader, batches, warmup_batches=2)`` returns the
-steady-state samples per second, judged against :func:`~course_utils.timing.measure_loader`
-on the same slow-starting loader in the same run.
-"""
+"""Grader for exercise 00: ``time_loader(loader, batches, warmup_batches=2)``'s steady-state
+samples/s, against :func:`~course_utils.timing.measure_loader` on the same slow-starting loader."""
 from __future__ import annotations
 
 import math
@@ -83,8 +81,7 @@ def grade_time_loader(time_loader: Callable[..., Any], *, latency_s: float = 0.0
 
     honest = measure_loader(loader, batches=batches, warmup_batches=warmup_batches, repeats=1,
                             progress=False).samples_per_s
-    details = {"answer": value, "honest": honest,
-               "iterators": len(recorder.batches_per_iterator),
+    details = {"answer": value, "honest": honest, "iterators": len(recorder.batches_per_iterator),
                "batches_per_iterator": recorder.batches_per_iterator}
     return CheckResult(EXERCISE, judge_rate(value, honest, batch_size=batch_size, batches=batches,
                                             warmup_batches=warmup_batches, startup_s=startup_s,
@@ -94,18 +91,15 @@ def grade_time_loader(time_loader: Callable[..., Any], *, latency_s: float = 0.0
 
 def judge_rate(value: float, honest: float, *, batch_size: int, batches: int,
                warmup_batches: int, startup_s: float, batches_per_iterator: Sequence[int]) -> str:
-    """The verdict on an answer's rate ``value`` (a positive float) against the ``honest``
-    samples/s of the same loader, given how many batches each iterator the answer made gave:
-    the summary of a pass, or ExerciseFailed saying what the timing got wrong. Pure: the grader
-    hands it what it measured and recorded, and the tests hand it made-up figures."""
+    """A pass's summary, or ExerciseFailed saying what the timing got wrong: the answer's rate
+    ``value`` against the ``honest`` samples/s, given the batches each of its iterators gave."""
     iterators = len(batches_per_iterator)
     seen = f"{value:.4g} (an honest measurement of the same loader just gave {honest:.4g} samples/s)"
     if near(value, honest):
         return (f"{value:.1f} samples/s, honest measurement {honest:.1f} samples/s "
                 f"(ratio {value / honest:.2f}).")
-    # What the function did with the loader comes first: a timing without warm-up (or with a
-    # fresh iterator) can land anywhere below the honest rate - under forkserver or spawn, where
-    # each worker also imports torch, near honest / batch_size, which would look like a unit slip.
+    # What the function did with the loader comes first: without warm-up (or with a fresh
+    # iterator) a timing can land near honest / batch_size (spawn), which looks like a unit slip.
     no_warmup = batches_per_iterator[0] < warmup_batches + batches
     too_slow = "too slow: the timing includes work that is not steady-state loading."
     expected = f"about {honest:.4g} samples/s"

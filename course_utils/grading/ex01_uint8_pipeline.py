@@ -1,8 +1,6 @@
-"""Grader for exercise 01: a pipeline (resize, crop, flip, to_tensor per sample in the
-workers; normalize per batch) that stays uint8 until normalize. Each stage is checked on real
-course JPEGs against :func:`~course_utils.transforms.exact_pipeline`, then the four worker
-stages run in real DataLoader workers.
-"""
+"""Grader for exercise 01: resize, crop, flip, to_tensor (per sample) stay uint8 until normalize
+(per batch); each stage judged on real JPEGs against :func:`~course_utils.transforms.exact_pipeline`,
+then the four worker stages run in real DataLoader workers."""
 from __future__ import annotations
 
 import functools
@@ -281,8 +279,7 @@ def grade_uint8_pipeline(pipeline: Any, *, n_images: int = 8, num_workers: int =
                          f"{sorted(a for a in dir(pipeline) if not a.startswith('_'))}",
                     hint="pass an instance of your class: Uint8Pipeline().")
     params = getattr(pipeline, "params", None)
-    if not isinstance(params, PipelineParams):
-        params = PipelineParams()
+    params = params if isinstance(params, PipelineParams) else PipelineParams()
     c = params.crop
     images = JpegDataset(n=n_images, seed=seed, progress=False)
     tensors: list[torch.Tensor] = []
@@ -294,29 +291,28 @@ def grade_uint8_pipeline(pipeline: Any, *, n_images: int = 8, num_workers: int =
         resized = _check_image_stage("resize", _call("resize", pipeline.resize, image.copy()),
                                      (*params.resized_hw(*image.shape[:2]), 3))
         _check_resize_values(resized, image)
-        resized_copy = resized.copy()
+        kept = resized.copy()
         cropped = _check_image_stage("crop", _call("crop", pipeline.crop, resized), (c, c, 3))
-        _check_crop(cropped, resized_copy, c)
+        _check_crop(cropped, kept, c)
         _check_flip(pipeline, cropped, (c, c, 3))
         flipped = _check_image_stage("flip", _call("flip", pipeline.flip, cropped, i % 2 == 1),
                                      (c, c, 3))
-        flipped_copy = flipped.copy()
-        tensors.append(_check_to_tensor(_call("to_tensor", pipeline.to_tensor, flipped),
-                                        flipped_copy, c))
+        kept = flipped.copy()
+        tensors.append(_check_to_tensor(_call("to_tensor", pipeline.to_tensor, flipped), kept, c))
         refs.append(exact_pipeline(image, i % 2 == 1, params))
     out = _call("normalize", pipeline.normalize, torch.stack(tensors))
     diff = _check_normalized(out, torch.stack(refs), params)
 
     run = _run_in_workers(pipeline, images, refs, params, num_workers, batch_size, timeout_s)
-    per_batch = max(run["batch_bytes"])
+    per_batch = max(run.pop("batch_bytes"))
     where = (f"in {run['workers']} DataLoader workers (start method {run['start_method']})"
              if run["workers"] else f"in the {run['start_method']}")
-    summary = (f"every stage stays uint8 until normalize, and the output is within "
-               f"{diff.max_abs_levels:.2f} grey levels (mean {diff.mean_levels:+.3f}) of the "
-               f"reference on {len(images)} real JPEGs. Run {where}, each batch of {batch_size} "
-               f"crossed to the main process as {per_batch / 1e6:.2f} MB of uint8 instead of "
-               f"{4 * per_batch / 1e6:.2f} MB of float32 (4x fewer bytes).")
-    details = {"max_abs_levels": diff.max_abs_levels, "mean_levels": diff.mean_levels,
-               "images": len(images), "workers": run["workers"], "start_method": run["start_method"],
-               "bytes_per_batch": per_batch, "float32_bytes_per_batch": 4 * per_batch}
-    return CheckResult(EXERCISE, summary, details)
+    return CheckResult(EXERCISE, (
+        f"every stage stays uint8 until normalize, and the output is within "
+        f"{diff.max_abs_levels:.2f} grey levels (mean {diff.mean_levels:+.3f}) of the reference "
+        f"on {len(images)} real JPEGs. Run {where}, each batch of {batch_size} crossed to the main "
+        f"process as {per_batch / 1e6:.2f} MB of uint8 instead of {4 * per_batch / 1e6:.2f} MB of "
+        f"float32 (4x fewer bytes)."), {
+        "max_abs_levels": diff.max_abs_levels, "mean_levels": diff.mean_levels,
+        "images": len(images), **run, "bytes_per_batch": per_batch,
+        "float32_bytes_per_batch": 4 * per_batch})

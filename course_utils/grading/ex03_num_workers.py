@@ -1,8 +1,6 @@
-"""Graders for exercise 03. ``03.choose_workers``: pick ``num_workers`` from synthetic curves
-of known shape (each also shuffled: the order must not matter) and one measured here.
-``03.copy_on_read``: a dataset equal to ``RecordListDataset`` without a Python object per
-record, whose forked workers' private memory does not grow.
-"""
+"""Graders for exercise 03: ``03.choose_workers`` on synthetic curves (also shuffled) and one
+measured here; ``03.copy_on_read``, a dataset equal to ``RecordListDataset`` without a Python object
+per record, whose forked workers' private memory does not grow."""
 from __future__ import annotations
 
 import multiprocessing
@@ -26,24 +24,18 @@ from .checker import (CheckResult, ExerciseFailed, call_answer, describe, grader
 CHOOSE = "03.choose_workers"
 COPY = "03.copy_on_read"
 
-#: an answer's true rate must reach this fraction of the best rate ...
-ENOUGH_FRACTION = 0.85
-#: ... and it must not go past the first count reaching this fraction ...
-SATURATED_FRACTION = 0.97
-#: ... by more than this many measured counts
-STEPS_PAST_SATURATED = 1
-#: SATURATED_FRACTION for the curve measured here: its measured rates are all we know, a little
-#: more room for their noise
+#: a good count's true rate reaches this fraction of the best, and it lies at most
+#: STEPS_PAST_SATURATED counts past the first reaching SATURATED_FRACTION of it
+ENOUGH_FRACTION, SATURATED_FRACTION, STEPS_PAST_SATURATED = 0.85, 0.97, 1
+#: SATURATED_FRACTION for the curve measured here (more room for its noise)
 MEASURED_SATURATED_FRACTION = 0.95
-#: an attribute (or an entry nested in one) holding this fraction of the records' count of
-#: Python objects or more is a Python object per record (a few class names are fine)
+#: an attribute (or an entry in one) holding this fraction of the records' count of Python
+#: objects or more is a Python object per record
 OBJECTS_FRACTION = 0.1
-#: the list version's mean growth per worker (bytes) below which the machine copied too little
-#: to compare
+#: the list version's mean growth per worker (bytes) below which there is too little to compare
 MIN_LIST_GROWTH_BYTES = 8e6
-#: each of the answer's workers may grow at most this fraction of the list version's mean
-#: growth. Measured (60,000 records, 2 workers): packed arrays 0.04-0.07 of it, packed but the
-#: paths left in a list of str 0.24-0.26: the limit sits between, with room for both.
+#: each worker may grow at most this fraction of the list version's mean growth. Measured
+#: (60,000 records, 2 workers): packed arrays 0.04-0.07, paths left in a list of str 0.24-0.26
 GROWTH_FRACTION = 0.15
 
 

@@ -1,9 +1,6 @@
-"""Grader for exercise 04: a double-buffered ``Prefetcher(loader, device)``. On every device:
-order, values, placement and dtypes (also on 'meta' when the device is the CPU), epochs, and
-that batch k+1 is requested before batch k is handed out. On CUDA only: that copies overlap
-compute and that no batch is read mid-copy or after its memory was reused (``wait_stream``,
-``record_stream``). Step 1, ``04.copy``, checks the class's ``copy`` alone (:func:`grade_copy`).
-"""
+"""Grader for exercise 04, ``Prefetcher(loader, device)``: order, values, placement, dtypes (also
+on 'meta' on a CPU), epochs, and batch k+1 requested before batch k is handed out; on CUDA, copies
+overlapping compute and no batch read mid-copy or reused. Step 1, ``04.copy``: ``copy`` alone."""
 from __future__ import annotations
 
 import functools
@@ -21,9 +18,8 @@ from .checker import CheckResult, ExerciseFailed, call_answer, describe, grader
 EXERCISE = "04.prefetcher"
 
 class _RecordingLoader:
-    """``n`` batches ``(images uint8 (B, *shape), labels int64 (B,))``, each different: batch
-    k's labels are k*B .. k*B+B-1, its pixels a pattern shifted by k (``constant``: all k % 250
-    + 1). ``pulled`` counts the batches handed out in the current pass."""
+    """``n`` distinct (uint8 images, int64 labels k*B .. k*B+B-1) batches; ``pulled``: how many
+    the current pass handed out."""
 
     def __init__(self, n: int, batch_size: int = 4, *, shape: tuple[int, ...] = (3, 8, 8),
                  pin: bool = False, constant: bool = False) -> None:
@@ -223,8 +219,7 @@ _RACE_BATCHES = 8
 
 
 def _race_fill(pass_index: int, batch_index: int, n_batches: int = _RACE_BATCHES) -> int:
-    """Every pixel's value (1..250) for batch ``batch_index`` of pass ``pass_index``: another
-    for every (pass, batch), so memory still holding another batch never reads as this one."""
+    """Every pixel's value (1..250) for one batch of one pass: another for every (pass, batch)."""
     return 1 + (pass_index * n_batches + batch_index) % 250
 
 
@@ -236,17 +231,15 @@ def _big_loader(n: int, mib: int, pin: bool) -> _RecordingLoader:
 
 def _copy_s(loader: _RecordingLoader, device: torch.device, repeats: int) -> float:
     """The median time of one batch's asynchronous copy to ``device``, in seconds."""
-    first = loader.batches[0][0]
-    dst = torch.empty_like(first, device=device)
+    first, dst = loader.batches[0][0], torch.empty_like(loader.batches[0][0], device=device)
     return statistics.median(time_op(lambda: dst.copy_(first, non_blocking=True), device=device,
                                      repeats=repeats))
 
 
 def _cuda_race_check(answer: Any, device: torch.device, mib: int,
                      passes: tuple[bool, ...] = _RACE_PASSES) -> dict:
-    """Read every batch on the current stream as it arrives and compare it with this pass's
-    value (see :data:`_RACE_PASSES`). Needs CUDA streams; elsewhere the same code runs without
-    pinning or a busy current stream (the tests use that to check the logic)."""
+    """Every batch read on the current stream as it arrives, against this pass's value
+    (:data:`_RACE_PASSES`); off CUDA the same code runs without pinning or a busy stream."""
     cuda, n = device.type == "cuda", _RACE_BATCHES
     loader = _big_loader(n, mib, pin=cuda)
     busy = (calibrated_compute(device, 4 * _copy_s(loader, device, 3)) if cuda and any(passes)
@@ -299,8 +292,7 @@ def _cuda_overlap_check(answer: Any, device: torch.device, mib: int, threshold: 
         batch[0][:1, :1, :1, :1].float().sum()   # the step reads the batch
         chain()
 
-    def timed(batches: Callable[[], Any]) -> float:
-        """The best of 3 passes (after one to warm up), the whole device synchronised."""
+    def timed(batches: Callable[[], Any]) -> float:   # best of 3 passes, the device synchronised
         return min(time_op(lambda: [step(b) for b in batches()], device=device, repeats=3,
                            events=False))
 
@@ -400,9 +392,8 @@ COPY = "04.copy"
 
 @grader(COPY)
 def grade_copy(answer: Any, *, device: Any = None) -> CheckResult:
-    """Step 1: ``Prefetcher(loader, device).copy(batch, stream)`` returns the (images, labels)
-    pair on the device, dtypes and values kept; on a CPU-only machine also on PyTorch's 'meta'
-    device, where a copy() that returns the batch unchanged shows."""
+    """Step 1: ``Prefetcher(loader, device).copy(batch, stream)`` returns the pair on the device,
+    dtypes and values kept (on a CPU-only machine also on 'meta', where an unmoved batch shows)."""
     dev = resolve_device(device)
     loader = _RecordingLoader(1, 2)
     for target in [dev] + ([torch.device("meta")] if dev.type == "cpu" else []):

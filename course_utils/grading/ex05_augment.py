@@ -1,9 +1,6 @@
-"""Grader for exercise 05: ``random_flip_brightness(batch, flip_p, brightness, generator)``
-mirrors each sample (dim 3) with probability ``flip_p`` and scales it by its own factor in
-``[1 - brightness, 1 + brightness]``, clamped to [0, 1]. Each sample's flip and factor are read
-back from asymmetric test images; also judged: dtype, device ('meta' stands in for a GPU),
-reproducibility, and torch calls that do not grow with the batch.
-"""
+"""Grader for exercise 05: ``random_flip_brightness``'s per-sample flip and factor, read back from
+asymmetric test images; also dtype, device ('meta' stands in for a GPU), reproducibility, and
+torch calls that do not grow with the batch."""
 from __future__ import annotations
 
 import functools
@@ -140,16 +137,18 @@ def _analyse(out: torch.Tensor, x: torch.Tensor, tol: float, where: str) -> tupl
     others = torch.cat([x, x.flip(3)])
     if bool((_fit(o.expand_as(others), others)[1] <= tol).any()):
         raise _fail(
-            where, f"sample {i}'s output was made from another sample's image.", expected="every output sample made from its own input sample",
-            seen=seen, hint="did you flip the batch dimension (dim 0) instead of the width (dim 3)? "
-                            "Choosing per sample between the image and its mirror (an "
-                            "element-wise selection with a per-sample mask) keeps samples in place.")
+            where, f"sample {i}'s output was made from another sample's image.", seen=seen,
+            expected="every output sample made from its own input sample",
+            hint="did you flip the batch dimension (dim 0) instead of the width (dim 3)? Choosing "
+                 "per sample between the image and its mirror (an element-wise selection with a "
+                 "per-sample mask) keeps samples in place.")
     for hyp in (s, s.flip(3)):
         dark = hyp <= _DARK_MAX
         d = (o - hyp)[dark]
         if d.numel() and float(d.std()) < tol and abs(float(d.mean())) > 10 * tol:
             raise _fail(
-                where, "brightness was added, not multiplied.", expected="out = clamp(factor * image): a factor in [1 - brightness, 1 + brightness]",
+                where, "brightness was added, not multiplied.",
+                expected="out = clamp(factor * image): a factor in [1 - brightness, 1 + brightness]",
                 seen=f"sample {i}: every pixel shifted by {float(d.mean()):+.3f}",
                 hint="multiply by the factor (one per sample, broadcast over its pixels). Scaling "
                      "keeps black black; adding lifts it.")

@@ -1,10 +1,6 @@
-"""Grader for exercise 06: ``build_loader(dataset, *, batch_size, size, cpu_budget)`` returns a
-DataLoader whose first batch, read as its fetcher reads it, equals the reference and is made by
-one dataset call; it uses at most ``cpu_budget`` workers and cores, and reaches
-:data:`PASS_RATIO` of :func:`~course_utils.pipelines.tuned_loader`'s samples/s in interleaved
-rounds (:func:`speed_verdict`). Step 1, ``06.batched_fetch``, checks the dataset's
-``__getitems__`` alone, on indices out of order.
-"""
+"""Grader for exercise 06: ``build_loader``'s first batch (read as its fetcher reads it) equals
+the reference, made by one dataset call, within ``cpu_budget``, at :data:`PASS_RATIO` or more of
+``tuned_loader``'s samples/s (:func:`speed_verdict`). Step 1, ``06.batched_fetch``: the fetch alone."""
 from __future__ import annotations
 
 import functools
@@ -27,12 +23,10 @@ from course_utils.tools.tune.search import WORKER_TIMEOUT_S
 from .checker import CheckResult, ExerciseFailed, call_answer, describe, grader, require_callable
 
 FAST = "06.fast_pipeline"
-#: the answer passes at this fraction of the reference's samples/s or more (median of the
-#: per-round ratios). On a busy 2-core machine the reference against itself read 0.59-1.16: the
-#: pass mark sits a margin below the lowest, so noise does not fail a right answer.
+#: the answer passes at this fraction of the reference's samples/s or more: on a busy 2-core
+#: machine the reference against itself read 0.59-1.16, and the mark sits below the lowest
 PASS_RATIO = 0.5
-#: below this fraction the answer fails as too slow: an answer at PASS_RATIO, slowed by the
-#: worst noise seen (x 0.59), reads 0.3. In between, the check asks for a re-run.
+#: below it, too slow (an answer at PASS_RATIO slowed by the worst noise, x 0.59); between, re-run
 SLOW_RATIO = 0.3
 #: cores of CPU-seconds per wall-second allowed above the budget (the main process's share)
 CPU_ALLOWANCE = 0.4
@@ -209,9 +203,8 @@ def _check_loader(loader: Any, batch_size: int) -> None:
 
 # ---- speed and cores, side by side with the reference --------------------------------------
 def _resampled(loader: DataLoader, batch_size: int, samples: int, keep_workers: bool) -> DataLoader:
-    """The same loader (dataset, batching, collate, workers, worker init, prefetch, pinning,
-    start method) drawing ``samples`` random samples per epoch; ``keep_workers``: its workers
-    persist from one round to the next."""
+    """The same loader drawing ``samples`` random samples per epoch; ``keep_workers``: its
+    workers persist from one round to the next."""
     kwargs: dict[str, Any] = dict(num_workers=loader.num_workers, collate_fn=loader.collate_fn,
                                   pin_memory=loader.pin_memory)
     if loader.num_workers:
@@ -231,10 +224,9 @@ def _side_by_side(loader: DataLoader, reference: DataLoader, batch_size: int, wi
                   rounds: int) -> dict[str, list[Measurement]]:
     """Interleaved measurements of both loaders: one of each per round, back to back. The
     reference keeps its workers between rounds (each round would otherwise start them again)."""
-    plans = [(label, default_warmup(ld), ld, keep) for label, ld, keep in
-             (("your loader", loader, False), ("reference", reference, True))]
     plans = [(label, warm, _resampled(ld, batch_size, (warm + window + 1) * batch_size, keep))
-             for label, warm, ld, keep in plans]
+             for label, ld, keep in (("your loader", loader, False), ("reference", reference, True))
+             for warm in [default_warmup(ld)]]
     runs: dict[str, list[Measurement]] = {"your loader": [], "reference": []}
     for _ in range(rounds):
         for label, warm, ld in plans:
@@ -246,9 +238,8 @@ def _side_by_side(loader: DataLoader, reference: DataLoader, batch_size: int, wi
 def speed_verdict(answer_rates: Sequence[float], reference_rates: Sequence[float], *,
                   pass_ratio: float = PASS_RATIO,
                   slow_ratio: float = SLOW_RATIO) -> tuple[str, float]:
-    """("pass" | "re-run" | "slow", ratio) for the samples/s of interleaved rounds: the median
-    of the per-round ratios answer / reference (a pair ran back to back, so a busy machine's
-    drift cancels out, and one disturbed round does not count)."""
+    """("pass" | "re-run" | "slow", the median of the per-round ratios answer / reference): a
+    pair ran back to back, so a busy machine's drift cancels out."""
     ratio = float(np.median([a / r if r > 0 else math.nan
                              for a, r in zip(answer_rates, reference_rates)] or [math.nan]))
     if not math.isfinite(ratio) or ratio < slow_ratio:
@@ -267,9 +258,8 @@ def grade_fast_pipeline(build_loader: Callable[..., Any], *, cpu_budget: int | N
                         batches: int | None = None, rounds: int = ROUNDS,
                         pass_ratio: float = PASS_RATIO,
                         slow_ratio: float = SLOW_RATIO) -> CheckResult:
-    """``build_loader(dataset, batch_size=, size=, cpu_budget=)``: right samples made by one
-    fetch per batch, within the CPU budget (cores; default half the usable CPUs), at least
-    ``pass_ratio`` of the reference's samples/s measured side by side."""
+    """``build_loader(dataset, batch_size=, size=, cpu_budget=)`` (default budget: half the usable
+    CPUs); see the module docstring."""
     require_callable(FAST, build_loader, "a function build_loader(dataset, *, batch_size, size, "
                                          "cpu_budget) returning a DataLoader",
                      hint="pass the function itself, not what it returns: "
@@ -334,9 +324,8 @@ BATCHED = "06.batched_fetch"
 
 @grader(BATCHED)
 def grade_batched_fetch(answer: Callable[..., Any], *, size: int = 96) -> CheckResult:
-    """Step 1: ``JpegBatches(dataset, size).__getitems__(indices)``, on indices out of order and
-    not from 0, returns ``(images, labels)`` for exactly those, in their order: uint8 images
-    equal to the reference pipeline's, int64 labels. No DataLoader, in this process."""
+    """Step 1: ``JpegBatches(dataset, size).__getitems__(indices)`` on indices out of order returns
+    their uint8 images (equal to the reference's) and int64 labels, in order. No DataLoader."""
     require_callable(BATCHED, answer, "the class JpegBatches(dataset, size)",
                      hint="pass the class itself: check(\"06.batched_fetch\", JpegBatches).")
     dataset = JpegDataset(n=12, min_side=200, max_side=480, seed=6)

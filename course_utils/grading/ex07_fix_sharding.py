@@ -1,10 +1,7 @@
-"""Grader for exercise 07: ``make_epoch_loader(dataset, epoch, rank, world_size)`` run for every
-rank in this process (:func:`simulate_ranks`), then in 2 ranks started by ``torchrun`` that import
-it from the module the exercise's ``%%writefile`` cell wrote, on :data:`N_SAMPLES` items and
-:data:`EPOCHS`. Judged from what the ranks drew: nothing dropped; no sample twice beyond
-``DistributedSampler``'s padding; the same count on every rank; a new order every epoch; a
-replayed epoch identical.
-"""
+"""Grader for exercise 07: ``make_epoch_loader`` run for every rank in this process, then in 2
+torchrun ranks that import it from the exercise's ``%%writefile`` module. From what they drew:
+nothing dropped, nothing twice beyond padding, equal counts, a new order every epoch, a replayed
+epoch identical."""
 from __future__ import annotations
 
 import math

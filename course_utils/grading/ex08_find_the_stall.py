@@ -1,9 +1,6 @@
-"""Grader for exercise 08: ``data_wait_fraction(events, warmup_steps=1)`` (the time in "fetch"
-and "h2d copy" spans inside the counted ``ProfilerStep#N`` steps, over those steps' time, after
-the first ``warmup_steps`` in time order) and ``bottleneck(...)`` ("data" above ``threshold``).
-Checked on synthetic Chrome traces where each plausible mistake gives its own value and
-message, and on two loops profiled here.
-"""
+"""Grader for exercise 08: ``data_wait_fraction`` ("fetch" + "h2d copy" time over the counted
+ProfilerStep steps' time) and ``bottleneck``, on synthetic traces where each plausible mistake gives
+its own value, and on two loops profiled here."""
 from __future__ import annotations
 
 import copy
@@ -54,10 +51,9 @@ def _reference_fraction(events: Sequence[dict], warmup_steps: int = 1) -> float:
 
 def synthetic_trace(steps: Sequence[tuple[float, float, float, float]], *, first: int = 2,
                     shuffle_seed: int | None = None) -> list[dict]:
-    """Chrome-trace events of a loop whose steps take ``(fetch, copy, step, other)`` ms each:
-    each ``ProfilerStep#N`` (N from ``first``) holds "fetch" (the loader's ``__next__`` inside),
-    "h2d copy", "step" (operators inside) and unmarked time, with metadata, instant and flow
-    events (no ``dur``) as real traces have them; ``shuffle_seed`` shuffles the list."""
+    """Chrome-trace events of steps taking ``(fetch, copy, step, other)`` ms: ``ProfilerStep#N``
+    spans (N from ``first``) holding "fetch" (``__next__`` inside), "h2d copy", "step" and unmarked
+    time, with the events real traces have that have no ``dur``; ``shuffle_seed`` shuffles them."""
     pid = tid = 4242
     t = 1_700_000_000_000.0                                   # µs, like a real trace
     events: list[dict] = [
@@ -98,9 +94,8 @@ def _fraction(steps: Sequence[tuple], parts: str = "fc", over: str = "all") -> f
     over the steps' time (``over`` "all") or over the marked spans only ("marked")."""
     take = {"f": lambda r: r[0], "c": lambda r: r[1], "s": lambda r: r[2],
             "n": lambda r: 2 * r[0] - 2e-3}
-    wait = sum(take[p](r) for r in steps for p in parts)
-    total = sum((r[0] + r[1] + r[2]) if over == "marked" else sum(r) for r in steps)
-    return wait / total
+    return (sum(take[p](r) for r in steps for p in parts)
+            / sum((r[0] + r[1] + r[2]) if over == "marked" else sum(r) for r in steps))
 
 
 MISTAKES = {
@@ -146,8 +141,7 @@ def synthetic_cases() -> list[dict]:
     out = []
     for name, steps, warmup, first, seed in cases:
         events = synthetic_trace(steps, first=first, shuffle_seed=seed)
-        counted = steps[warmup:]
-        right = _fraction(counted)
+        counted, right = steps[warmup:], _fraction(steps[warmup:])
         by_name = sorted(range(len(steps)), key=lambda k: f"ProfilerStep#{first + k}")
         listed = [int(e["name"].partition("#")[2]) - first for e in events if e.get("ph") == "X"
                   and str(e.get("name", "")).startswith("ProfilerStep#")]
@@ -166,9 +160,8 @@ def synthetic_cases() -> list[dict]:
 # ---- loops profiled for real -----------------------------------------------------------------
 
 class SleepyBatches(Dataset):
-    """Ready-made batches of NumPy arrays (4 small images, 4 labels), each after ``delay_s``
-    seconds of sleep; with ``collate_fn=as_is`` arrays travel pickled in the queue's pipe
-    (a tensor would cost a shared-memory round trip, slow on a busy machine)."""
+    """Ready-made NumPy batches, each after ``delay_s`` seconds of sleep (with ``as_is``, sent
+    pickled: a tensor's shared-memory round trip is slow on a busy machine)."""
 
     def __init__(self, n: int, delay_s: float) -> None:
         self.n, self.delay_s = int(n), float(delay_s)
@@ -187,10 +180,8 @@ def as_is(batch: Any) -> Any:
 
 
 def profile_loop(delay_s: float, step_s: float, steps: int) -> list[dict]:
-    """The trace events of ``steps + 1`` recorded steps of a loop whose loader sleeps
-    ``delay_s`` per batch (in 1 worker) and whose step sleeps ``step_s``; the first step holds
-    the worker's start-up (``iter`` and the first ``next`` in its "fetch"), as when a whole loop
-    is profiled."""
+    """Trace events of ``steps + 1`` steps (loader sleeping ``delay_s`` per batch in 1 worker, step
+    ``step_s``); the first holds the worker's start-up, as when a whole loop is profiled."""
     loader = DataLoader(SleepyBatches(steps + 4, delay_s), batch_size=None, collate_fn=as_is,
                         num_workers=1, timeout=120)
     sched = schedule(wait=0, warmup=1, active=steps + 1, repeat=1)
@@ -220,13 +211,11 @@ def profile_loop(delay_s: float, step_s: float, steps: int) -> list[dict]:
 @functools.lru_cache(maxsize=1)
 def real_traces(steps: int = 8) -> tuple[dict, ...]:
     """Two loops profiled here (cached per process): a data-bound and a compute-bound one."""
-    out = []
-    for name, delay_s, step_s in (("a loader that sleeps 30 ms per batch, a fast step", 0.03, 0.0),
-                                  ("a ready loader, a step that takes 50 ms", 0.0, 0.05)):
-        events = profile_loop(delay_s, step_s, steps)
-        out.append({"name": name, "warmup_steps": 1, "events": events,
-                    "answer": _reference_fraction(events, 1)})
-    return tuple(out)
+    runs = [(name, profile_loop(delay_s, step_s, steps)) for name, delay_s, step_s in (
+        ("a loader that sleeps 30 ms per batch, a fast step", 0.03, 0.0),
+        ("a ready loader, a step that takes 50 ms", 0.0, 0.05))]
+    return tuple({"name": name, "warmup_steps": 1, "events": events,
+                  "answer": _reference_fraction(events, 1)} for name, events in runs)
 
 
 # ---- calling the learner's functions and judging what they return ---------------------------

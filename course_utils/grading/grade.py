@@ -120,9 +120,8 @@ def read_notebook(path: str | os.PathLike) -> dict:
 
 
 def grade_notebooks(paths: list[str | os.PathLike], *, cell_timeout: int = 600) -> list[NotebookGrade]:
-    """Grade every notebook of ``paths`` in one ``pytest --nbval-lax`` run (each in its own fresh
-    kernel, one after another) and return one grade per path, in order; a path that is not a
-    readable notebook raises (OSError, ValueError) before anything runs."""
+    """One grade per path, from one ``pytest --nbval-lax`` run (a fresh kernel each); a path that
+    is not a readable notebook raises (OSError, ValueError) before anything runs."""
     nb_paths = [Path(p) for p in paths]
     checks = {p: exercise_cells(read_notebook(p)) for p in nb_paths}
     real = {p: os.path.realpath(p) for p in nb_paths}       # how the report names each notebook

@@ -1,9 +1,6 @@
-"""Start Jupyter kernels over Unix sockets, so that kernels starting at once cannot take each
-other's ports: jupyter_client binds port 0 and closes it, the kernel binds it a moment later, and
-two kernels can collide ("Kernel died before replying to kernel_info", ``Invalid Signature``):
-2 of 313 starts failed over TCP on the 2-core machine, 0 of 312 over IPC (sockets are files of a
-fresh random name). Without IPC (Windows, a too-long temp path) kernels use TCP. For nbval:
-``pytest -p course_utils.grading._nbval_kernels``."""
+"""Jupyter kernels over Unix sockets: over TCP two kernels starting at once can take the same
+port (2 of 313 starts failed on the 2-core machine, 0 of 312 over IPC). Without IPC (Windows, a
+too-long temp path) they use TCP. For nbval: ``pytest -p course_utils.grading._nbval_kernels``."""
 from __future__ import annotations
 
 import os

@@ -1,10 +1,6 @@
-"""Grader for exercise 02: ``make_budget_init(cpu_budget)`` returns a picklable worker_init_fn
-giving every pool of a worker ``max(1, cpu_budget // num_workers)`` threads, and 1 under
-``fork``, judged in real DataLoaders (:data:`RUNS`): forked after this process used OpenCV, BLAS
-and torch, and fresh. Each worker reports its pools before and after the answer and after real
-work; a hung worker, where it was stuck. Pools that start at the expected size are named as not
-checked.
-"""
+"""Grader for exercise 02: ``make_budget_init(cpu_budget)``'s picklable worker_init_fn gives every
+pool ``max(1, cpu_budget // num_workers)`` threads, 1 under ``fork``; judged in real DataLoaders
+(:data:`RUNS`) from the pools each worker reports, or where a hung one was stuck."""
 from __future__ import annotations
 
 import multiprocessing
@@ -263,9 +259,8 @@ def _share_failure(wrong: dict[str, int], seen: str, budget: int, workers: int, 
 @grader(EXERCISE)
 def grade_worker_init(answer: Callable[[int], Any], *, timeout_s: float = 20.0,
                       runs: tuple = RUNS) -> CheckResult:
-    """Run ``answer(cpu_budget)`` as the worker_init_fn of real DataLoader workers for each of
-    ``runs`` (fork runs skipped where there is no fork) and judge their pools. ``timeout_s``: the
-    DataLoader timeout (fresh workers get at least 60 s to start)."""
+    """``answer(cpu_budget)`` as real workers' worker_init_fn for each of ``runs``; ``timeout_s``:
+    the DataLoader timeout (fresh workers get at least 60 s to start)."""
     require_signature(EXERCISE, answer, "make_budget_init is called with one argument, the CPU "
                       "budget.", "def make_budget_init(cpu_budget): ...", 7)
     methods = multiprocessing.get_all_start_methods()
@@ -273,9 +268,7 @@ def grade_worker_init(answer: Callable[[int], Any], *, timeout_s: float = 20.0,
     plan = [(fresh if m == "fresh" else m, int(b), int(w)) for m, b, w in runs]
     if any(m not in methods + ["fork"] for m, _, _ in plan):
         raise ValueError(f"runs={runs!r}: a start method is not available here; use {methods} or 'fresh'.")
-    skipped = any(m not in methods for m, _, _ in plan)
-    reports = []
-    opencv_before = use_parent_pools()
+    skipped, reports, opencv_before = any(m not in methods for m, _, _ in plan), [], use_parent_pools()
     try:
         for method, budget, workers in (p for p in plan if p[0] in methods):
             init = _init_for(answer, budget)

@@ -1,6 +1,5 @@
-"""Step 1 of exercise 02: ``thread_share(cpu_budget, num_workers, forked)``, the number of threads
-each pool of one worker gets. A pure function, checked on cases in and just outside each rule:
-the share is whole threads (integer division), never below 1, and 1 in a forked worker."""
+"""Step 1 of exercise 02: ``thread_share(cpu_budget, num_workers, forked)`` on cases at each rule's
+edge: whole threads (integer division), never below 1, and 1 in a forked worker."""
 from __future__ import annotations
 
 from typing import Any, Callable

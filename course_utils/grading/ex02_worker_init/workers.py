@@ -1,6 +1,5 @@
-"""Exercise 02's grader inside real DataLoader workers: the worker_init_fn that calls the
-answer and records what it did, the Dataset that reports the pools after real work, and the run
-that reads a hung worker's stack."""
+"""Exercise 02's grader in real DataLoader workers: a worker_init_fn recording what the answer did,
+a Dataset reporting the pools after real work, and the run that reads a hung worker's stack."""
 from __future__ import annotations
 
 import faulthandler
@@ -42,9 +41,8 @@ def _env() -> dict[str, str | None]:
 
 
 def _raise_small_pools(forked: bool) -> list[str]:
-    """Raise this worker's BLAS pools, and OpenCV's outside a forked worker (there resizing it
-    can hang; it reads the parent's size, set to 2), to at least 2 threads, so that on one CPU
-    an answer that does nothing cannot pass. Returns the pools raised, by name."""
+    """The pools raised to 2 threads (BLAS; OpenCV outside a forked worker, where it reads the
+    parent's 2), so that on one CPU an answer that does nothing cannot pass."""
     start = thread_pools().pools
     for lib in threadpoolctl.ThreadpoolController().lib_controllers:
         if lib.user_api == "blas" and (lib.num_threads or 0) < 2:
@@ -179,9 +177,8 @@ def use_parent_pools() -> int:
 
 
 def _stop_workers(iterator: Any, kill: bool) -> None:
-    """Shut the DataLoader's workers down; with ``kill``, kill stuck ones first (at once,
-    instead of the DataLoader's 5 s join per worker), after telling the DataLoader's SIGCHLD
-    watch to ignore them (it would report the kill as a worker failure)."""
+    """Shut the workers down; ``kill``: kill stuck ones first (not a 5 s join each), hidden from
+    the DataLoader's SIGCHLD watch (it would report the kill as a worker failure)."""
     if kill:
         try:
             from torch.utils.data import _utils  # in the try: a private module that may move
