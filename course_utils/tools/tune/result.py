@@ -118,8 +118,8 @@ class LoaderSettings:
     def call_args(self, worker_init: str) -> list[str]:
         """:meth:`loader_kwargs` as code; ``worker_init`` is the expression for ``worker_init_fn``
         (``{n}``: the threads per worker)."""
-        return [f"{k}={worker_init.format(n=self.threads_per_worker) if k == 'worker_init_fn' else repr(v)}"
-                for k, v in self.loader_kwargs().items()]
+        init = worker_init.format(n=self.threads_per_worker)
+        return [f"{k}={init if k == 'worker_init_fn' else repr(v)}" for k, v in self.loader_kwargs().items()]
 
 
 def _call(first: str, args: list[str], width: int = 96) -> list[str]:
