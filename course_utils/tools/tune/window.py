@@ -28,9 +28,9 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from course_utils.checks import check_seconds
-from course_utils.device import move_to_device
 from course_utils.config import pick
 from course_utils.data import CommonRecipeTransform
+from course_utils.device import move_to_device
 from course_utils.measurement import Comparison, Measurement, compare
 from course_utils.pipelines import (TransformedDataset, common_recipe_loader,
                                     recipe_process_settings)
