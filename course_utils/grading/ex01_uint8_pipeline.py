@@ -119,11 +119,13 @@ def _check_crop(out: np.ndarray, resized: np.ndarray, c: int) -> None:
                      f"gives for the resized image.")
 
 
-def _check_flip(pipeline: Any, cropped: np.ndarray, shape: tuple[int, ...]) -> None:
-    """``flip(image, do_flip)`` mirrors left-right exactly when asked, leaving its input as it was."""
-    cropped_copy = cropped.copy()
+def _check_flip(pipeline: Any, cropped: np.ndarray, shape: tuple[int, ...], flip: bool) -> Any:
+    """``flip`` mirrors left-right exactly when asked, input untouched; its output for ``flip``."""
+    cropped_copy, given = cropped.copy(), {}
     for do_flip in (False, True):
-        out = _check_image_stage("flip", _call("flip", pipeline.flip, cropped, do_flip), shape).copy()
+        out = given[do_flip] = _check_image_stage("flip", _call("flip", pipeline.flip, cropped,
+                                                                do_flip), shape)
+        out = out.copy()
         if not np.array_equal(cropped, cropped_copy):
             raise _fail("`flip` changed its input image in place.",
                         hint="return a new (or view) array; don't write into the input.")
@@ -144,6 +146,7 @@ def _check_flip(pipeline: Any, cropped: np.ndarray, shape: tuple[int, ...]) -> N
             "otherwise."))
         raise _fail(problem, seen=describe(out), hint=hint, expected=(
             "the same image mirrored left-right" if do_flip else "the image unchanged"))
+    return given[flip]
 
 
 def _check_to_tensor(out: Any, flipped: np.ndarray, c: int) -> torch.Tensor:
@@ -244,10 +247,7 @@ def _run_in_workers(pipeline: Any, images: Any, refs: list[torch.Tensor], params
                         num_workers=num_workers, **kwargs)
     batch_bytes: list[int] = []
     try:
-        for batch, index in loader:
-            if batch.dtype != torch.uint8:
-                raise _fail("the batches the workers sent were not uint8.",
-                            expected="torch.uint8 batches", seen=describe(batch))
+        for batch, index in loader:   # uint8: to_tensor's output was judged in this process
             batch_bytes.append(int(batch.nbytes))
             out = _call("normalize", pipeline.normalize, batch.clone())
             _check_normalized(out, torch.stack([refs[int(i)] for i in index]), params,
@@ -255,12 +255,10 @@ def _run_in_workers(pipeline: Any, images: Any, refs: list[torch.Tensor], params
     except (ExerciseFailed, NotImplementedError):
         raise
     except Exception as exc:
-        hint = _hint_for("", exc)
-        if "timed out" in str(exc):
-            hint = (f"a worker gave no batch within {timeout_s:g} s: does a stage wait on "
-                    f"something, or start threads? Keep the stages plain NumPy/OpenCV/torch calls.")
         raise _fail(f"running the stages in DataLoader workers failed: {type(exc).__name__}: "
-                    f"{exc}", hint=hint) from exc
+                    f"{exc}", hint=f"a worker gave no batch within {timeout_s:g} s: does a stage "
+                    f"wait on something, or start threads? Keep the stages plain NumPy/OpenCV/"
+                    f"torch calls." if "timed out" in str(exc) else _hint_for("", exc)) from exc
     return {"workers": num_workers, "start_method": note, "batch_bytes": batch_bytes}
 
 
@@ -294,9 +292,7 @@ def grade_uint8_pipeline(pipeline: Any, *, n_images: int = 8, num_workers: int =
         kept = resized.copy()
         cropped = _check_image_stage("crop", _call("crop", pipeline.crop, resized), (c, c, 3))
         _check_crop(cropped, kept, c)
-        _check_flip(pipeline, cropped, (c, c, 3))
-        flipped = _check_image_stage("flip", _call("flip", pipeline.flip, cropped, i % 2 == 1),
-                                     (c, c, 3))
+        flipped = _check_flip(pipeline, cropped, (c, c, 3), i % 2 == 1)
         kept = flipped.copy()
         tensors.append(_check_to_tensor(_call("to_tensor", pipeline.to_tensor, flipped), kept, c))
         refs.append(exact_pipeline(image, i % 2 == 1, params))
