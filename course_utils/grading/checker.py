@@ -78,7 +78,7 @@ def exercise_ids() -> list[str]:
 
 
 def check(exercise: str, answer: Any, **options: Any) -> CheckResult:
-    """Grade ``answer`` for ``exercise``; ``options`` go to the grader (a test's smaller workload)."""
+    """Grade ``answer`` for ``exercise``; ``options`` go to the grader (a test's smaller load)."""
     _load_graders()
     if exercise not in _GRADERS:
         known = ", ".join(sorted(_GRADERS)) or "none"
@@ -95,8 +95,7 @@ def check(exercise: str, answer: Any, **options: Any) -> CheckResult:
 
 # ---- what every grader does with an answer ---------------------------------------------------
 def describe(x: Any, limit: int = 80) -> str:
-    """A value as a failure message shows it: an array's or tensor's shape, dtype (and device),
-    else its type and the start of its repr."""
+    """A value as a failure shows it: a tensor's or array's shape and dtype, else its repr."""
     if isinstance(x, torch.Tensor):
         return f"torch.Tensor {tuple(x.shape)} {x.dtype} on {x.device}"
     if isinstance(x, np.ndarray):
@@ -114,8 +113,7 @@ def require_callable(exercise: str, answer: Any, expected: str, *, what: str = "
 
 def require_signature(exercise: str, fn: Callable[..., Any], problem: str, expected: str,
                       *args: Any, **kwargs: Any) -> None:
-    """Raise :class:`ExerciseFailed` unless ``fn`` is callable, and with ``problem`` unless
-    ``fn(*args, **kwargs)`` binds to its signature (one that cannot be read: the call decides)."""
+    """Fail unless ``fn`` is callable and ``fn(*args, **kwargs)`` binds (else ``problem``)."""
     require_callable(exercise, fn, expected)
     try:
         inspect.signature(fn).bind(*args, **kwargs)
@@ -129,8 +127,7 @@ def require_signature(exercise: str, fn: Callable[..., Any], problem: str, expec
 def call_answer(exercise: str, fn: Callable[..., Any], *args: Any, what: str = "your function",
                 signature: str = "", hint: Any = None, expected: str = "", seen: str = "",
                 **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)``; an error (but NotImplementedError: "not done yet") fails saying
-    ``what`` raised it, with ``hint`` (a text, or a function of the exception) or ``signature``."""
+    """``fn(*args, **kwargs)``; an error (not NotImplementedError) fails with ``hint``."""
     try:
         return fn(*args, **kwargs)
     except NotImplementedError:
@@ -147,8 +144,7 @@ def call_answer(exercise: str, fn: Callable[..., Any], *args: Any, what: str = "
 
 
 def refuse_course_code(exercise: str, answer: Any) -> None:
-    """Refuse an answer (a function or class, also behind a partial or a bound method, or an
-    instance) defined in the course package. What the answer calls is not judged."""
+    """Refuse an answer (function, class, partial, method, instance) defined in course_utils."""
     obj = answer.func if isinstance(answer, functools.partial) else answer
     obj = getattr(obj, "__func__", obj) if isinstance(obj, types.MethodType) else obj
     if not isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):

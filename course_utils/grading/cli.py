@@ -24,8 +24,7 @@ def _cmd_grade(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    """Add ``grade`` to the command line's subparsers ``sub``, with ``func`` (its runner,
-    returning the exit status) as a default."""
+    """Add ``grade`` (its runner as ``func``) to the command line's subparsers ``sub``."""
     p = sub.add_parser("grade", help="grade exercise notebooks (runs them through nbval)",
                        description="Run each notebook top to bottom in a fresh kernel with "
                                    "pytest --nbval-lax and print pass/fail per exercise. "

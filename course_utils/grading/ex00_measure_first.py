@@ -91,8 +91,7 @@ def grade_time_loader(time_loader: Callable[..., Any], *, latency_s: float = 0.0
 
 def judge_rate(value: float, honest: float, *, batch_size: int, batches: int,
                warmup_batches: int, startup_s: float, batches_per_iterator: Sequence[int]) -> str:
-    """A pass's summary, or ExerciseFailed saying what the timing got wrong: the answer's rate
-    ``value`` against the ``honest`` samples/s, given the batches each of its iterators gave."""
+    """A pass's summary, or what the timing got wrong: ``value`` against ``honest`` samples/s."""
     iterators = len(batches_per_iterator)
     seen = f"{value:.4g} (an honest measurement of the same loader just gave {honest:.4g} samples/s)"
     if near(value, honest):

@@ -174,8 +174,7 @@ def _check_to_tensor(out: Any, flipped: np.ndarray, c: int) -> torch.Tensor:
 
 def _check_normalized(out: Any, reference: torch.Tensor, params: PipelineParams,
                       where: str = "normalize(batch)") -> Any:
-    """The normalized batch is float32 and within tolerance of ``reference``; else a failure
-    that names the likely cause (uint8 wrap-around, BGR, a mirror, per-channel values)."""
+    """Float32 and within tolerance of ``reference``, else the likely cause of the difference."""
     shown = dict(expected=f"torch.Tensor {tuple(reference.shape)} float32", seen=describe(out))
     if not isinstance(out, torch.Tensor):
         raise _fail("`normalize` must return a torch tensor.", **shown)
@@ -232,8 +231,7 @@ class _StagesDataset(Dataset):
 
 def _run_in_workers(pipeline: Any, images: Any, refs: list[torch.Tensor], params: Any,
                     num_workers: int, batch_size: int, timeout_s: float) -> dict:
-    """The four stages in real DataLoader workers: fork for a notebook class (spawn cannot
-    import a notebook's __main__), the main process where there is no fork."""
+    """The four stages in real workers (fork for a notebook's class, which spawn cannot import)."""
     context, note = None, start_method()
     if type(pipeline).__module__ == "__main__":
         if "fork" in multiprocessing.get_all_start_methods():

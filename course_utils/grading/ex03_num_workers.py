@@ -42,8 +42,7 @@ GROWTH_FRACTION = 0.15
 # ---- 03.choose_workers -----------------------------------------------------------------------
 
 def synthetic_curves() -> list[dict]:
-    """The curves the grader feeds: name, story, workers, true and measured rates (samples/s,
-    with seeded multiplicative noise: the same curves every run)."""
+    """The curves the grader feeds (seeded noise: the same every run)."""
     plateau = [90, 100, 200, 300, 400, 500, 600, 700, 800, 798, 795, 793, 790, 788, 785, 782, 780]
     noisy = [90, 100, 200, 300, 400, 500, 580] + [600] * 10
     curves = [
@@ -68,8 +67,7 @@ def synthetic_curves() -> list[dict]:
 
 
 def shuffled(curve: dict, seed: int) -> dict:
-    """``curve`` with its measurements (workers, true and measured rates) in a seeded order
-    that is never the sorted one."""
+    """``curve``'s measurements in a seeded order that is never the sorted one."""
     rng = np.random.default_rng(seed)
     n = len(curve["workers"])
     order = list(range(n))
@@ -99,8 +97,7 @@ def _call_choice(choose: Callable, curve: dict) -> Any:
 
 def judge_choice(curve: dict, answer: Any, label: str,
                  saturated: float = SATURATED_FRACTION) -> None:
-    """Raise ExerciseFailed when ``answer`` is not a good choice for ``curve`` (a dict with
-    "workers", "truth" and "measured" rates, and optionally a "story"; see synthetic_curves)."""
+    """Fail when ``answer`` is not a good choice for ``curve`` (see synthetic_curves)."""
     ws, truth = curve["workers"], curve["truth"]
     seen_curve = f"workers -> samples/s measured: {_fmt_curve(ws, curve['measured'])}"
     if isinstance(answer, bool) or not isinstance(answer, numbers.Integral):
@@ -152,8 +149,7 @@ def judge_choice(curve: dict, answer: Any, label: str,
 
 
 def _judge_shuffled(choose: Callable, curve: dict, in_order: int, seed: int) -> None:
-    """Call ``choose`` with ``curve``'s measurements shuffled; the answer must still be a good
-    choice (judged on the curve in order)."""
+    """``choose`` on ``curve`` shuffled must still choose well (judged on the curve in order)."""
     mixed = shuffled(curve, seed)
     answer = _call_choice(choose, mixed)
     try:
@@ -229,8 +225,7 @@ _LIST_BASELINE: dict[tuple, Any] = {}  # (n, seed, workers) -> WorkerMemory of t
 
 
 def object_holders(dataset: Any, n: int) -> list[tuple[str, str, int]]:
-    """(where, kind, count) for each attribute of ``dataset`` (a dataset of ``n`` records), or
-    entry nested in one (3 levels deep), holding OBJECTS_FRACTION * n Python objects or more."""
+    """(where, kind, count) for each place in ``dataset`` holding OBJECTS_FRACTION * n objects."""
     threshold, found, seen = max(1, int(n * OBJECTS_FRACTION)), [], set()
 
     def visit(obj: Any, path: str, depth: int) -> None:
@@ -259,8 +254,7 @@ def object_holders(dataset: Any, n: int) -> list[tuple[str, str, int]]:
 
 
 def growth_verdict(list_growth: Sequence[float], answer_growth: Sequence[float]) -> str:
-    """"too little to compare", "pass" or "fail": the answer's per-worker private memory growth
-    over an epoch (bytes) against the list version's, measured the same way."""
+    """"too little to compare", "pass" or "fail": per-worker growth (bytes) vs the list's."""
     reference = float(np.mean(list_growth))
     if reference < MIN_LIST_GROWTH_BYTES:
         return "too little to compare"
@@ -296,8 +290,7 @@ def _same_item(i: int, want: Any, got: Any) -> None:
 @grader(COPY)
 def grade_copy_on_read(make_safe: Callable[[list], Any], *, n_records: int = 60_000,
                        num_workers: int = 2, seed: int = 1) -> CheckResult:
-    """``make_safe(records)`` gives the same items as RecordListDataset(records), keeps no Python
-    object per record, and does not grow every forked worker's private memory as it reads them."""
+    """``make_safe(records)``: RecordListDataset's items, no object per record, no page copies."""
     require_callable(COPY, make_safe, "a class (or function) called with the list of records, "
                                       "returning a dataset", what="class or function",
                      hint="pass the class itself, without calling it.")

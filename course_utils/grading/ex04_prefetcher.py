@@ -18,8 +18,7 @@ from .checker import CheckResult, ExerciseFailed, call_answer, describe, grader
 EXERCISE = "04.prefetcher"
 
 class _RecordingLoader:
-    """``n`` distinct (uint8 images, int64 labels k*B .. k*B+B-1) batches; ``pulled``: how many
-    the current pass handed out."""
+    """``n`` distinct (uint8 images, int64 labels) batches; ``pulled``: handed out this pass."""
 
     def __init__(self, n: int, batch_size: int = 4, *, shape: tuple[int, ...] = (3, 8, 8),
                  pin: bool = False, constant: bool = False) -> None:
@@ -238,8 +237,7 @@ def _copy_s(loader: _RecordingLoader, device: torch.device, repeats: int) -> flo
 
 def _cuda_race_check(answer: Any, device: torch.device, mib: int,
                      passes: tuple[bool, ...] = _RACE_PASSES) -> dict:
-    """Every batch read on the current stream as it arrives, against this pass's value
-    (:data:`_RACE_PASSES`); off CUDA the same code runs without pinning or a busy stream."""
+    """Every batch read on the current stream as it arrives (:data:`_RACE_PASSES`)."""
     cuda, n = device.type == "cuda", _RACE_BATCHES
     loader = _big_loader(n, mib, pin=cuda)
     busy = (calibrated_compute(device, 4 * _copy_s(loader, device, 3)) if cuda and any(passes)
@@ -281,8 +279,7 @@ def _cuda_race_check(answer: Any, device: torch.device, mib: int,
 
 
 def _cuda_overlap_check(answer: Any, device: torch.device, mib: int, threshold: float) -> dict:
-    """Time a plain loop (copy then step on one stream) against the learner's prefetcher, with
-    a step calibrated to take as long as a copy."""
+    """A plain copy-then-step loop against the prefetcher, the step as long as a copy."""
     loader = _big_loader(12, mib, pin=True)
     copy_s = _copy_s(loader, device, 5)
     chain = calibrated_compute(device, copy_s)
@@ -320,8 +317,7 @@ def _cuda_overlap_check(answer: Any, device: torch.device, mib: int, threshold: 
 def grade_prefetcher(answer: Any, *, device: Any = None, n_batches: int = 6, batch_size: int = 4,
                      cuda_checks: bool = True, copy_mib: int = 32,
                      overlap_threshold: float = 0.3) -> CheckResult:
-    """A Prefetcher class: order, values, placement, dtypes and double buffering on any device;
-    on CUDA also that copies overlap compute and that no batch is read mid-copy."""
+    """A Prefetcher class (see the module docstring)."""
     dev = resolve_device(device)
     loader = _RecordingLoader(n_batches, batch_size)
     prefetcher = _build(answer, loader, dev)
@@ -392,8 +388,7 @@ COPY = "04.copy"
 
 @grader(COPY)
 def grade_copy(answer: Any, *, device: Any = None) -> CheckResult:
-    """Step 1: ``Prefetcher(loader, device).copy(batch, stream)`` returns the pair on the device,
-    dtypes and values kept (on a CPU-only machine also on 'meta', where an unmoved batch shows)."""
+    """Step 1: ``copy(batch, stream)`` returns the pair on the device (also on 'meta' on a CPU)."""
     dev = resolve_device(device)
     loader = _RecordingLoader(1, 2)
     for target in [dev] + ([torch.device("meta")] if dev.type == "cpu" else []):

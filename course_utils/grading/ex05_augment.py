@@ -21,8 +21,7 @@ _SIGNATURE = "random_flip_brightness(batch, flip_p=0.5, brightness=0.4, generato
 
 def make_test_batch(n: int = 64, side: int = 12, *, dtype: torch.dtype = torch.float32,
                     device: Any = "cpu") -> torch.Tensor:
-    """The grader's input: (n, 3, side, side) in [0, 1], every image different, asymmetric
-    left-right (a ramp and a bright stripe on the right) and top-bottom (a ramp)."""
+    """The grader's input: (n, 3, side, side) in [0, 1], every image different and asymmetric."""
     h = torch.linspace(0, 1, side).view(1, 1, side, 1)
     w = torch.linspace(0, 1, side).view(1, 1, 1, side)
     per_sample = torch.linspace(0, 0.05, n).view(n, 1, 1, 1)
@@ -35,8 +34,7 @@ def make_test_batch(n: int = 64, side: int = 12, *, dtype: torch.dtype = torch.f
 
 def _call(fn: Callable, batch: torch.Tensor, seed: int | None = 0, flip_p: float = 0.5,
           brightness: float = 0.4) -> Any:
-    """``fn`` on ``batch`` with a generator on its device seeded ``seed`` (None: no generator,
-    also where the device has none of its own)."""
+    """``fn`` on ``batch`` with a generator on its device seeded ``seed`` (None where none)."""
     try:
         generator = None if seed is None else torch.Generator(device=batch.device).manual_seed(seed)
     except (RuntimeError, TypeError):
@@ -103,8 +101,7 @@ def _basic(out: Any, batch: torch.Tensor, before: torch.Tensor, where: str) -> t
 
 
 def _fit(out: torch.Tensor, hyp: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per sample: the factor f with out ~ clamp(f * hyp) (fitted on dark pixels), and the
-    largest |error| over all pixels. (N,) each."""
+    """Per sample: the factor f with out ~ clamp(f * hyp) (dark pixels), and the worst |error|."""
     mask = (hyp <= _DARK_MAX).float()
     f = (out * hyp * mask).sum(dim=(1, 2, 3)) / (hyp * hyp * mask).sum(dim=(1, 2, 3)).clamp_min(1e-12)
     pred = (f.view(-1, 1, 1, 1) * hyp).clamp(0, 1)
@@ -285,8 +282,7 @@ _META_FAILURES = (
 
 
 def _check_meta(fn: Callable, *, n: int, side: int) -> str:
-    """Run on 'meta' (a device without data): catches CPU tensors made or returned. Returns a
-    note when the check could not run ("" when it passed)."""
+    """Run on 'meta' (no data): catches CPU tensors made or returned; a note if it could not run."""
     x = torch.empty(n, 3, side, side, device="meta")
     try:
         out = fn(x, flip_p=0.5, brightness=0.4, generator=None)

@@ -1,6 +1,7 @@
 """Grader for exercise 06: ``build_loader``'s first batch (read as its fetcher reads it) equals
 the reference, made by one dataset call, within ``cpu_budget``, at :data:`PASS_RATIO` or more of
-``tuned_loader``'s samples/s (:func:`speed_verdict`). Step 1, ``06.batched_fetch``: the fetch alone."""
+``tuned_loader``'s samples/s (:func:`speed_verdict`). Step 1, ``06.batched_fetch``: the fetch
+alone."""
 from __future__ import annotations
 
 import functools
@@ -44,8 +45,7 @@ def _per_batch(loader: DataLoader) -> int | None:
 
 
 def _first_indices(loader: DataLoader, batch_size: int) -> list[int]:
-    """``[0, .., B-1]``, after checking that a loader without automatic batching has a sampler
-    of lists of indices."""
+    """``[0, .., B-1]``; a loader without automatic batching must sample lists of indices."""
     if loader.batch_sampler is None and not isinstance(first := next(iter(loader.sampler), None),
                                                          (list, tuple)):
         raise _fail("with batch_size=None the loader fetches one index at a time.",
@@ -67,8 +67,7 @@ def _attempt(problem: str, fn: Callable[[], Any], hint: str) -> Any:
 
 
 def _fetch(loader: DataLoader, indices: list[int]) -> tuple[Any, Any]:
-    """(what the dataset call returned, what collate_fn made of it) for ``indices``, in this
-    process, as ``torch.utils.data._utils.fetch._MapDatasetFetcher`` does it."""
+    """(what the dataset call returned, what collate_fn made of it), as the fetcher does."""
     ds, auto = loader.dataset, loader.batch_sampler is not None
     getitems = getattr(ds, "__getitems__", None) if auto else None
     if not getitems and type(ds).__getitem__ is Dataset.__getitem__:
@@ -95,8 +94,7 @@ def _fetch(loader: DataLoader, indices: list[int]) -> tuple[Any, Any]:
 
 
 def _check_batch(batch: Any, dataset: JpegDataset, indices: Sequence[int], size: int) -> None:
-    """The batch of ``indices`` is (uint8 images equal to the reference's, int64 labels), in
-    the order of the indices."""
+    """The batch of ``indices``, in order: uint8 images equal to the reference's, int64 labels."""
     shape = (len(indices), 3, size, size)
     want = (f"a tuple (images, labels): images a torch.uint8 tensor of shape {shape}, labels a "
             f"torch.int64 tensor of shape ({len(indices)},)")
@@ -203,8 +201,7 @@ def _check_loader(loader: Any, batch_size: int) -> None:
 
 # ---- speed and cores, side by side with the reference --------------------------------------
 def _resampled(loader: DataLoader, batch_size: int, samples: int, keep_workers: bool) -> DataLoader:
-    """The same loader drawing ``samples`` random samples per epoch; ``keep_workers``: its
-    workers persist from one round to the next."""
+    """The same loader drawing ``samples`` random samples an epoch; ``keep_workers``: persistent."""
     kwargs: dict[str, Any] = dict(num_workers=loader.num_workers, collate_fn=loader.collate_fn,
                                   pin_memory=loader.pin_memory)
     if loader.num_workers:
@@ -222,8 +219,7 @@ def _resampled(loader: DataLoader, batch_size: int, samples: int, keep_workers: 
 
 def _side_by_side(loader: DataLoader, reference: DataLoader, batch_size: int, window: int,
                   rounds: int) -> dict[str, list[Measurement]]:
-    """Interleaved measurements of both loaders: one of each per round, back to back. The
-    reference keeps its workers between rounds (each round would otherwise start them again)."""
+    """Both loaders measured in interleaved rounds, back to back (the reference's workers kept)."""
     plans = [(label, warm, _resampled(ld, batch_size, (warm + window + 1) * batch_size, keep))
              for label, ld, keep in (("your loader", loader, False), ("reference", reference, True))
              for warm in [default_warmup(ld)]]
@@ -238,8 +234,7 @@ def _side_by_side(loader: DataLoader, reference: DataLoader, batch_size: int, wi
 def speed_verdict(answer_rates: Sequence[float], reference_rates: Sequence[float], *,
                   pass_ratio: float = PASS_RATIO,
                   slow_ratio: float = SLOW_RATIO) -> tuple[str, float]:
-    """("pass" | "re-run" | "slow", the median of the per-round ratios answer / reference): a
-    pair ran back to back, so a busy machine's drift cancels out."""
+    """("pass" | "re-run" | "slow", the median of the per-round ratios answer / reference)."""
     ratio = float(np.median([a / r if r > 0 else math.nan
                              for a, r in zip(answer_rates, reference_rates)] or [math.nan]))
     if not math.isfinite(ratio) or ratio < slow_ratio:
@@ -258,8 +253,7 @@ def grade_fast_pipeline(build_loader: Callable[..., Any], *, cpu_budget: int | N
                         batches: int | None = None, rounds: int = ROUNDS,
                         pass_ratio: float = PASS_RATIO,
                         slow_ratio: float = SLOW_RATIO) -> CheckResult:
-    """``build_loader(dataset, batch_size=, size=, cpu_budget=)`` (default budget: half the usable
-    CPUs); see the module docstring."""
+    """``build_loader(dataset, batch_size=, size=, cpu_budget=)`` (default: half the CPUs)."""
     require_callable(FAST, build_loader, "a function build_loader(dataset, *, batch_size, size, "
                                          "cpu_budget) returning a DataLoader",
                      hint="pass the function itself, not what it returns: "
@@ -324,8 +318,7 @@ BATCHED = "06.batched_fetch"
 
 @grader(BATCHED)
 def grade_batched_fetch(answer: Callable[..., Any], *, size: int = 96) -> CheckResult:
-    """Step 1: ``JpegBatches(dataset, size).__getitems__(indices)`` on indices out of order returns
-    their uint8 images (equal to the reference's) and int64 labels, in order. No DataLoader."""
+    """Step 1: ``JpegBatches(dataset, size).__getitems__`` on indices out of order."""
     require_callable(BATCHED, answer, "the class JpegBatches(dataset, size)",
                      hint="pass the class itself: check(\"06.batched_fetch\", JpegBatches).")
     dataset = JpegDataset(n=12, min_side=200, max_side=480, seed=6)

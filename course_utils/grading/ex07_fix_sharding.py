@@ -158,8 +158,7 @@ def judge(report: ShardingReport, where: str) -> str:
 @grader(SHARDING)
 def grade_sharding(make_epoch_loader: Any, *, torchrun: bool = True,
                    timeout_s: float = 180) -> CheckResult:
-    """Grade ``make_epoch_loader`` (see the module docstring); ``torchrun=False``: the in-process
-    simulation only."""
+    """Grade ``make_epoch_loader``; ``torchrun=False``: the in-process simulation only."""
     expected = "make_epoch_loader(dataset, epoch, rank, world_size) -> loader"
     if isinstance(make_epoch_loader, type):        # a class such as DataLoader is callable too
         raise ExerciseFailed(SHARDING, "the answer is not a function.", expected=expected,

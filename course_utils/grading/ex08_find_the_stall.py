@@ -35,8 +35,7 @@ GPU_COPY = "gpu_user_annotation"
 
 
 def _reference_fraction(events: Sequence[dict], warmup_steps: int = 1) -> float:
-    """The grader's reference: wait in "fetch" + "h2d copy" over the counted ProfilerStep spans'
-    time (0..1), CPU side."""
+    """The grader's reference: "fetch" + "h2d copy" time over the counted steps' time, CPU side."""
     events = [e for e in events if e.get("cat") != GPU_COPY and e.get("ph") == "X"]
     counted = sorted((e for e in events if str(e.get("name", "")).startswith("ProfilerStep#")),
                      key=lambda e: e["ts"])[warmup_steps:]
@@ -90,8 +89,7 @@ def synthetic_trace(steps: Sequence[tuple[float, float, float, float]], *, first
 
 
 def _fraction(steps: Sequence[tuple], parts: str = "fc", over: str = "all") -> float:
-    """From the spec: the share of ``parts`` (f fetch, c copy, s step, n fetch + __next__)
-    over the steps' time (``over`` "all") or over the marked spans only ("marked")."""
+    """From the spec: ``parts`` (f fetch, c copy, s step, n fetch + next) over the time."""
     take = {"f": lambda r: r[0], "c": lambda r: r[1], "s": lambda r: r[2],
             "n": lambda r: 2 * r[0] - 2e-3}
     return (sum(take[p](r) for r in steps for p in parts)
@@ -160,8 +158,7 @@ def synthetic_cases() -> list[dict]:
 # ---- loops profiled for real -----------------------------------------------------------------
 
 class SleepyBatches(Dataset):
-    """Ready-made NumPy batches, each after ``delay_s`` seconds of sleep (with ``as_is``, sent
-    pickled: a tensor's shared-memory round trip is slow on a busy machine)."""
+    """Ready-made NumPy batches, each after ``delay_s`` seconds of sleep."""
 
     def __init__(self, n: int, delay_s: float) -> None:
         self.n, self.delay_s = int(n), float(delay_s)
@@ -180,8 +177,7 @@ def as_is(batch: Any) -> Any:
 
 
 def profile_loop(delay_s: float, step_s: float, steps: int) -> list[dict]:
-    """Trace events of ``steps + 1`` steps (loader sleeping ``delay_s`` per batch in 1 worker, step
-    ``step_s``); the first holds the worker's start-up, as when a whole loop is profiled."""
+    """Trace events of ``steps + 1`` steps, the first holding the worker's start-up."""
     loader = DataLoader(SleepyBatches(steps + 4, delay_s), batch_size=None, collate_fn=as_is,
                         num_workers=1, timeout=120)
     sched = schedule(wait=0, warmup=1, active=steps + 1, repeat=1)

@@ -120,8 +120,7 @@ def read_notebook(path: str | os.PathLike) -> dict:
 
 
 def grade_notebooks(paths: list[str | os.PathLike], *, cell_timeout: int = 600) -> list[NotebookGrade]:
-    """One grade per path, from one ``pytest --nbval-lax`` run (a fresh kernel each); a path that
-    is not a readable notebook raises (OSError, ValueError) before anything runs."""
+    """One grade per path from one nbval run; a path that is not a notebook raises first."""
     nb_paths = [Path(p) for p in paths]
     checks = {p: exercise_cells(read_notebook(p)) for p in nb_paths}
     real = {p: os.path.realpath(p) for p in nb_paths}       # how the report names each notebook

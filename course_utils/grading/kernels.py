@@ -45,7 +45,6 @@ def _ipc_subclass(base: type) -> type:
 
 
 def kernel_manager_class(asynchronous: bool = True) -> type:
-    """jupyter_client's ``AsyncKernelManager`` (nbclient's) or ``KernelManager`` (nbval's), on
-    IPC where :func:`ipc_available`, else the class itself (TCP)."""
+    """jupyter_client's (async) KernelManager, on IPC where :func:`ipc_available`."""
     base = AsyncKernelManager if asynchronous else KernelManager
     return _ipc_subclass(base) if ipc_available() else base

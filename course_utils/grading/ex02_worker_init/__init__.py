@@ -96,8 +96,7 @@ def _clamp(method: str, budget: int, workers: int) -> str:
 
 
 def _not_shown(before: ThreadPools, expect: int) -> list[str]:
-    """Pools that already had ``expect`` threads before the answer ran (the check cannot show
-    the answer sized them); for 1, not torch's pools, which the DataLoader sets to 1."""
+    """Pools at ``expect`` before the answer ran (not torch's for 1: the DataLoader sets them)."""
     names = list(before.pools)
     blas_names = names[len(names) - len(before.blas):]   # pools lists the BLAS/OpenMP ones last
     torch_omp = {name for name, entry in zip(blas_names, before.blas) if is_torch_openmp(entry)}
@@ -138,8 +137,7 @@ def _init_for(answer: Callable[[int], Any], budget: int) -> Callable[[int], Any]
 
 
 def _judge(answers: list[dict], method: str, budget: int, workers: int) -> dict:
-    """Raise ExerciseFailed unless every worker ended with every pool at its share of threads
-    (1 in a forked worker); return what the worst worker showed."""
+    """Fail unless every worker's pools are at its share (1 if forked); the worst one's report."""
     if answers[0]["state"].get("not_implemented"):
         raise NotImplementedError(answers[0]["state"].get("error"))
     clamp = _clamp(method, budget, workers)
@@ -259,8 +257,7 @@ def _share_failure(wrong: dict[str, int], seen: str, budget: int, workers: int, 
 @grader(EXERCISE)
 def grade_worker_init(answer: Callable[[int], Any], *, timeout_s: float = 20.0,
                       runs: tuple = RUNS) -> CheckResult:
-    """``answer(cpu_budget)`` as real workers' worker_init_fn for each of ``runs``; ``timeout_s``:
-    the DataLoader timeout (fresh workers get at least 60 s to start)."""
+    """``answer(cpu_budget)`` as real workers' worker_init_fn (fresh ones get >= 60 s to start)."""
     require_signature(EXERCISE, answer, "make_budget_init is called with one argument, the CPU "
                       "budget.", "def make_budget_init(cpu_budget): ...", 7)
     methods = multiprocessing.get_all_start_methods()

@@ -36,8 +36,7 @@ def _rule(args: tuple[int, int, bool], want: int, got: Any) -> str:
 
 @grader(SHARE)
 def grade_share(answer: Callable[[int, int, bool], int]) -> CheckResult:
-    """Call ``answer(cpu_budget, num_workers, forked)`` on :data:`CASES`; each must return the
-    expected int."""
+    """``answer(cpu_budget, num_workers, forked)`` on :data:`CASES`, each an exact int."""
     require_signature(SHARE, answer, "thread_share takes three arguments.",
                       "def thread_share(cpu_budget, num_workers, forked): ...", 1, 1, False)
     for args, want in CASES:

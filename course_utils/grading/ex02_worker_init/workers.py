@@ -41,8 +41,7 @@ def _env() -> dict[str, str | None]:
 
 
 def _raise_small_pools(forked: bool) -> list[str]:
-    """The pools raised to 2 threads (BLAS; OpenCV outside a forked worker, where it reads the
-    parent's 2), so that on one CPU an answer that does nothing cannot pass."""
+    """Raise BLAS (and, unforked, OpenCV) pools to 2, so a do-nothing answer fails on 1 CPU."""
     start = thread_pools().pools
     for lib in threadpoolctl.ThreadpoolController().lib_controllers:
         if lib.user_api == "blas" and (lib.num_threads or 0) < 2:
@@ -138,8 +137,7 @@ _LIBRARY_MARKS = ("site-packages", "dist-packages", f"{os.sep}lib{os.sep}python"
 
 
 def stuck_frames(stack: str) -> tuple[str | None, list[str]]:
-    """From a faulthandler dump: the most recent frame of the worker's main thread, and the
-    frames of the learner's code above the grader's own frame (most recent first)."""
+    """From a faulthandler dump: the latest frame, and the learner's frames (latest first)."""
     blocks = re.split(r"\n(?=(?:Current thread|Thread) 0x)", stack)
     block = next((b for b in blocks if OWN_FILE in b), stack)
     frames = [line.strip() for line in block.splitlines() if line.strip().startswith("File ")]
@@ -163,8 +161,7 @@ def with_code(frame: str) -> str:
 
 
 def use_parent_pools() -> int:
-    """Use OpenCV's (>= 2 threads), BLAS's and torch's pools here, as a notebook would have;
-    return OpenCV's thread count before, to restore after the check."""
+    """Use OpenCV's (>= 2 threads), BLAS's and torch's pools here; OpenCV's count before."""
     before = cv2.getNumThreads()
     if before < 2:
         cv2.setNumThreads(2)
@@ -177,8 +174,7 @@ def use_parent_pools() -> int:
 
 
 def _stop_workers(iterator: Any, kill: bool) -> None:
-    """Shut the workers down; ``kill``: kill stuck ones first (not a 5 s join each), hidden from
-    the DataLoader's SIGCHLD watch (it would report the kill as a worker failure)."""
+    """Shut the workers down; ``kill``: stuck ones first, hidden from the SIGCHLD watch."""
     if kill:
         try:
             from torch.utils.data import _utils  # in the try: a private module that may move
