@@ -9,11 +9,11 @@ test files go to the front. The order within a scope is unchanged.
 from __future__ import annotations
 
 #: path prefixes of the longest scopes, longest first (quick mode on 2 cores, make suite-cpu,
-#: 2026-12-03: 63 s for lesson 07 down to ~25 s for test_distributed); everything else follows
+#: 2026-12-03: 63 s for lesson 07 down to ~25 s for test_ddp); everything else follows
 #: in its own order
 LONGEST_FIRST = ("notebooks/07_", "notebooks/05_", "notebooks/02_", "tests/test_notebooks.py",
                  "tests/test_tuning.py", "tests/test_site.py", "tests/test_diagnose_script.py",
-                 "tests/test_diagnose_cli.py", "notebooks/03_", "notebooks/08_", "tests/test_distributed.py",
+                 "tests/test_diagnose_cli.py", "notebooks/03_", "notebooks/08_", "tests/test_ddp.py",
                  "notebooks/", "solutions/")
 
 

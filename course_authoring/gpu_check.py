@@ -55,7 +55,7 @@ QUICK_CPUS = 8
 NOTEBOOKS = {"04_host_to_device.ipynb": 30, "05_gpu_augmentation.ipynb": 50,
              "08_find_the_stall.ipynb": 40}
 #: Unit tests whose CUDA paths only a GPU runs.
-UNIT_TESTS = ("tests/test_transfer.py", "tests/test_augment.py", "tests/test_grader04.py",
+UNIT_TESTS = ("tests/test_lesson04.py", "tests/test_augment.py", "tests/test_grader04.py",
               "tests/test_grader05.py")
 #: The targets each benchmark part measures: one that is absent is reported as not measured.
 EXPECTED_TARGETS = {"lesson04": ("pinned_h2d",), "lesson05": ("augment_speedup", "tuned_data_wait")}

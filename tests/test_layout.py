@@ -310,3 +310,35 @@ def test_the_layer_checks_see_relative_imports(tmp_path):
 @pytest.mark.parametrize("layer", ["core", "tools", "grading"])
 def test_every_layer_exists(layer):
     assert any(_layer_of(m) == layer for m in _layer_modules())
+
+
+#: Lines per layer (``lessons/`` counts as core) and for the whole package (ARCHITECTURE.md): a
+#: feature that needs more lines retires lines elsewhere.
+LAYER_BUDGETS = {"core": 5_500, "tools": 3_500, "grading": 3_500}
+PACKAGE_BUDGET = 12_500
+
+
+def _lines_per_layer(modules: dict[str, Path]) -> dict[str, int]:
+    lines = dict.fromkeys(LAYER_BUDGETS, 0)
+    for name, path in modules.items():
+        lines[_layer_of(name)] += len(path.read_text(encoding="utf-8").splitlines())
+    return lines
+
+
+def test_every_layer_keeps_within_its_line_budget():
+    lines = _lines_per_layer(_layer_modules())
+    over = {layer: f"{n:,} > {LAYER_BUDGETS[layer]:,}" for layer, n in lines.items()
+            if n > LAYER_BUDGETS[layer]}
+    assert not over, (f"layers over their line budget: {over}; retire lines (a second way of "
+                      f"doing a job, dead code, a docstring that says more than the code) first")
+    assert sum(lines.values()) <= PACKAGE_BUDGET, f"course_utils is {sum(lines.values()):,} lines"
+
+
+def test_the_budget_counts_each_file_in_its_own_layer(tmp_path):
+    files = {"course_utils.timing": 7, "course_utils.lessons.l02_threads": 5,
+             "course_utils.tools.tune.search": 3, "course_utils.grading": 2}
+    modules = {}
+    for i, (name, n) in enumerate(files.items()):
+        modules[name] = tmp_path / f"{i}.py"
+        modules[name].write_text("x\n" * n, encoding="utf-8")
+    assert _lines_per_layer(modules) == {"core": 12, "tools": 3, "grading": 2}

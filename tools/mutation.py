@@ -39,13 +39,14 @@ WORK = ROOT / "build" / "mutation"
 #: use, the graders' decision code, diagnose's verdict.
 GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "timing": (["course_utils/measurement.py", "course_utils/timing.py"],
-               ["tests/test_bench.py", "tests/test_transfer.py", "tests/test_measurement_text.py"]),
-    "threads": (["course_utils/threads.py"], ["tests/test_threads.py", "tests/test_env_inheritance.py"]),
-    "datasets": (["course_utils/lessons/l03_num_workers.py"], ["tests/test_grader03.py", "tests/test_scaling.py"]),
+               ["tests/test_timing.py", "tests/test_lesson04.py", "tests/test_measurement_text.py"]),
+    "threads": (["course_utils/threads.py"], ["tests/test_threads.py", "tests/test_env_inheritance.py",
+                                             "tests/test_l02_threads.py"]),
+    "datasets": (["course_utils/lessons/l03_num_workers.py"], ["tests/test_grader03.py", "tests/test_l03_num_workers.py"]),
     "graders": (["course_utils/grading/ex00_measure_first.py", "course_utils/grading/ex03_num_workers.py"],
                 ["tests/test_grader00.py", "tests/test_grading.py", "tests/test_grader03.py"]),
-    "diagnose": (["course_utils/tools/diagnose/rules.py", "course_utils/tools/diagnose/loop.py"],
-                 ["tests/test_diagnose.py"]),
+    "diagnose": (["course_utils/tools/diagnose/rules.py"],
+                 ["tests/test_diagnose.py", "tests/test_diagnose_cli.py"]),
     "diagnose_script": (["course_utils/tools/diagnose/script.py", "course_utils/tools/diagnose/probe.py"],
                         ["tests/test_diagnose_cli.py", "tests/test_diagnose_script.py"]),
 }
@@ -56,7 +57,6 @@ OLD_PATHS = {
     "course_utils/lessons/l03_num_workers.py": "course_utils/lessons/l03_memory.py",
     "course_utils/grading/ex00_measure_first.py": "course_utils/graders/ex00_timing.py",
     "course_utils/grading/ex03_num_workers.py": "course_utils/graders/ex03_scaling.py",
-    "course_utils/tools/diagnose/loop.py": "course_utils/diagnose.py",
 }
 MUTANT_RE = re.compile(r"^\s*(?P<name>\S+): (?P<status>.+)$")
 #: mutmut stops a mutant's tests after (their baseline time + 1 s) x this in CPU seconds, and after
@@ -79,11 +79,11 @@ class HandMutation:
 #: The 13 small bugs issue 22 put into the package, each of which a test must catch.
 HAND_MUTATIONS: tuple[HandMutation, ...] = (
     HandMutation("median -> mean", "course_utils/measurement.py",
-                 (("float(np.median(times))", "float(np.mean(times))"),), ("tests/test_bench.py",)),
+                 (("float(np.median(self.times_s))", "float(np.mean(self.times_s))"),), ("tests/test_timing.py",)),
     HandMutation("warm-up one batch short", "course_utils/timing.py",
-                 (("range(warmup_batches):", "range(warmup_batches - 1):"),), ("tests/test_bench.py",)),
+                 (("for _ in zip(range(warmup), pull):", "for _ in zip(range(warmup - 1), pull):"),), ("tests/test_timing.py",)),
     HandMutation("CPU per sample over the first repeat's count, not the sum", "course_utils/timing.py",
-                 (("cpu_total / sum(counts),", "cpu_total / counts[0],"),), ("tests/test_bench.py",)),
+                 (("sum(counts), windows, monitor", "counts[0], windows, monitor"),), ("tests/test_timing.py",)),
     HandMutation("threadpool_limits(n + 1)", "course_utils/threads.py",
                  (("threadpoolctl.threadpool_limits(limits=n))",
                    "threadpoolctl.threadpool_limits(limits=n + 1))"),), ("tests/test_threads.py",)),

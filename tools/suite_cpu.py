@@ -37,7 +37,7 @@ AREAS = (("lessons (notebooks/, under nbval)", "notebooks/"),
          ("graders (tests/test_grader*.py, test_grading.py)", "tests/test_grad"),
          ("diagnose (tests/test_diagnose*.py)", "tests/test_diagnose"),
          ("tune (tests/test_tuning.py)", "tests/test_tuning.py"),
-         ("DDP (tests/test_distributed.py)", "tests/test_distributed.py"),
+         ("DDP (tests/test_ddp.py)", "tests/test_ddp.py"),
          ("other tests", "tests/"))
 
 

@@ -26,7 +26,9 @@ COPY = "03.copy_on_read"
 
 #: a good count's true rate reaches this fraction of the best, and it lies at most
 #: STEPS_PAST_SATURATED counts past the first reaching SATURATED_FRACTION of it
-ENOUGH_FRACTION, SATURATED_FRACTION, STEPS_PAST_SATURATED = 0.85, 0.97, 1
+ENOUGH_FRACTION = 0.85
+SATURATED_FRACTION = 0.97
+STEPS_PAST_SATURATED = 1
 #: SATURATED_FRACTION for the curve measured here (more room for its noise)
 MEASURED_SATURATED_FRACTION = 0.95
 #: an attribute (or an entry in one) holding this fraction of the records' count of Python
