@@ -1,4 +1,4 @@
-"""The course authors' tools, kept out of the learner's package (``course_utils``).
+"""The course authors' commands, kept out of the learner's package (``course_utils``).
 
 * :mod:`course_authoring.exercises` — ``exercises/`` generated from ``solutions/`` (the
   ``### BEGIN SOLUTION`` / ``### END SOLUTION`` regions become ``NotImplementedError`` stubs);

@@ -137,7 +137,7 @@ def _cmd_site(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m course_authoring",
-        description="Feed the GPU: the course authors' tools (exercises, hosted cell, GPU check). "
+        description="Feed the GPU: the course authors' commands (exercises, hosted cell, GPU check). "
                     "Learners use python -m course_utils.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
