@@ -125,7 +125,8 @@ def measure(fn: Callable[[], Any], *, items: int = 1, warmup: int = 1, repeats: 
             windows.append(monitor.window(before, monitor.snapshot(fresh=True)))
     finally:
         monitor.stop()
-    label = label or getattr(fn, "__name__", None) or type(fn).__name__
+    if label is None:
+        label = getattr(fn, "__name__", None) or type(fn).__name__
     return _measurement(label, times, items, items * repeats, windows, monitor, all_settings)
 
 
