@@ -1,5 +1,6 @@
-"""The instructor guide's minutes table says what each notebook's first cell says, and its 3-hour
-plan is built from the lessons' core paths, with times that add up."""
+"""The instructor guide's minutes table says what each notebook's first cell says, and its plans
+(the 3-hour one and the second afternoon built from the lessons' core paths) have times that add
+up."""
 from __future__ import annotations
 
 import json
@@ -54,7 +55,11 @@ def test_guide_minutes_match_the_notebooks():
     assert guide_minutes(GUIDE.read_text(encoding="utf-8")) == notebook_minutes()
 
 
+SECOND_AFTERNOON = "A second afternoon (3 hours, for people who already did 00–03)"
+
+
 @pytest.mark.parametrize("title, length_min", [("A 3-hour plan (with two 10-minute breaks)", 180),
+                                               (SECOND_AFTERNOON, 180),
                                                ("A 90-minute plan", 90),
                                                ('A 90-minute "your own training loop" plan (after 00)', 90)])
 def test_the_plans_add_up(title, length_min):
@@ -70,13 +75,23 @@ def test_the_3_hour_plan_is_the_core_paths():
     assert len(cited) >= 4, f"the 3-hour plan cites the core paths of {cited}; it is built from them"
 
 
+def test_the_second_afternoon_is_the_core_paths_of_04_to_07():
+    """Each of 04-07 once, at its lesson's core-path minutes (test_the_plans_add_up checks those
+    and the sums): the plan once said '04-05 (50)' for two core paths of 45."""
+    rows = plan(GUIDE.read_text(encoding="utf-8"), SECOND_AFTERNOON)
+    cited = [lesson for _, what in rows for lesson in re.findall(r"(\d\d) core path", what)]
+    assert cited == ["04", "05", "06", "07"], cited
+
+
 @pytest.mark.parametrize("rows, problem", [
     ([(0, "00 core path (30)"), (30, "break (10)")], None),
     ([(0, "00 core path (25)"), (30, "break (10)")], "00's core path is 30 minutes, the plan says 25"),
     ([(0, "00 core path (30), exercise 00 (15)"), (40, "break (10)")], "ends at minute 45, the next starts at 40"),
     ([(0, "00 core path (30)"), (30, "wrap-up (70)")], "the plan ends at minute 100, past 90"),
     ([(0, "00 core path (30)"), (30, "wrap-up (60)")], None),                  # ends exactly at 90
+    ([(0, "04 core path (45), 05 core path (45)"), (50, "break (10)")],        # two core paths: 90
+     "ends at minute 90, the next starts at 50"),
 ])
 def test_plan_problems_are_found(rows, problem):
-    found = plan_problems(rows, 90, {"00": 30})
+    found = plan_problems(rows, 90, {"00": 30, "04": 45, "05": 45})
     assert (problem is None and found == []) or (problem and any(problem in p for p in found)), found
