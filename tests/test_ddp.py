@@ -15,6 +15,7 @@ import torch
 
 from course_utils.lessons.l07_scaling_out import sharding_report
 from course_utils.timing import MIN_TIMED_BATCHES
+from course_utils.tools.ddp import rank as rank_program
 from course_utils.tools.ddp.launch import DistributedError, launch, pick_backend
 
 pytestmark = pytest.mark.timeout(240)
@@ -43,6 +44,27 @@ def test_nccl_without_gpus_is_refused_and_gloo_is_picked():
         launch("sampler", backend="nccl")
 
 
+@pytest.mark.parametrize("backend, local_rank, device", [
+    ("nccl", 1, torch.device("cuda", 1)),      # nccl reduces CUDA tensors only: the rank's GPU
+    ("gloo", 1, torch.device("cpu")),           # gloo: CPU, whatever the local rank
+])
+def test_the_sampler_reduces_on_the_backends_device(monkeypatch, backend, local_rank, device):
+    """The all-reduce tensor is made on the device the backend needs (here with the collective
+    patched out, and the tensor made on the CPU whatever device was asked for)."""
+    asked, made = [], torch.tensor
+
+    def tensor(data, *args, device=None, **kwargs):
+        if device is not None:
+            asked.append(torch.device(device))
+        return made(data, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "tensor", tensor)
+    monkeypatch.setattr(rank_program.dist, "all_reduce", lambda t: t.mul_(3))   # as if 3 ranks
+    out = rank_program._sampler({"n": 7, "variants": [{"name": "a", "epochs": [0]}]}, 0, 2,
+                                local_rank, backend)
+    assert asked == [device] and out["drawn"] == 4 and out["all_reduce_total"] == 12
+
+
 # ---- launch: real ranks -------------------------------------------------------------------------
 
 def test_ranks_shard_with_workers_under_every_start_method():
@@ -61,7 +83,7 @@ def test_ranks_shard_with_workers_under_every_start_method():
     assert main.order_changes_every_epoch
     for m in methods:  # workers give the same indices as the main process, whatever the method
         assert report(m).epochs[0].per_rank == main.epochs[1].per_rank, m
-    # torchrun sets OMP_NUM_THREADS=1 for each rank when it starts more than one
+    # torchrun sets OMP_NUM_THREADS=1 for each rank when --nproc-per-node > 1 and it is unset
     for r in run.ranks:
         if "OMP_NUM_THREADS" not in os.environ:
             assert r["omp_num_threads_env"] == "1" and r["pools_at_start"]["torch_intra"] == 1

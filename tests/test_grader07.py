@@ -134,7 +134,7 @@ def test_only_ranks_can_run_a_process_group_sampler_and_they_find_the_stale_orde
 
 
 @pytest.mark.parametrize("answer, problem, hint", [
-    (original_bug, "different numbers of samples", "waits for ever"),
+    (original_bug, "different numbers of samples", "the others do not"),
     (no_set_epoch, "same order", "set_epoch"),
     (no_shuffle, "same order", "shuffle=False"),
     (not_sharded, "shards overlap", "whole dataset"),

@@ -1,6 +1,9 @@
 """Lesson 07's sharding checks (course_utils.lessons.l07_scaling_out): indices_of, the
-sharding report on hand-made records, and simulate_ranks with the real DistributedSampler."""
+sharding report on hand-made records, and simulate_ranks with the real DistributedSampler; and the
+lesson's measure_ddp (its %%writefile module), which gives every run of a comparison one backend."""
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -121,3 +124,50 @@ def test_simulated_distributed_sampler_pads_and_reshuffles_only_with_set_epoch()
     assert torch.equal(torch.random.get_rng_state(), state)  # global RNG left as it was
     with pytest.raises(TypeError, match="make_loader"):
         simulate_ranks("not a function", 4)
+
+
+# ---- lesson 07's measure_ddp: one backend for every run of the comparison -----------------------
+
+@pytest.fixture(scope="module")
+def ddp():
+    from course_authoring.notebook_modules import notebook_module
+    return notebook_module("07_scaling_out.ipynb", "lesson07_ddp")
+
+
+def _bench_record(rank):
+    return {"rank": rank, "step_times": [0.1, 0.2, 0.3], "step_samples": [4, 4, 4], "cpu_s": 1.2,
+            "samples": 12, "wait_fraction": 0.25, "pools": {"torch_intra": 1},
+            "pools_at_start": {"torch_intra": 1}, "omp_num_threads_env": "1"}
+
+
+@pytest.mark.parametrize("gpus, nccl, expected", [
+    (0, True, "gloo"),
+    (1, True, "gloo"),       # nccl would fit the 1-rank run only: the 2-rank runs decide
+    (2, True, "nccl"),
+    (2, False, "gloo"),      # GPUs, but a torch without NCCL
+])
+def test_every_run_of_the_comparison_gets_one_backend(monkeypatch, ddp, gpus, nccl, expected):
+    """Issue 38 N3: on 1 GPU the 1-rank run once got nccl on cuda:0 and the 2-rank runs gloo on
+    the CPU. The choice follows the largest run, is passed to every launch, and says why."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: nccl)
+    monkeypatch.setattr("course_utils.measurement.machine_summary", lambda: "a patched machine")
+    launched = []
+
+    def launch(task, cfg, *, nproc, timeout_s, backend):
+        launched.append((nproc, backend))
+        return SimpleNamespace(backend=backend or "picked", wall_s=3.0,
+                               ranks=[_bench_record(r) for r in range(nproc)])
+
+    monkeypatch.setattr(ddp, "launch", launch)
+    backend, why = ddp.comparison_backend([1, 2, 2, 1])
+    assert backend == expected and why.startswith(expected)
+    assert (f"there are {gpus} here" in why) == (expected == "gloo")
+    assert ("NCCL (not in this torch)" in why) == (not nccl)
+    results = [ddp.measure_ddp(n, 1, 1, backend=backend) for n in (1, 2, 2, 1)]
+    assert launched == [(n, expected) for n in (1, 2, 2, 1)]
+    assert {r.backend for r in results} == {expected}
+    assert f"({expected}, {'GPU per rank' if expected == 'nccl' else 'CPU'})" in str(results[1])
+    ddp.measure_ddp(1, 1, 1)        # a run alone (the GPU check's) leaves the choice to launch
+    assert launched[-1] == (1, None)

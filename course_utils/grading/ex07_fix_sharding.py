@@ -117,10 +117,10 @@ def judge(report: ShardingReport, where: str) -> str:
                        seen=f"samples per rank {e.counts}" + (
                            f"; drawn more than once: {shorten(sorted(e.repeated))}"
                            if e.repeated else ""),
-                       hint="under DDP every step all-reduces gradients across ranks: a rank with "
-                            "one more batch waits for ever for the others. Split by rounding up "
-                            "and pad with repeated samples, as DistributedSampler(drop_last=False)"
-                            " does.")
+                       hint="under DDP every step all-reduces gradients: a rank with one more "
+                            "batch makes an all-reduce the others do not; it waits for them at most "
+                            "the process group's timeout, then fails (or meets their next one). "
+                            "Round up and pad with repeats, as DistributedSampler(drop_last=False).")
     order = report.firsts()
     for a, b in zip(order, order[1:]):
         ranks = [r for r, same in enumerate(report.same_order(a, b)) if same]

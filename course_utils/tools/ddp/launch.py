@@ -1,9 +1,6 @@
-"""Lesson 07's launcher: ``torchrun`` ranks, each running :mod:`course_utils.tools.ddp.rank`.
-
-Lesson 07 writes the mechanism out first (its ``run_torchrun``); :func:`launch` adds the tasks, a
-JSON result per rank, the backend choice, SIGTERM before SIGKILL and :class:`DistributedError`.
-Exercise 07's grader runs the learner's loader in real ranks with it.
-"""
+"""Lesson 07's launcher (its ``run_torchrun`` grown up): ``torchrun`` ranks running
+:mod:`course_utils.tools.ddp.rank`, a JSON result per rank, SIGTERM before SIGKILL and
+:class:`DistributedError`. Exercise 07's grader runs the learner's loader in real ranks with it."""
 from __future__ import annotations
 
 import contextlib
@@ -43,8 +40,7 @@ class DistributedError(RuntimeError):
 
 @dataclass
 class DistributedRun:
-    """What :func:`launch` returns: each rank's record (sorted by rank), the wall time in seconds
-    (start-up included) and torchrun's output."""
+    """What :func:`launch` returns: each rank's record (by rank), seconds with start-up, output."""
 
     task: str
     nproc: int
@@ -59,7 +55,8 @@ class DistributedRun:
 
 
 def pick_backend(nproc: int) -> str:
-    """'nccl' when NCCL is built in and there is a CUDA GPU for each of ``nproc`` ranks, else 'gloo'."""
+    """'nccl' when NCCL is built in and there is a CUDA GPU for each of ``nproc`` ranks, else 'gloo'.
+    Runs to be compared pass the largest ``nproc`` of them, so that all use one backend."""
     nccl = torch.distributed.is_available() and torch.distributed.is_nccl_available()
     return "nccl" if nccl and torch.cuda.is_available() and torch.cuda.device_count() >= nproc else "gloo"
 

@@ -1,10 +1,10 @@
 """The program every rank runs: ``python -m course_utils.tools.ddp.rank TASK --config F --out DIR``,
 started by torchrun from :func:`course_utils.tools.ddp.launch.launch`.
 
-Each rank joins the process group (gloo on CPU, nccl with one GPU per rank), runs its task on the
+Each rank joins the process group (gloo on CPU, nccl on GPU ``LOCAL_RANK``), runs its task on the
 config (a JSON dict) and writes its record, with its thread pools at start (torchrun sets
-``OMP_NUM_THREADS=1`` per rank when it starts several), to ``DIR/rank{RANK}.json``; on an error,
-its traceback to ``DIR/rank{RANK}.error.txt``, and exits 1 (torchrun stops the others). Tasks:
+``OMP_NUM_THREADS=1`` when ``--nproc-per-node`` > 1 and it is unset), to ``DIR/rank{RANK}.json``;
+on an error, its traceback to ``DIR/rank{RANK}.error.txt``, and exits 1. Tasks:
 
 * ``sampler``: the indices each epoch of ``DistributedSampler`` drew over an ``IndexDataset``, in
   order, for each *variant* (shuffle, seed, drop_last, set_epoch, workers, start method; lesson 07);
@@ -42,7 +42,12 @@ from course_utils.timing import MIN_TIMED_BATCHES, default_warmup, measure_data_
 from .launch import TASKS
 
 
-def _sampler(cfg: dict, rank: int, world: int, *_: object) -> dict:
+def _device(backend: str, local_rank: int) -> torch.device:
+    """Where a rank's tensors for collectives live: nccl reduces CUDA tensors only, gloo CPU ones."""
+    return torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
+
+
+def _sampler(cfg: dict, rank: int, world: int, local_rank: int, backend: str) -> dict:
     dataset, variants, drawn = IndexDataset(int(cfg.get("n", 10))), {}, 0
     for v in cfg.get("variants", [{"name": "default"}]):
         sampler = DistributedSampler(dataset, num_replicas=world, rank=rank,
@@ -51,9 +56,8 @@ def _sampler(cfg: dict, rank: int, world: int, *_: object) -> dict:
                                      drop_last=bool(v.get("drop_last", False)))
         workers = int(v.get("num_workers", 0))
         loader = DataLoader(dataset, batch_size=int(v.get("batch_size", 4)), sampler=sampler,
-                            num_workers=workers,
-                            multiprocessing_context=v.get("start_method") if workers else None,
-                            timeout=60 if workers else 0)
+                            num_workers=workers, timeout=60 if workers else 0,
+                            multiprocessing_context=v.get("start_method") if workers else None)
         calls = []
         for epoch in map(int, v.get("epochs", [0, 1])):
             if v.get("set_epoch", True):
@@ -61,20 +65,19 @@ def _sampler(cfg: dict, rank: int, world: int, *_: object) -> dict:
             calls.append({"epoch": epoch, "indices": indices_of(loader)})
         variants[str(v.get("name", len(variants)))] = calls
         drawn += sum(len(c["indices"]) for c in calls)
-    total = torch.tensor([drawn])
+    total = torch.tensor([drawn], device=_device(backend, local_rank))
     dist.all_reduce(total)  # the process group works: every rank learns the sum over ranks
     return {"n": len(dataset), "variants": variants, "drawn": drawn,
             "all_reduce_total": int(total.item())}
 
 
 def _bench(cfg: dict, rank: int, world: int, local_rank: int, backend: str) -> dict:
-    """One epoch of this rank's shard through the engine's window (every batch in flight
-    untimed, then the rest of the epoch; 10 steps in quick mode). ``step_times``: seconds per
-    timed iteration (wait, copy included, + step); ``cpu_s``: CPU seconds of the rank and its
-    workers over them."""
+    """One epoch of this rank's shard through the engine's window (the batches in flight untimed,
+    then the rest of the epoch; 10 steps in quick mode). ``step_times``: seconds per timed
+    iteration (wait, copy included, + step); ``cpu_s``: CPU seconds of the rank and its workers."""
     if cfg.get("rank_threads"):
         torch.set_num_threads(int(cfg["rank_threads"]))
-    device = torch.device(f"cuda:{local_rank}" if backend == "nccl" else "cpu")
+    device = _device(backend, local_rank)
     workers, batch_size = int(cfg.get("num_workers", 0)), int(cfg.get("batch_size", 16))
     warm = default_warmup(SimpleNamespace(num_workers=workers, prefetch_factor=None))
     # every rank's epoch holds the warm-up and an honest window: the engine refuses less
@@ -124,8 +127,8 @@ def _learner(cfg: dict, rank: int, world: int, *_: object) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_utils.tools.ddp.rank")
     parser.add_argument("task", choices=TASKS)
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--out", required=True)
+    for flag in ("--config", "--out"):
+        parser.add_argument(flag, required=True)
     parser.add_argument("--backend", default="gloo")
     parser.add_argument("--timeout-s", type=float, default=120.0)
     args = parser.parse_args(argv)
