@@ -1,0 +1,83 @@
+"""Lessons 01, 04 and 08 give a DataLoader a ``timeout`` only under ``fork``. Under forkserver (and
+spawn on Windows) the main process learns that a worker died only when the timeout runs out
+(torch checks every 5 s without one): a timeout of minutes delays a dead worker's error by as
+much (issue 38). Under fork the workers are its children, a SIGCHLD reports a death at once, and
+the timeout guards against the hangs fork's inherited locks cause. Static: read from the cells."""
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LESSONS = ["01_numpy_torch_opencv", "04_host_to_device", "08_find_the_stall"]
+
+
+def _code(source: str) -> str:
+    """A cell's Python: IPython magics and shell lines made ``pass`` (an ``if`` may hold one)."""
+    return "\n".join(line[:len(line) - len(line.lstrip())] + "pass" if line.lstrip().startswith(("%", "!"))
+                     else line for line in source.split("\n"))
+
+
+def _fork_only(expr: ast.expr, names: dict[str, ast.expr]) -> bool:
+    """Whether a timeout expression is 0, or non-zero only when start_method() == "fork"."""
+    if isinstance(expr, ast.Name) and expr.id in names:
+        expr = names[expr.id]
+    if isinstance(expr, ast.Constant):
+        return expr.value == 0
+    text = ast.unparse(expr)
+    return "start_method()" in text and ("== 'fork'" in text or '== "fork"' in text)
+
+
+def timeout_problems(source: str) -> list[str]:
+    """Each DataLoader timeout (keyword, or ``x.timeout = ...``) that is not fork-only, unless the
+    loader names its context ("fork" or "spawn": then the method is known and chosen)."""
+    tree = ast.parse(_code(source))
+    names = {t.id: node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
+             for t in node.targets if isinstance(t, ast.Name)}
+    problems = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("DataLoader"):
+            kw = {k.arg: k.value for k in node.keywords}
+            context = kw.get("multiprocessing_context")
+            if "timeout" not in kw or (isinstance(context, ast.Constant) and context.value in ("fork", "spawn")):
+                continue
+            if not _fork_only(kw["timeout"], names):
+                problems.append(f"line {node.lineno}: timeout={ast.unparse(kw['timeout'])}")
+        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == "timeout"
+                                                  for t in node.targets):
+            if not _fork_only(node.value, names):
+                problems.append(f"line {node.lineno}: .timeout = {ast.unparse(node.value)}")
+    return problems
+
+
+@pytest.mark.parametrize("lesson", LESSONS)
+def test_loader_timeouts_are_fork_only(lesson):
+    cells = json.loads((ROOT / "notebooks" / f"{lesson}.ipynb").read_text(encoding="utf-8"))["cells"]
+    found = {i: p for i, c in enumerate(cells) if c["cell_type"] == "code"
+             for p in [timeout_problems(c["source"] if isinstance(c["source"], str) else "".join(c["source"]))] if p}
+    assert found == {}, f"{lesson}: cells whose loader timeout would delay a dead worker's error: {found}"
+
+
+def test_the_lessons_still_guard_fork():
+    """The fix kept the guard under fork (a hung forked worker raises): 01, 04 and 08 each set one."""
+    for lesson in LESSONS:
+        text = (ROOT / "notebooks" / f"{lesson}.ipynb").read_text(encoding="utf-8")
+        assert 'start_method() == \\"fork\\"' in text, lesson
+
+
+@pytest.mark.parametrize("source, bad", [
+    ("DataLoader(ds, num_workers=2, timeout=120)", True),
+    ("loader.timeout = 300", True),
+    ("g = 0 if start_method() == 'forkserver' else 120\nDataLoader(ds, timeout=g)", True),   # spawn on Windows
+    ("%%writefile x.py\ng = 120 if start_method() == 'fork' else 0\nDataLoader(ds, timeout=g)", False),
+    ("loader.timeout = 300 if start_method() == 'fork' else 0", False),
+    ("DataLoader(ds, num_workers=0, timeout=0)", False),
+    ("DataLoader(ds, num_workers=1, multiprocessing_context='fork', timeout=30)", False),
+    ("DataLoader(ds, num_workers=1, multiprocessing_context='forkserver', timeout=30)", True),
+    ("DataLoader(ds, num_workers=1)", False),
+])
+def test_timeout_problems_are_found(source, bad):
+    assert bool(timeout_problems(source)) is bad
