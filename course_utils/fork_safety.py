@@ -18,8 +18,8 @@ import psutil
 __all__ = ["count_os_threads", "is_fork_child", "pools_may_be_fork_copies",
            "prepare_opencv_for_fork", "refuse_unsafe_fork", "watch_forks"]
 
-# The pid that imported this module: a fork child inherits it (its own pid differs); a spawn or
-# fresh forkserver child imports the module anew.
+# The pid that imported this module: a fork child inherits it (its own pid differs), as does a
+# forkserver child whose server imported it; a spawn child imports the module anew.
 _IMPORT_PID = os.getpid()
 # OS threads of the parent just before the fork that made this process (None: no hook then).
 _threads_at_fork: int | None = None
@@ -74,7 +74,7 @@ def pools_may_be_fork_copies() -> bool:
     """True in a fork of a parent that had live threads: its pools' bookkeeping here describes
     threads this process lacks, and resizing them (but to "sequential") can hang."""
     if not is_fork_child():
-        return False  # the main process, or a fresh interpreter (spawn/forkserver)
+        return False  # the main process, or one that imported this module itself
     if _threads_at_fork is not None:
         return _threads_at_fork > 1
     try:  # no hook before the fork: does the parent have threads now?

@@ -17,7 +17,8 @@ import psutil
 import torch
 
 from .config import QUICK_ENV
-from .start_methods import explain_start_method, start_method  # lesson 00 imports both from here
+from .start_methods import (FORKSERVER_MAIN, explain_start_method,  # lesson 00 imports it from here
+                            forkserver_main, start_method)
 from .threads import ThreadPools, opencv_parallel_framework, thread_pools
 
 __all__ = ["CpuInfo", "cpu_info", "usable_cpus", "AcceleratorInfo", "accelerator", "default_device",
@@ -214,6 +215,9 @@ def advise(report: DoctorReport) -> list[str]:
             how = ("Workers here start with 'fork' and inherit these sizes; OpenCV's pool, if this "
                    "process has used it before the workers start, lost its threads in the fork: "
                    "it reads its size there but runs on one thread until something resizes it.")
+        elif report.start_method == "forkserver" and forkserver_main() == "inherited":
+            how = ("Workers here start with 'forkserver' from a server that ran this script's top "
+                   "level: they inherit these libraries with the pools the server sized.")
         else:
             how = (f"Workers here start with '{report.start_method}': each loads these libraries "
                    f"afresh, with pools at the libraries' default size (one thread per core) "
@@ -262,11 +266,9 @@ def advise(report: DoctorReport) -> list[str]:
               "course_utils), not in the notebook")
     advice.append({
         "forkserver": f"Workers start with 'forkserver', forked from one server process, not from "
-                      f"this one: {module}; thread limits set here by calls (torch's, OpenCV's, "
-                      f"threadpoolctl's) are not inherited, and their os.environ is the server's from "
-                      f"when it started (variables set here later are not seen); unless torch is "
-                      f"preloaded into the server each worker imports it itself, so consider "
-                      f"persistent_workers=True.",
+                      f"this one: {module}; their os.environ is the server's from when it started "
+                      f"(variables set here later are not seen); "
+                      f"{FORKSERVER_MAIN[forkserver_main()]}.",
         "spawn": f"Workers start with 'spawn': {module}; each worker is a fresh interpreter, started "
                  f"with this process's current os.environ (thread variables set here before the "
                  f"workers start size its BLAS/OpenMP pools; settings made by calls are not "

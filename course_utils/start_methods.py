@@ -2,14 +2,16 @@
 platform and Python version), what each means for a worker, and a DataLoader's context."""
 from __future__ import annotations
 
+import inspect
 import multiprocessing
+import multiprocessing.spawn
 import platform
 import sys
 from multiprocessing.context import BaseContext
 from typing import Any
 
 __all__ = ["start_method", "platform_default_start_method", "explain_start_method",
-           "resolve_context"]
+           "resolve_context", "forkserver_main", "server_runs_main", "FORKSERVER_MAIN"]
 
 
 def start_method() -> str:
@@ -36,41 +38,72 @@ _START_METHOD_CASES = {
         "cv2.setNumThreads, threadpoolctl limits; the DataLoader then sets torch's pool to 1 in "
         "every worker) and the state of every loaded library. Only the calling thread is copied: "
         "a thread pool's settings and bookkeeping come along, its threads do not (OpenCV's pool, "
-        "if this process has used it, reads its old size in a worker but runs on one thread), "
-        "and thread variables set in os.environ after the imports reach the worker's os.environ "
-        "but not the pools it copied, which were sized when this process loaded them. CUDA "
-        "initialised here - by using it, or with a CUDA build of torch by "
-        "torch.cuda.is_available(), which asks the CUDA driver (with "
-        "PYTORCH_NVML_BASED_CUDA_CHECK=1 set it asks NVML instead and initialises nothing, "
-        "unless NVML fails) - cannot be used in a worker: keep CUDA out of workers."),
+        "if this process has used it, reads its old size in a worker but runs on one thread), and "
+        "thread variables set in os.environ after the imports reach the worker's os.environ but "
+        "not the pools it copied, sized when this process loaded them. CUDA initialised here - by "
+        "using it, or with a CUDA build of torch by torch.cuda.is_available(), which asks the "
+        "CUDA driver (with PYTORCH_NVML_BASED_CUDA_CHECK=1 set it asks NVML instead and "
+        "initialises nothing, unless NVML fails) - cannot be used in a worker: keep CUDA out of "
+        "workers."),
     "forkserver": (
         "Each worker is forked from one server process that multiprocessing starts once, the "
-        "first time it is needed, with this process's os.environ as it is at that moment. "
-        "Workers inherit the server, not this process: its environment from when it started "
-        "(variables set here later are not seen; thread variables set before it started size "
-        "the pools of the libraries that read them as the server or the worker loads them), "
-        "and its imports - only the "
-        "modules named by multiprocessing.set_forkserver_preload, so unless torch is preloaded "
-        "every worker imports torch itself. Settings made here by calls (torch.set_num_threads, "
-        "cv2.setNumThreads, threadpoolctl limits) are not inherited. A Dataset, collate_fn or "
-        "worker_init_fn defined in a notebook cell cannot be pickled to them (\"Can't get "
-        "attribute ... on <module '__main__'>\") and must live in an importable module. CUDA in "
-        "a worker works (the server never initialised it), but each worker then builds its own "
-        "CUDA context - GPU memory and seconds of start-up per worker: wasteful; copy batches to "
-        "the GPU in the main process."),
+        "first time it is needed, with this process's os.environ as it is then. Workers inherit "
+        "the server, not this process: its environment from when it started (variables set here "
+        "later are not seen), the modules named by multiprocessing.set_forkserver_preload, and "
+        "what it ran of __main__: {main}. A Dataset, collate_fn or worker_init_fn defined in a "
+        "notebook cell cannot be pickled to them (\"Can't get attribute ... on <module '__main__' "
+        "...>\") and must live in an importable module. CUDA in a worker works where the server "
+        "never initialised it, but each worker then builds its own CUDA context: wasteful; copy "
+        "in the main process."),
     "spawn": (
         "Each worker is a fresh Python interpreter, started with this process's current "
-        "os.environ, that imports everything it runs: thread variables (OMP_NUM_THREADS, "
-        "OPENBLAS_NUM_THREADS, MKL_NUM_THREADS, ...) set in os.environ here before the workers "
-        "start - even after this process's own imports - size the pools of the libraries that "
-        "read them when the worker imports them. Settings made here by calls "
-        "(torch.set_num_threads, cv2.setNumThreads, threadpoolctl limits) are not inherited. A "
-        "Dataset, collate_fn or worker_init_fn defined in a notebook cell cannot be pickled to "
-        "it and must live in an importable module; start-up costs a torch import per worker "
-        "(use persistent_workers=True). CUDA in a worker works, but each worker builds its own "
-        "CUDA context: wasteful; copy in the main process."),
+        "os.environ, that imports everything it runs: thread variables (OMP_NUM_THREADS, ...) set "
+        "in os.environ here before the workers start - even after this process's own imports - "
+        "size the pools of the libraries that read them when the worker imports them. Settings "
+        "made here by calls (torch.set_num_threads, cv2.setNumThreads, threadpoolctl limits) are "
+        "not inherited (a script's top level runs again in each worker). A Dataset, collate_fn or "
+        "worker_init_fn defined in a notebook cell cannot be pickled to it and must live in an "
+        "importable module; start-up costs a torch import per worker (use "
+        "persistent_workers=True). CUDA in a worker works, but each worker builds its own CUDA "
+        "context: wasteful; copy in the main process."),
 }
 
+#: What a forkserver's workers get of ``__main__``, per :func:`forkserver_main` case.
+FORKSERVER_MAIN = {
+    "none": (
+        "here __main__ has no file (a notebook kernel, python -c, the REPL), so the server ran "
+        "none of it: settings made here by calls (torch.set_num_threads, cv2.setNumThreads, "
+        "threadpoolctl limits) are not inherited, and each worker imports torch itself unless the "
+        "preload names it"),
+    "inherited": (
+        "here __main__ is a script whose top level this Python's server ran once (CPython's fix "
+        "for gh-126631, in 3.14 and 3.13.8): its imports and calls (import torch, "
+        "torch.set_num_threads, cv2.setNumThreads) are inherited by every worker, and a "
+        "module-level CUDA call initialises CUDA in the server, so a worker that uses CUDA fails "
+        "as under fork; code under if __name__ == '__main__' is not inherited"),
+    "rerun": (
+        "the server ran none of __main__ here (a python -m module, or a script on a Python "
+        "without CPython's fix for gh-126631, which came in 3.14 and 3.13.8): each worker runs "
+        "its top level again itself, imports and calls included"),
+}
+
+def server_runs_main() -> bool:
+    """Whether this Python's forkserver runs the main script in its server (CPython's fix for
+    gh-126631/gh-137996), read from multiprocessing's source."""
+    try:
+        import multiprocessing.forkserver as fs    # here: absent on some platforms
+        return "init_main_from_path" in inspect.getsource(fs.ForkServer.ensure_running)
+    except (ImportError, OSError, TypeError):
+        return sys.version_info >= (3, 14) or (3, 13, 8) <= sys.version_info[:3] < (3, 14)
+
+
+def forkserver_main() -> str:
+    """A :data:`FORKSERVER_MAIN` case, from the data multiprocessing sends a new process."""
+    data = multiprocessing.spawn.get_preparation_data("probe")
+    if "init_main_from_path" in data:
+        return "inherited" if server_runs_main() else "rerun"
+    name = data.get("init_main_from_name", "__main__")
+    return "none" if name == "__main__" or name.endswith(".__main__") else "rerun"
 
 def explain_start_method(method: str | None = None) -> str:
     """A few sentences on how DataLoader workers start with ``method`` (default: this
@@ -91,7 +124,7 @@ def explain_start_method(method: str | None = None) -> str:
     else:
         head = (f"DataLoader workers here start with '{here}', set for this process (the default "
                 f"of {py} on {platform.system() or sys.platform} would be '{default}').")
-    case = _START_METHOD_CASES[method]
+    case = _START_METHOD_CASES[method].replace("{main}", FORKSERVER_MAIN[forkserver_main()])
     return head + " " + (case if method == here else case[0].lower() + case[1:])
 
 

@@ -2,7 +2,7 @@
 look at them (:func:`thread_pools`, :func:`pools_in_workers`), limit them (:class:`limit_threads`)
 and limit them inside DataLoader workers (:func:`make_worker_init`; lesson 02 shows it in full).
 A worker calls ``torch.set_num_threads(1)``, no more: a fork copies its parent's other pool sizes,
-a spawn or forkserver worker loads them at their defaults or its thread variables'. Why each limit
+a spawn worker (or forkserver, unless its server loaded them) loads them afresh. Why each limit
 is made the way it is: :mod:`course_utils.fork_safety`.
 """
 from __future__ import annotations
@@ -268,7 +268,8 @@ def pools_in_workers(worker_init_fn: Callable[[int], None] | None = None, num_wo
                      timeout_s: float = 60) -> list[ThreadPools]:
     """The thread pools each worker of a real DataLoader sees, by worker id (workers run as in
     training: ``torch.set_num_threads(1)``, then ``worker_init_fn``). A worker that does not
-    answer within ``timeout_s`` seconds raises RuntimeError."""
+    answer within ``timeout_s`` seconds raises RuntimeError (fork only, where a pool resized in
+    a worker can hang: elsewhere a timeout would delay torch's 5-s check for a dead worker)."""
     num_workers = check_int("num_workers", num_workers, 1, "pools_in_workers",
                             " With num_workers=0 there are no workers: call thread_pools() instead.")
     timeout_s = check_seconds("timeout_s", timeout_s, "pools_in_workers", positive=True)
@@ -281,7 +282,7 @@ def pools_in_workers(worker_init_fn: Callable[[int], None] | None = None, num_wo
     watch_forks()
     loader = DataLoader(_PoolProbe(range(num_workers)), batch_size=None, num_workers=num_workers,
                         worker_init_fn=worker_init_fn, multiprocessing_context=context,
-                        timeout=float(timeout_s))
+                        timeout=float(timeout_s) if method == "fork" else 0)
     iterator = iter(loader)
     try:   # the DataLoader hands index i to worker i % num_workers: one item per worker
         answers = [ThreadPools.from_dict(item) for item in iterator]

@@ -236,7 +236,7 @@ def test_advice_torch_threads_above_usable(report):
     cpu = CpuInfo(logical=64, affinity=64, cgroup_quota=4.0, usable=4)
     text = _joined(_fake(report, cpu=cpu, pools=_pools(intra=32)))
     assert "torch.set_num_threads(4)" in text
-    assert "set_num_threads" not in _joined(_fake(report, pools=_pools(intra=8)))
+    assert "call torch.set_num_threads" not in _joined(_fake(report, pools=_pools(intra=8)))
 
 
 def test_advice_env_var_set_after_import(report):

@@ -75,7 +75,8 @@ class RecordListDataset(Dataset):
 class RecordArrayDataset(Dataset):
     """The fix: the same records in NumPy arrays (``labels`` int64 (n,), ``boxes`` float32 (n, 4),
     the paths UTF-8 in one uint8 ``path_bytes`` with ``path_offsets`` int64 (n + 1,)), so reading
-    one writes no reference count; ``ds[i]`` equals :class:`RecordListDataset`'s."""
+    one writes no record's reference count (a worker copies only the pages of the few shared
+    objects it touches: the Dataset, its arrays' headers); ``ds[i]`` equals the list's."""
 
     def __init__(self, records: Sequence[dict]) -> None:
         if isinstance(records, RecordListDataset):

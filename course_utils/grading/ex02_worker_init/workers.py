@@ -217,8 +217,8 @@ def run_in_workers(init: Callable[[int], Any], method: str, num_workers: int,
                     expected="every worker to start, run it and deliver a sample",
                     seen=str(exc),
                     hint=("under spawn/forkserver a worker must import your function: it has "
-                          "to live in a module, not in the notebook or in a script's "
-                          "__main__. Look at the worker's error printed above.")) from None
+                          "to live in a module (or a script's top level), not in a notebook "
+                          "cell. Look at the worker's error printed above.")) from None
             if "timed out" not in str(exc):
                 raise
             wid = min(set(range(num_workers)) - {a["worker"] for a in answers}, default=0)
