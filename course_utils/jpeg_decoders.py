@@ -1,7 +1,6 @@
-"""JPEG bytes to ``(3, H, W)`` uint8 RGB tensors: TorchCodec's ``decode_jpeg`` (from 0.16, on the
-CPU and with nvJPEG on CUDA; the optional ``codec`` extra, built for this torch) where it loads,
-else torchvision's (deprecated since 0.29 in TorchCodec's favour). :func:`tensor_decoder` says
-which one this process uses and, for the fallback, why."""
+"""JPEG bytes to ``(3, H, W)`` uint8 RGB tensors: TorchCodec's ``decode_jpeg`` (from 0.16, the
+``codec`` extra) where it decodes on the device asked for, else torchvision's (deprecated since
+0.29), else the CPU's: :func:`tensor_decoder` says which one, and why."""
 from __future__ import annotations
 
 import importlib
@@ -25,14 +24,16 @@ Encoded = Union[torch.Tensor, Sequence[torch.Tensor]]
 
 @dataclass(frozen=True)
 class TensorDecoder:
-    """The JPEG decoder in use: its ``name`` (library and version), the function, and ``why``
-    a fallback was taken (None when TorchCodec is the one in use)."""
+    """The decoder in use: its ``name``, the function, ``why`` a fallback was taken (None when
+    none was) and the ``device`` it decodes on (the CPU when the one asked for failed)."""
     name: str
     decode: Callable[..., Any]
     why: str | None = None
+    device: str = "cpu"
 
     def __str__(self) -> str:
-        return self.name if self.why is None else f"{self.name} ({self.why})"
+        where = "" if self.device == "cpu" else f" on {self.device}"
+        return self.name + where + (f" ({self.why})" if self.why else "")
 
 
 def torchvision_decode_jpeg(data: Encoded, device: Union[str, torch.device] = "cpu") -> Any:
@@ -43,51 +44,51 @@ def torchvision_decode_jpeg(data: Encoded, device: Union[str, torch.device] = "c
                                 mode=tvio.ImageReadMode.RGB, device=device)
 
 
-def _version(text: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in text.split("+")[0].split(".")[:2] if part.isdigit())
-
-
-@lru_cache(maxsize=1)
-def tensor_decoder() -> TensorDecoder:
-    """TorchCodec's ``decode_jpeg`` when it imports, is new enough and decodes a tiny JPEG here;
-    else torchvision's, with the reason."""
-    fallback = f"torchvision {torchvision.__version__}"
+def _torchcodec() -> tuple[str, Callable[..., Any] | None, str | None]:
+    """(name, TorchCodec's decode or None, why not) as it loads here."""
     try:
-        codec = importlib.import_module("torchcodec")
+        version = getattr(importlib.import_module("torchcodec"), "__version__", "0")
         decoders = importlib.import_module("torchcodec.decoders")
-    except ImportError as exc:
-        why = ("TorchCodec is not installed: pip install -e .[codec]" if "torchcodec" in str(exc)
-               else f"TorchCodec did not load beside torch {torch.__version__}: {exc}")
-        return TensorDecoder(fallback, torchvision_decode_jpeg, why.splitlines()[0][:200])
-    except (OSError, RuntimeError) as exc:       # a build for another torch, or no FFmpeg
-        return TensorDecoder(fallback, torchvision_decode_jpeg,
-                             f"TorchCodec did not load beside torch {torch.__version__}: "
-                             f"{str(exc).splitlines()[0][:160]}")
-    version = getattr(codec, "__version__", "0")
-    if _version(version) < TORCHCODEC_IMAGE_DECODERS:
-        return TensorDecoder(fallback, torchvision_decode_jpeg,
-                             f"TorchCodec {version} predates its image decoders (0.16)")
+    except (ImportError, OSError, RuntimeError) as exc:    # not installed, built for another torch, no FFmpeg
+        missing = isinstance(exc, ImportError) and "torchcodec" in str(exc)
+        return "TorchCodec", None, ("TorchCodec is not installed: pip install -e .[codec]" if missing
+                                    else f"TorchCodec did not load beside torch {torch.__version__}: {exc}")
+    if tuple(int(p) for p in version.split("+")[0].split(".")[:2] if p.isdigit()) < TORCHCODEC_IMAGE_DECODERS:
+        return f"TorchCodec {version}", None, f"TorchCodec {version} predates its image decoders (0.16)"
 
     def decode(data: Encoded, device: Union[str, torch.device] = "cpu") -> Any:
         return decoders.decode_jpeg(list(data) if isinstance(data, (list, tuple)) else data,
                                     mode="RGB", device=device)
-
-    try:                                         # some builds load, then fail on first use
-        decode(_tiny_jpeg())
-    except Exception as exc:  # noqa: BLE001 - any failure means: use torchvision's
-        return TensorDecoder(fallback, torchvision_decode_jpeg,
-                             f"TorchCodec {version} failed to decode a JPEG here: "
-                             f"{str(exc).splitlines()[0][:160]}")
-    return TensorDecoder(f"TorchCodec {version}", decode)
+    return f"TorchCodec {version}", decode, None
 
 
-def _tiny_jpeg() -> torch.Tensor:
-    """The bytes of an 8x8 JPEG, as a 1-D uint8 tensor."""
-    _, buf = cv2.imencode(".jpg", np.full((8, 8, 3), 128, dtype=np.uint8))
-    return torch.from_numpy(buf.reshape(-1).copy())
+@lru_cache(maxsize=None)
+def tensor_decoder(device: Union[str, torch.device] = "cpu") -> TensorDecoder:
+    """The decoder for ``device``: TorchCodec's when it imports, is new enough and decodes a tiny
+    JPEG there; else torchvision's; else (torchvision without nvJPEG, TorchCodec without CUDA)
+    the CPU's, ``device="cpu"``. ``why`` gives the reason of each fallback."""
+    device = str(torch.device(device))
+    codec_name, codec, why = _torchcodec()
+    why = None if why is None else why.splitlines()[0][:200]
+    tried = ([(codec_name, codec)] if codec else []) + [(f"torchvision {torchvision.__version__}",
+                                                         torchvision_decode_jpeg)]
+    tiny = torch.from_numpy(cv2.imencode(".jpg", np.full((8, 8, 3), 128, np.uint8))[1].reshape(-1).copy())
+    for name, decode in tried:                   # some builds load, then fail on first use
+        try:                                     # (torchvision decodes on the CPU for "mps")
+            if decode(tiny, device=device).device.type == torch.device(device).type:
+                return TensorDecoder(name, decode, why, device)
+            why = f"{name} cannot decode on {device}"
+        except Exception as exc:  # noqa: BLE001 - any failure means: try the next one
+            why = f"{name} failed to decode a JPEG on {device}: {str(exc).splitlines()[0][:160]}"
+    if device == "cpu":                          # nothing left to fall back to: decoding will say why
+        return TensorDecoder(tried[-1][0], torchvision_decode_jpeg, why)
+    fallback = tensor_decoder("cpu")
+    return TensorDecoder(fallback.name, fallback.decode, f"{why}; decoding on the CPU instead")
 
 
 def decode_jpeg_tensors(data: Encoded, device: Union[str, torch.device] = "cpu") -> Any:
-    """Decode one JPEG (a 1-D uint8 CPU tensor of its bytes) or a list of them to ``(3, H, W)``
-    uint8 RGB on ``device``, with :func:`tensor_decoder`'s decoder (a list in, a list out)."""
-    return tensor_decoder().decode(data, device=device)
+    """Decode one JPEG (a 1-D uint8 CPU tensor of its bytes) or a list of them (one call) to
+    ``(3, H, W)`` uint8 RGB on :func:`tensor_decoder`'s device for ``device`` (a list in, a list out)."""
+    decoder = tensor_decoder(device)
+    return decoder.decode(data, device=decoder.device)
+
