@@ -1,9 +1,5 @@
-"""Lesson 05's small CNN, kept in the package because lesson 08 trains it too.
-
-Lesson 05 writes its training loop, the three pipelines and the data-wait comparison itself
-(``%%writefile lesson05_training.py`` in notebooks/05_gpu_augmentation.ipynb, which
-``course_authoring.gpu_lesson05`` imports for the GPU check). Nothing happens at import time.
-"""
+"""Lesson 05's small CNN, in the package because lesson 08 trains it too (lesson 05 writes its
+training loop and pipelines in its own ``%%writefile lesson05_training.py`` cell)."""
 from __future__ import annotations
 
 import torch
@@ -15,12 +11,8 @@ __all__ = ["SmallCNN"]
 
 
 class SmallCNN(nn.Module):
-    """A small real CNN: 4 stages of (3x3 conv stride 2 + 3x3 conv), BatchNorm, ReLU; global
-    average pooling; a linear classifier. Channels: width, 2 width, 4 width, 8 width.
-
-    Forward cost: about 0.6 GFLOP per 224x224 image at width 16; it grows with width**2 and
-    with the number of pixels (width 32: about 2.3 GFLOP; 64x64 images: 1/12 of that).
-    """
+    """4 stages of (3x3 conv stride 2 + 3x3 conv), BatchNorm, ReLU, with width, 2, 4 and 8 width
+    channels; global average pooling; a linear classifier. Its cost grows with width**2 and pixels."""
 
     def __init__(self, num_classes: int = 10, width: int = 16) -> None:
         super().__init__()

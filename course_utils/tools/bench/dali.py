@@ -1,11 +1,11 @@
-"""NVIDIA DALI beside the DataLoader: the ImageNet training recipe as a DALI pipeline, which
-lesson 05 (deep dive 11) writes out and ``bench`` runs as a row of its own.
-
-One pipeline in this process on ``num_threads`` C++ threads (no worker processes), on the same
-ImageFolder JPEG files as the recipes: decode fused with the random resized crop, resize, random
-flip, normalise, channels first. ``device="cpu"``: every step on the CPU; ``"mixed"``: nvJPEG
-(parsing and Huffman decoding on the CPU threads, the rest on the GPU), then the GPU. DALI is an
-optional extra (``pip install .[dali]``, Linux x86_64 and aarch64 only): :func:`dali_missing`
+"""NVIDIA DALI beside the DataLoader: the ImageNet recipe as a DALI pipeline (lesson 05's deep
+dive 11 writes it out; ``bench`` runs it as a row of its own), in this process on ``num_threads``
+C++ threads, on the recipes' ImageFolder JPEGs: the random resized crop given to the decoder as a
+region of interest, resize, random flip, normalise, channels first. ``device="cpu"``: all on the
+CPU threads (libjpeg-turbo decodes); ``"mixed"``: where the GPU has a hardware JPEG engine, a share
+``hw_decoder_load`` of each batch's images (0.65 by default in DALI 2.4) decodes on it, the rest in
+nvJPEG's CUDA decoder (parsing and Huffman on the CPU threads, the rest on the GPU); then the GPU.
+DALI is an optional extra (``pip install .[dali]``, Linux x86_64 and aarch64 only): :func:`dali_missing`
 says why it cannot run here, and nothing imports it before then.
 """
 from __future__ import annotations
