@@ -13,6 +13,7 @@ from ..checks import check_folder
 from ..image_folder import ImageFolderDataset
 from ..measurement import jsonable
 from .diagnose import OUT_OF_SCOPE, DiagnoseError, diagnose_script, parse_try
+from .diagnose.script import VALUED_OPTIONS
 from .tune.search import MIN_BUDGET_S, TuningInterrupted, folder_for_tuning, tune_loader
 
 
@@ -122,13 +123,14 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
 
 
 def script_exit_status(result: Any) -> int:
-    """The script's own failure (after its traceback), 130 for Ctrl-C, 2 when nothing was timed
-    or it is out of scope, else 0."""
+    """The script's own failure (after its own traceback; 2 for a usage error), 130 for Ctrl-C,
+    2 when no loader was measured or it is out of scope, else 0."""
     run = result.baseline
     if run.end == OUT_OF_SCOPE:
         print(f"python -m course_utils diagnose: {run.error}", file=sys.stderr)
         return 2
     if run.error:
+        sys.stdout.flush()                     # the report first, then the script's traceback
         print(run.error, file=sys.stderr, end="")
     return run.status or (2 if result.verdict is None else 0)
 
@@ -222,10 +224,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         p.set_defaults(func=run)
 
 
-#: diagnose's own options that take a value (the script's arguments start after them)
-_DIAGNOSE_VALUED = {"--budget", "--try", "--json"}
-
-
 def split_diagnose_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     """``diagnose``'s own arguments (up to the script, or ``-m MODULE``) and the script's: after
     the script everything is the script's, even what looks like diagnose's options."""
@@ -234,9 +232,9 @@ def split_diagnose_argv(argv: list[str]) -> tuple[list[str], list[str]]:
         token = argv[k]
         if token == "-m":
             return argv[:k + 2], argv[k + 2:]
-        if token in _DIAGNOSE_VALUED:
+        if token in VALUED_OPTIONS:
             k += 2
-        elif token.split("=")[0] in _DIAGNOSE_VALUED or token in ("--no-progress", "-h", "--help"):
+        elif token.split("=")[0] in VALUED_OPTIONS or token in ("--no-progress", "-h", "--help"):
             k += 1
         elif token.startswith("-"):
             return argv, []          # an unknown option: argparse says so

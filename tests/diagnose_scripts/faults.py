@@ -1,4 +1,4 @@
-"""A script that goes wrong in one of several ways (--fault), after a few batches."""
+"""A script that goes wrong in one of several ways (--fault), after a few batches (--at)."""
 import argparse
 import sys
 import time
@@ -12,6 +12,8 @@ def main():
     parser.add_argument("--fault", choices=["raise", "exit", "no-loader", "ranks", "hang", "forever"],
                         required=True)
     parser.add_argument("--code", type=int, default=3)
+    parser.add_argument("--at", type=int, default=5, help="the step that raises or exits")
+    parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args()
     if args.fault == "no-loader":
         time.sleep(0.2)
@@ -19,16 +21,16 @@ def main():
         return
     if args.fault == "ranks":
         torch.multiprocessing.spawn(print, nprocs=2)
-    loader = DataLoader(TensorDataset(torch.zeros(64, 4)), batch_size=2, num_workers=1,
-                        persistent_workers=True)
+    loader = DataLoader(TensorDataset(torch.zeros(64, 4)), batch_size=2, num_workers=args.workers,
+                        persistent_workers=args.workers > 0)
     while args.fault == "forever":            # epochs until stopped, its worker alive throughout
         for (batch,) in loader:
             time.sleep(0.01)
     for k, (batch,) in enumerate(loader):
         time.sleep(0.01)
-        if k == 5 and args.fault == "raise":
+        if k == args.at and args.fault == "raise":
             raise RuntimeError("the model diverged (a loss of nan)")
-        if k == 5 and args.fault == "exit":
+        if k == args.at and args.fault == "exit":
             sys.exit(args.code)
     if args.fault == "hang":
         time.sleep(3600)

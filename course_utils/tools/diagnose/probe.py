@@ -3,16 +3,18 @@
 it is made, ``--try`` overrides), ``DataLoader.__iter__`` (an epoch starts), the iterator's
 ``__next__`` (the wait for each batch; the time to the next ``next`` is the step). Past the deadline
 the next ``__next__`` stops every loader's workers and raises :class:`BudgetSpent`, which the
-script's ``except Exception`` lets through. The figures, in seconds, go to a JSON file.
+script's ``except Exception`` lets through. The figures (seconds) and what it raised go to a JSON file.
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import inspect
 import json
 import os
 import runpy
 import sys
+import sysconfig
 import threading
 import time
 import traceback
@@ -31,9 +33,9 @@ from course_utils.process_tree import loader_worker_pids, stop_workers
 from course_utils.start_methods import resolve_context
 from course_utils.timing import batch_size_of, default_warmup
 
-from .script import OUT_OF_SCOPE, TRY_KEYS
+from .script import BUDGET_ENDS, OUT_OF_SCOPE, TRY_KEYS, USAGE_ERROR
 
-#: seconds between two samples of the workers' CPU time and threads, per loader
+#: seconds between two samples of the workers' busy seconds and threads, per loader
 SAMPLE_EVERY_S = 0.5
 #: at most this many steps' CUDA events are kept per loader (two events each)
 MAX_EVENT_STEPS = 4096
@@ -48,17 +50,47 @@ class OutOfScope(BaseException):
 
 
 _now = time.perf_counter
+#: frames of these files are the tool's, never the script's (the probe's and runpy's)
+TOOL_FILES = (__file__, runpy.__file__, "<frozen runpy>")
+#: a frame in a path containing one of these is a library's, not the script's
+LIBRARY_PARTS = ("<frozen", "site-packages", "dist-packages", "torch" + os.sep,
+                 os.path.join("course_utils", "tools", "diagnose"), sysconfig.get_paths()["stdlib"])
+
+
+def _at(frames: list) -> str:
+    """``file:line`` of the first frame in the script's own files (else the first at all)."""
+    own = [f for f in frames if not any(part in f.filename for part in LIBRARY_PARTS)]
+    found = (own or frames)[:1]
+    return f"{found[0].filename}:{found[0].lineno}" if found else "unknown"
 
 
 def _where() -> str:
-    """``file:line`` where the loader is made: the first caller outside torch, this package and
-    installed packages (else the first outside torch and this module)."""
-    frames = [info for info in inspect.stack(0)[2:] if "<frozen" not in info.filename
-              and "torch" + os.sep not in info.filename and not info.filename.endswith("probe.py")]
-    own = [info for info in frames if not any(part in info.filename for part in (
-        "site-packages", "dist-packages", os.path.join("course_utils", "tools", "diagnose")))]
-    found = (own or frames)[:1]
-    return f"{found[0].filename}:{found[0].lineno}" if found else "unknown"
+    """Where the loader is made: the first caller outside torch, the tool and libraries."""
+    return _at([f for f in inspect.stack(0)[2:] if f.filename not in TOOL_FILES
+                and "torch" + os.sep not in f.filename])
+
+
+def script_error(exc: BaseException) -> dict:
+    """What the script raised: ``error`` (type, first line), ``where`` (its deepest own frame),
+    ``traceback`` (without the tool's frames), ``usage`` (argparse's exit)."""
+    found = traceback.TracebackException.from_exception(exc)
+    usage = any(f.filename == argparse.__file__ and f.name == "error" for f in found.stack)
+    found.stack = traceback.StackSummary.from_list(
+        [f for f in found.stack if f.filename not in TOOL_FILES])
+    first = (str(exc).splitlines() or [""])[0]
+    return {"error": f"{type(exc).__name__}: {first}" if first else type(exc).__name__, "usage": usage,
+            "where": _at(found.stack[::-1]), "traceback": "".join(found.format())}
+
+
+def busy_s(task: str = "") -> float:
+    """Seconds a task (``"PID"``, or this thread) ran or was queued to run (Linux's schedstat: a
+    computation on a busy machine counts, a sleep or a read does not); elsewhere its CPU seconds."""
+    try:
+        with open(f"/proc/{task or f'self/task/{threading.get_native_id()}'}/schedstat", "rb", 0) as stat:
+            ran, queued = stat.read().split()[:2]
+        return (int(ran) + int(queued)) / 1e9
+    except (OSError, ValueError):
+        return sum(psutil.Process(int(task)).cpu_times()[:2]) if task else time.thread_time()
 
 
 def _transform_of(dataset: Any) -> str:
@@ -121,8 +153,8 @@ class GpuSteps:
 
 class LoaderRecord:
     """One DataLoader's settings and timings (seconds). Its first :func:`default_warmup` batches
-    (the engine's warm-up: every batch in flight, the start-up's first batch included) are not
-    timed; every later batch adds its wait in ``next`` and the step that followed it."""
+    (every batch in flight, the start-up's included) are not timed; a later one counts once its
+    step ended: its wait, the loop thread's :func:`busy_s` in it (no workers), its step."""
 
     def __init__(self, index: int, loader: DataLoader, where: str, overridden: dict) -> None:
         self.index, self.where, self.overridden = index, where, overridden
@@ -133,71 +165,77 @@ class LoaderRecord:
             "iterable_dataset": isinstance(loader.dataset, torch.utils.data.IterableDataset)}
         self.warmup = default_warmup(loader)
         self.startup_s: float | None = None
-        self.waits: list[float] = []
-        self.steps: list[float] = []
+        self.waits, self.steps = [], []                  # seconds per timed batch
         self.samples = self.batches = self.epochs = 0
+        self.wait_busy_s = self.epoch_start_wait_s = 0.0
         self.batch: str | None = None
-        self.worker_cpu: dict[int, list[float]] = {}     # pid -> [first seen, last seen] CPU-s
+        self.worker_busy: dict[int, list[float]] = {}    # pid -> busy_s and time, first and last seen
         self.worker_threads: dict[int, int] = {}
         self.gpu_steps = GpuSteps()
-        self.t_iter: float | None = None                 # when iter(loader) was called
-        self.last: float | None = None                   # when the last batch came back
-        self.last_counted, self.next_sample = False, 0.0
+        self.t_iter = self.last = None                   # when iter(loader) came; the last batch
+        self.pending: tuple | None = None                # a timed batch's figures, until its step ends
+        self.next_sample = 0.0
 
     def epoch_starts(self, t: float) -> None:
         """``iter(loader)`` was called at ``t`` (workers start here unless they persist)."""
-        self.t_iter, self.epochs, self.last = t, self.epochs + 1, None
+        self.t_iter, self.epochs, self.last, self.pending = t, self.epochs + 1, None, None
 
     def step_ends(self, t: float) -> None:
         """The loop body on the last batch ended at ``t`` (the next ``next`` call)."""
-        if self.last is not None and self.last_counted:
+        if self.last is not None and self.pending is not None:
+            wait, samples, busy, first = self.pending
+            self.waits.append(wait)
             self.steps.append(t - self.last)
+            self.samples += samples
+            self.wait_busy_s += busy
+            self.epoch_start_wait_s += wait * first
             self.gpu_steps.ended()
+        self.pending = None
 
-    def arrived(self, t0: float, t1: float, batch: Any) -> bool:
-        """Record a batch that ``next`` returned at ``t1`` (called at ``t0``); True when it is
-        the first of its epoch."""
+    def arrived(self, t0: float, t1: float, batch: Any, busy: float = 0.0) -> bool:
+        """Record a batch that ``next`` returned at ``t1`` (called at ``t0``; the loop thread
+        ``busy`` seconds in between); True when it is the first of its epoch."""
         first_of_epoch = self.last is None
         if self.batches == 0:
             self.startup_s = t1 - (self.t_iter if self.t_iter is not None else t0)
             self.batch = _describe_batch(batch)
-        counted = self.batches >= self.warmup
-        if counted:
+        if self.batches >= self.warmup:
             since_iter = first_of_epoch and self.t_iter is not None
-            self.waits.append(t1 - (self.t_iter if since_iter else t0))
-            self.samples += batch_size_of(batch)
+            self.pending = (t1 - (self.t_iter if since_iter else t0), batch_size_of(batch), busy,
+                            since_iter)
             self.gpu_steps.started()
         self.batches += 1
-        self.last, self.last_counted = t1, counted
+        self.last = t1
         return first_of_epoch
 
     def epoch_ends(self) -> None:
-        self.last, self.t_iter = None, None
+        self.last, self.t_iter, self.pending = None, None, None
 
     def sample(self, iterator: Any, t: float, force: bool = False) -> None:
         """Every :data:`SAMPLE_EVERY_S` and at each epoch's first batch (new workers): each
-        worker's CPU seconds and OS threads (psutil). A worker's CPU after its last sample is not
-        seen: a lower bound."""
+        worker's :func:`busy_s` and OS threads, and when."""
         if t < self.next_sample and not force:
             return
         self.next_sample = t + SAMPLE_EVERY_S
         for pid in loader_worker_pids(iterator) or []:
             try:
                 proc = psutil.Process(pid)
-                cpu = proc.cpu_times()
+                busy = busy_s(str(pid))
                 self.worker_threads[pid] = max(self.worker_threads.get(pid, 0), proc.num_threads())
             except psutil.Error:
                 continue
-            seen = self.worker_cpu.setdefault(pid, [cpu.user + cpu.system] * 2)
-            seen[1] = cpu.user + cpu.system
+            seen = self.worker_busy.setdefault(pid, [busy, t] * 2)
+            seen[2:] = busy, t
 
     def to_dict(self) -> dict:
+        seen = self.worker_busy.values()
         return {"index": self.index, "where": self.where, "settings": self.settings,
                 "overridden": self.overridden, "startup_s": self.startup_s,
                 "warmup_batches": self.warmup, "batches": self.batches, "epochs": self.epochs,
                 "samples": self.samples, "waits_s": self.waits, "steps_s": self.steps,
-                "batch": self.batch, "worker_cpu_s": sum(last - first for first, last in self.worker_cpu.values()),
-                "workers_seen": len(self.worker_cpu),
+                "wait_busy_s": self.wait_busy_s, "epoch_start_wait_s": self.epoch_start_wait_s,
+                "batch": self.batch, "worker_busy_s": sum(c1 - c0 for c0, _, c1, _ in seen),
+                "worker_wall_s": sum(t1 - t0 for _, t0, _, t1 in seen), "workers_seen": len(seen),
                 "worker_threads": sorted(self.worker_threads.values()),
                 "gpu_busy": self.gpu_steps.busy_share()}
 
@@ -247,7 +285,8 @@ class Probe:
                 del arguments["self"]
                 if arguments.get("num_workers", 0) == 0:
                     arguments.update(prefetch_factor=None, persistent_workers=False)
-                args, kwargs = (), arguments
+                args, kwargs = (), arguments     # a fix's workers may exceed torch's suggestion:
+                setattr(loader, "check_worker_number_rationality", lambda: None)   # no warning
             original(loader, *args, **kwargs)
             if not getattr(loader, "_course_probe", None):     # a subclass calls super() once
                 record = LoaderRecord(index, loader, _where(), changes)
@@ -272,6 +311,8 @@ class Probe:
             record = getattr(iterator, "_course_probe", None)
             if record is None:
                 return original(iterator)
+            own = not record.settings["num_workers"]        # the dataset runs in this thread
+            busy0 = busy_s() if own else 0.0
             t0 = _now()
             record.step_ends(t0)
             if t0 >= self.deadline:
@@ -283,7 +324,8 @@ class Probe:
                 record.epoch_ends()
                 raise
             t1 = _now()
-            record.sample(iterator, t1, force=record.arrived(t0, t1, batch))
+            first = record.arrived(t0, t1, batch, busy_s() - busy0 if own else 0.0)
+            record.sample(iterator, t1, force=first)
             return batch
         return __next__
 
@@ -298,9 +340,9 @@ def run_probe(config: dict) -> int:
     """Run the script of ``config`` (``script`` or ``module``, ``argv``, ``budget_s``,
     ``overrides``, ``out``, ``grace_s``) under a :class:`Probe`, write the figures to ``out``;
     the exit status: 0 (budget spent, script ended), the script's own, 1 (it raised), 130
-    (Ctrl-C), 2 (out of scope)."""
+    (Ctrl-C), 2 (out of scope or a usage error)."""
     probe = Probe(config["budget_s"], {int(k): v for k, v in config["overrides"].items()})
-    end, status, error = "the script ended", 0, None
+    end, status, error, raised = "the script ended", 0, None, None
     t_start = _now()
     sys.argv = [config.get("script") or config["module"], *config["argv"]]
     watchdog = threading.Timer(config["budget_s"] + config["grace_s"],
@@ -316,36 +358,36 @@ def run_probe(config: dict) -> int:
             sys.path.insert(0, os.getcwd())
             runpy.run_module(config["module"], run_name="__main__", alter_sys=True)
     except BudgetSpent:
-        end = "the budget was spent"
+        end = BUDGET_ENDS[0]
     except SystemExit as exc:
         status = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
-        end = f"the script called sys.exit({exc.code!r})"
+        end = USAGE_ERROR if script_error(exc)["usage"] else f"the script called sys.exit({exc.code!r})"
     except KeyboardInterrupt:
         end, status = "interrupted (Ctrl-C)", 130
     except OutOfScope as exc:
         end, status, error = OUT_OF_SCOPE, 2, str(exc)
-    except Exception:
-        end, status, error = "the script raised", 1, traceback.format_exc()
+    except Exception as exc:
+        raised = script_error(exc)
+        end, status, error = "the script raised", 1, raised.pop("traceback")
     finally:
         watchdog.cancel()
         probe.stop()
         probe.uninstall()
-    _write(config, probe, end, status, error, _now() - t_start)
+    _write(config, probe, end, status, error, _now() - t_start, raised)
     return status
 
 
 def _write(config: dict, probe: Probe, end: str, status: int, error: str | None,
-           elapsed_s: float) -> None:
-    data = {"end": end, "status": status, "error": error, "elapsed_s": elapsed_s,
+           elapsed_s: float, raised: dict | None = None) -> None:
+    data = {"end": end, "status": status, "error": error, "raised": raised, "elapsed_s": elapsed_s,
             "cuda": torch.cuda.is_available() and torch.cuda.is_initialized(),
             "loaders": [r.to_dict() for r in probe.records]}
     Path(config["out"]).write_text(json.dumps(data))
 
 
 def _write_and_exit(config: dict, probe: Probe, t_start: float) -> None:
-    """The watchdog: the script reached no batch boundary long after the budget (a long step,
-    or no DataLoader at all). Write what was measured and end the process."""
-    _write(config, probe, "no batch boundary after the budget", 0, None, _now() - t_start)
+    """The watchdog: no batch boundary long after the budget; write what was measured, exit."""
+    _write(config, probe, BUDGET_ENDS[1], 0, None, _now() - t_start)
     os._exit(0)
 
 

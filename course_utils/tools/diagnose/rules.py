@@ -13,6 +13,8 @@ DATA_BOUND_FRACTION = 0.10
 POOL_THREADS = 3
 #: a fix is recommended only above this many times the script's samples/s as it is
 MIN_GAIN = 1.05
+#: loading that computed more than this share of its time is held up by CPU work per sample
+LOAD_BUSY = 0.5
 
 
 def verdict(wait_fraction: float) -> str:
@@ -23,3 +25,4 @@ def verdict(wait_fraction: float) -> str:
 def runs_own_pools(worker_threads: list[int]) -> bool:
     """True when a worker has more than :data:`POOL_THREADS` OS threads."""
     return bool(worker_threads) and max(worker_threads) > POOL_THREADS
+
