@@ -196,11 +196,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "diagnose", help="is your training waiting for data, and what helps? (train.py [ARGS])",
-        description="Runs your training script unchanged, as python would (its own arguments,\n"
-                    "its __main__ block), and times every DataLoader batch it makes. It reports\n"
-                    "each loader (wait per batch, step, data-wait share, start-up, settings,\n"
-                    "workers), says data-bound or compute-bound, and re-runs the script with\n"
-                    "fixes (--try, or a default set when data-bound) to measure them.",
+        description="Runs your training script unchanged, as python would (its own arguments, its\n"
+                    "__main__ block), and times every DataLoader batch. A loader with enough timed\n"
+                    "batches gets its figures; the busiest gives the verdict (data-bound or not);\n"
+                    "the fixes (--try, or a default set when data-bound) that fit --budget are re-run.",
         epilog="examples: python -m course_utils diagnose train.py --epochs 1\n"
                "          python -m course_utils diagnose --budget 40 --try num_workers=4 train.py\n"
                "          python -m course_utils diagnose -m mypackage.train --lr 0.1\n"
