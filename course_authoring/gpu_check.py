@@ -2,15 +2,17 @@
 
 A GPU machine is lent rarely, for one run of at most 600 s whose output is shown only as its
 last 12,000 characters. So the check is a list of steps (:func:`check_steps`), each a process of
-its own with its own timeout (:mod:`course_authoring.step_runner`); the timeouts add up to at
-most :data:`LIMIT_S` (a test holds this), a failure or timeout in one step is logged and the
-next runs, and the output ends with a summary of every step and every failure. The steps:
-``nvidia-smi``, ``doctor``; lessons 04 and 05's GPU benchmarks in full mode (the reference
+its own with its own timeout (:mod:`course_authoring.step_runner`); the timeouts, every kill
+escalation and the work outside the steps add up to at most :data:`LIMIT_S` (a test holds
+this), a failure or timeout in one step is logged and the next runs, and the output ends with a
+summary of every step and every failure. First a preflight line (:func:`preflight`: versions,
+compilers, GPU modes, /dev/shm), kept in the summary; then the steps: ``doctor``; a
+``torch.compile`` probe; lessons 04 and 05's GPU benchmarks in full mode (the reference
 results, written into DIR: :data:`course_utils.reference.REFERENCE_NAMES`); notebooks 04, 05
 and 08 in quick mode without Jupyter; the CUDA unit tests; ``tune``, one torchrun rank and
 ``diagnose`` in quick mode. Steps that only prove a path works run on at most
-:data:`QUICK_CPUS` CPUs. ``/dev/shm`` is sized first (enlarged when root, else lesson 05
-shrinks its loaders).
+:data:`QUICK_CPUS` CPUs. ``/dev/shm`` is sized first (enlarged when root, else lessons 04 and 05
+shrink their loaders).
 
 Without CUDA it refuses and writes nothing, except with ``--rehearse``: every step of the same
 check on the CPU, with the same timeouts, files, summary and exit status (lesson benchmarks at
@@ -31,37 +33,49 @@ from typing import Any, Callable, Mapping, Sequence
 import psutil
 
 from course_utils.config import QUICK_ENV
-from course_utils.jpeg_decoders import tensor_decoder
 from course_utils.reference import (LESSON04, LESSON05, REFERENCE_DIR, REFERENCE_NAMES, SUMMARY,
                                     describe_machine, load_reference, save_reference)
-from course_utils.tools.bench.dali import dali_missing
 
+from .gpu_lesson05 import compile_probe
+from .gpu_preflight import (optional_library_notes, preflight, preflight_line, preflight_warnings,
+                            smi_step)
 from .notebook_runner import run_notebook_cells
-from .step_runner import Step, StepResult, echo_to, run_steps, summary_block, worst_case_s
+from .step_runner import (Step, StepResult, echo_to, run_steps, step_worst_s, summary_block,
+                          worst_case_s)
 
 __all__ = ["LIMIT_S", "IN_PROCESS_S", "QUICK_CPUS", "EXPECTED_TARGETS", "NOTEBOOKS",
            "GpuCheckRefused", "cuda_available", "host_memory", "memory_notes", "plan_shm",
-           "check_steps", "run_part", "run_notebook_step", "summarize", "format_targets",
-           "run_check", "add_arguments", "cli", "main"]
+           "in_process_worst_s", "check_steps", "run_part", "run_compile_probe",
+           "run_notebook_step", "summarize", "format_targets", "run_check",
+           "add_arguments", "cli", "main"]
 
 #: The whole check's worst case in seconds (the device tool allows 600 s per call and 15 min in
 #: all, a machine start of several minutes included: a second try must still fit).
 LIMIT_S = 420
-#: Seconds of the check spent outside its steps (memory, /dev/shm, the summary).
-IN_PROCESS_S = 10
+#: Seconds of the check spent outside its steps (imports, versions, memory, /dev/shm, the
+#: summary: under 4 s in a CPU rehearsal), besides the preflight's nvidia-smi, counted as a step.
+IN_PROCESS_S = 8
 #: CPUs for the steps that only prove a path works (fewer DataLoader workers to start).
 QUICK_CPUS = 8
-#: The notebooks the check runs, in quick mode, each a step of its own with its timeout.
-NOTEBOOKS = {"04_host_to_device.ipynb": 30, "05_gpu_augmentation.ipynb": 50,
-             "08_find_the_stall.ipynb": 40}
+#: The notebooks the check runs, in quick mode, each a step of its own with its timeout (quick
+#: rehearsal on 2 CPUs: 11-16, 31, 23-28 s). Notebook 05 compiles augment_batch on CUDA: a cold
+#: torch.compile there takes 10-30 s more.
+NOTEBOOKS = {"04_host_to_device.ipynb": 25, "05_gpu_augmentation.ipynb": 65,
+             "08_find_the_stall.ipynb": 36}
+#: The torch.compile probe's step (a tiny function; cold on a 2-core CPU: 18 s, 22 s with start-up;
+#: 7 s with Inductor's cache warm).
+COMPILE_S = 28
+#: The DDP step's launch limit (measure_ddp's timeout_s: one rank's CUDA and NCCL set-up and its
+#: epoch; 9 s in a CPU rehearsal) and the step's own timeout around it (python, imports, exit).
+DDP_LAUNCH_S, DDP_STEP_S = 24, 30
 #: Unit tests whose CUDA paths only a GPU runs.
 UNIT_TESTS = ("tests/test_lesson04.py", "tests/test_augment.py", "tests/test_grader04.py",
               "tests/test_grader05.py")
 #: The targets each benchmark part measures: one that is absent is reported as not measured.
 EXPECTED_TARGETS = {"lesson04": ("pinned_h2d",), "lesson05": ("augment_speedup", "tuned_data_wait")}
 #: (timeout, --budget) of the two benchmark parts: the budget leaves the timeout room for
-#: python, torch and CUDA to start.
-PARTS = {"lesson04": (50, 38), "lesson05": (75, 62)}
+#: python, torch and CUDA to start (a section that does not fit the budget is skipped, named).
+PARTS = {"lesson04": (38, 28), "lesson05": (60, 48)}
 #: About what lesson 05's full-size per-sample loaders (workers x prefetched float32 batches)
 #: hold in /dev/shm at once, and tune's loaders beside them.
 SHM_NEED_BYTES = 6 * 1024 ** 3
@@ -158,6 +172,12 @@ def _remount(size_bytes: int) -> bool:
         return False
 
 
+def in_process_worst_s() -> float:
+    """The longest the check spends outside its steps: :data:`IN_PROCESS_S` and the preflight's
+    nvidia-smi query, every escalation of the step runner counted."""
+    return IN_PROCESS_S + step_worst_s(smi_step())
+
+
 # ---- the steps --------------------------------------------------------------------------------
 
 _DDP = """from course_authoring.notebook_modules import notebook_module
@@ -165,7 +185,7 @@ from course_utils import usable_cpus
 from course_utils.tools.ddp.launch import pick_backend
 print('backend for 1 rank:', pick_backend(1))
 ddp = notebook_module('07_scaling_out.ipynb', 'lesson07_ddp')  # the lesson's own measure_ddp
-print(ddp.measure_ddp(1, num_workers=max(usable_cpus() - 1, 0), rank_threads=1, timeout_s=18))"""
+print(ddp.measure_ddp(1, num_workers=max(usable_cpus() - 1, 0), rank_threads=1, timeout_s=%d))""" % DDP_LAUNCH_S
 
 
 def check_steps(out_dir: str | os.PathLike, *, python: str = sys.executable,
@@ -175,32 +195,32 @@ def check_steps(out_dir: str | os.PathLike, *, python: str = sys.executable,
     quick = {QUICK_ENV: "1", "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1"}
     me = [py, "-m", "course_authoring", "gpu-check"] + (["--rehearse"] if rehearse else [])
     short = shm_free_bytes is not None and shm_free_bytes < SHM_NEED_BYTES
-    steps = [Step("nvidia-smi", ["nvidia-smi"], 5, required=False),      # an info step: < 1 s
-             Step("doctor", [py, "-m", "course_utils", "doctor"], 10)]      # 3 s on 2 CPUs
+    shm = [] if shm_free_bytes is None else ["--shm-bytes", str(shm_free_bytes)]
+    steps = [Step("doctor", [py, "-m", "course_utils", "doctor"], 8),       # 2 s on 2 CPUs
+             Step(f"torch.compile probe ({'cpu: rehearsal' if rehearse else 'cuda'})",
+                  me + ["--compile-probe"], COMPILE_S, env=quick, max_cpus=QUICK_CPUS)]
     for part, (timeout, budget) in PARTS.items():
-        argv = me + ["--part", part, "--out", out, "--budget", str(budget)]
-        if part == "lesson05" and shm_free_bytes is not None:
-            argv += ["--shm-bytes", str(shm_free_bytes)]
+        argv = me + ["--part", part, "--out", out, "--budget", str(budget), *shm]
         steps.append(Step(f"{part} benchmarks ({'quick sizes: rehearsal' if rehearse else 'full mode'})",
                           argv, timeout, env={"PYTHONUNBUFFERED": "1"}))
     for name, timeout in NOTEBOOKS.items():
         steps.append(Step(f"notebook {name[:2]} (quick)", me + ["--notebook", f"notebooks/{name}"],
                           timeout, env=quick, max_cpus=QUICK_CPUS, where=r"^--- .* cell \d+"))
-    steps.append(Step("unit tests (CUDA paths of lessons 04-05)",
+    steps.append(Step("unit tests (CUDA paths of lessons 04-05)",                # 8 s on 2 CPUs
                       [py, "-m", "pytest", "-v", "-rfE", "-p", "no:cacheprovider", *UNIT_TESTS],
-                      35, env=quick, max_cpus=QUICK_CPUS, where=r"::"))
+                      25, env=quick, max_cpus=QUICK_CPUS, where=r"::"))
     size = ["--images", "256", "--batch-size", "32"] if short else []
     steps.append(Step("lesson 06: tune (quick)", [py, "-m", "course_utils", "tune", "--budget", "15",
                                                   "--no-progress", *size, "--json",
-                                                  f"{out}/tune_cuda.json"], 35, env=quick,
-                      max_cpus=QUICK_CPUS))
-    steps.append(Step("lesson 07: one torchrun rank (quick)", [py, "-c", _DDP], 25, env=quick,
+                                                  f"{out}/tune_cuda.json"], 30, env=quick,
+                      max_cpus=QUICK_CPUS))                                    # 21 s on 2 CPUs
+    steps.append(Step("lesson 07: one torchrun rank (quick)", [py, "-c", _DDP], DDP_STEP_S, env=quick,
                       max_cpus=QUICK_CPUS))
     steps.append(Step("lesson 08: diagnose the example script, unchanged (quick)",
                       [py, "-m", "course_utils", "diagnose", "--budget", "8", "--no-progress",
                        "--json", f"{out}/diagnose_cuda.json",
                        "course_utils/tools/examples/data_bound.py", "--epochs", "1000"],
-                      33, env=quick, max_cpus=QUICK_CPUS))
+                      28, env=quick, max_cpus=QUICK_CPUS))
     for step in steps:
         step.cwd = str(ROOT)
     return steps
@@ -218,7 +238,7 @@ def _section_failures(result: Mapping) -> list[str]:
     skipped = result.get("skipped") or {}
     if isinstance(skipped, Mapping):
         return [f"section {k}: {v}" for k, v in skipped.items() if str(v).startswith("failed")]
-    return [str(v) for v in skipped if "failed" in str(v).lower()]
+    return [str(v) for v in skipped if str(v).lower().startswith("failed")]
 
 
 def _measure_part(part: str, budget_s: float, rehearse: bool, shm_bytes: int | None) -> dict:
@@ -226,8 +246,8 @@ def _measure_part(part: str, budget_s: float, rehearse: bool, shm_bytes: int | N
     device = "cpu" if rehearse else "cuda"
     os.environ[QUICK_ENV] = "1" if rehearse else "0"
     if part == "lesson04":
-        from .gpu_lesson04 import run_lesson04    # imports torch: only when the part runs
-        return run_lesson04(budget_s, device=device)
+        from .gpu_lesson04 import run_lesson04    # the notebook's modules: only when it runs
+        return run_lesson04(budget_s, device=device, shm_bytes=shm_bytes)
     from .gpu_lesson05 import run_lesson05
     return run_lesson05(budget_s, device=device, quick=rehearse, shm_bytes=shm_bytes)
 
@@ -252,6 +272,29 @@ def run_part(part: str, out_dir: str | os.PathLike, budget_s: float, *, rehearse
         log(f"[gpu-check] {part}: FAILED {failure}")
     log(f"[gpu-check] {part}: {'FAILED' if failures else 'done'} -> {path}")
     return 2 if failures else 0
+
+
+def run_compile_probe(*, rehearse: bool, log: Callable[[str], None] = print,
+                      probe: Callable[..., dict] = compile_probe) -> int:
+    """The torch.compile probe's step: 0 when it compiled and matched eager, or skipped because
+    the toolchain is missing (the reason logged); 1 when the compile raised or the results differ."""
+    device = "cpu" if rehearse else "cuda"
+    if not rehearse and not cuda_available():
+        raise GpuCheckRefused(_refusal())
+    try:
+        result = probe(device)
+    except Exception as exc:  # BackendCompilerFailed, a Triton error: its own words
+        log(f"[compile] FAILED: torch.compile on {device}: {type(exc).__name__}: "
+            f"{(str(exc).strip().splitlines() or [''])[0][:300]}")
+        return 1
+    if result["skipped"]:
+        log(f"[compile] skipped: {result['skipped']}")
+        return 0
+    same = result["max_abs_diff"] <= 1e-4
+    log(f"[compile] torch.compile on {device}: first call (compiling) {result['first_call_s']:.1f} s, "
+        f"second {result['second_call_s'] * 1e3:.1f} ms; compiled vs eager: max difference "
+        f"{result['max_abs_diff']:.1e}" + ("" if same else " - FAILED: they differ"))
+    return 0 if same else 1
 
 
 def run_notebook_step(path: str | os.PathLike, log: Callable[[str], None] = print) -> int:
@@ -303,14 +346,16 @@ def _targets(docs: Mapping[str, dict | None], results: Sequence[StepResult]) -> 
 
 
 def summarize(out_dir: str | os.PathLike, results: Sequence[StepResult], memory: Mapping, *,
-              rehearse: bool, notes: Sequence[str] = ()) -> dict:
-    """The summary of a run, written as ``gpu_check_summary.json`` into ``out_dir``: every
-    step, every failure, the targets (from the parts' files) and whether all were met."""
+              rehearse: bool, notes: Sequence[str] = (), preflight: Mapping | None = None) -> dict:
+    """The summary of a run, written as ``gpu_check_summary.json`` into ``out_dir``: the
+    preflight, every step, every failure, the targets (from the parts' files) and whether all
+    were met."""
     docs = {part: load_reference(ref, directory=out_dir)
             for part, ref in (("lesson04", LESSON04), ("lesson05", LESSON05))}
     failures = [f"{r.name}: {line}" for r in results if not r.ok for line in r.failures[-3:]]
     targets = _targets(docs, results)
-    summary = {"steps": [r.to_dict() for r in results], "memory": dict(memory),
+    summary = {"preflight": dict(preflight or {}), "steps": [r.to_dict() for r in results],
+               "memory": dict(memory),
                "notes": list(notes), "failures": failures, "targets": targets,
                "total_s": sum(r.seconds for r in results),
                "all_targets_met": not failures and all(
@@ -335,16 +380,6 @@ def _files_lines(out: Path, rehearse: bool) -> list[str]:
     return lines
 
 
-def optional_library_notes() -> list[str]:
-    """One line each on the optional extras this machine has: NVIDIA DALI (its wheel, 0.4 GB, is
-    over what the device tool carries, so a bare GPU machine lacks it) and the JPEG decoder."""
-    why = dali_missing()
-    return ["NVIDIA DALI: installed; lesson 05's deep dive 11 runs its pipeline here" if why is None
-            else f"{why} Lesson 05's deep dive 11 skips here; the rehearsal runs its "
-                 f"CPU pipeline, and its 'mixed' path waits for a GPU machine with DALI installed.",
-            f"JPEG tensor decoder: {tensor_decoder()}"]
-
-
 def run_check(out_dir: str | os.PathLike, *, rehearse: bool = False, python: str = sys.executable,
               log_path: str | os.PathLike | None = None,
               steps: Callable[..., list[Step]] = check_steps) -> int:
@@ -361,6 +396,9 @@ def run_check(out_dir: str | os.PathLike, *, rehearse: bool = False, python: str
         is_root = hasattr(os, "geteuid") and os.geteuid() == 0
         memory, shm_lines = plan_shm(host_memory(), rehearse=rehearse, is_root=is_root,
                                      remount=_remount)
+        pf = preflight(memory, cuda=cuda_available())
+        echo(f"== preflight: {preflight_line(pf)}\n"
+             + "".join(f"== {w}\n" for w in preflight_warnings(pf, rehearse=rehearse)))
         notes, _ = memory_notes(memory)
         notes += shm_lines
         optional = optional_library_notes()
@@ -372,14 +410,14 @@ def run_check(out_dir: str | os.PathLike, *, rehearse: bool = False, python: str
                      shm_free_bytes=memory.get("shm_free_bytes"))
         results = run_steps(todo, echo)
         try:
-            summary = summarize(out, results, memory, rehearse=rehearse, notes=notes)
-            extra = ["targets:", format_targets(summary["targets"]),
+            summary = summarize(out, results, memory, rehearse=rehearse, notes=notes, preflight=pf)
+            extra = [f"preflight: {preflight_line(pf)}", "targets:", format_targets(summary["targets"]),
                      f"all targets met: {summary['all_targets_met']}"]
         except Exception as exc:   # the summary must still be printed
             extra = [f"the summary file could not be written: {type(exc).__name__}: {exc}"]
             results.append(StepResult("summary", "failed", 0.0, IN_PROCESS_S, failures=extra[:1]))
         title = ("REHEARSAL on the CPU" if rehearse else "GPU check") + f", worst case " \
-                f"{worst_case_s(todo, IN_PROCESS_S):.0f} s"
+                f"{worst_case_s(todo, in_process_worst_s()):.0f} s"
         echo("\n" + summary_block(results, title=title, extra=extra + _files_lines(out, rehearse)))
         return 0 if all(r.ok for r in results) else 1
     finally:
@@ -405,7 +443,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                         help="(with --part) its time budget")
     parser.add_argument("--shm-bytes", type=int, default=None, metavar="N",
-                        help="(with --part lesson05) free bytes in /dev/shm: fewer workers if short")
+                        help="(with --part) free bytes in /dev/shm: smaller loaders if short")
+    parser.add_argument("--compile-probe", action="store_true",
+                        help="(a step) torch.compile a tiny function on the device (the CPU with "
+                             "--rehearse); skips, saying why, without a compiler or Python.h")
     parser.add_argument("--notebook", metavar="PATH", default=None,
                         help="(a step) run a notebook's code cells here, without Jupyter")
     return parser
@@ -413,9 +454,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def _plan_text(out: str, rehearse: bool) -> str:
     todo = check_steps(out, rehearse=rehearse, shm_free_bytes=host_memory().get("shm_free_bytes"))
-    rows = [f"{s.timeout_s:5g} s + {s.grace_s:g}  {s.name}: {' '.join(s.argv).replace(chr(10), '; ')[:110]}" for s in todo]
-    return "\n".join(rows + [f"worst case {worst_case_s(todo, IN_PROCESS_S):.0f} s (limit {LIMIT_S} s, "
-                             f"{IN_PROCESS_S} s outside the steps)",
+    rows = [f"{s.timeout_s:5g} s (worst {step_worst_s(s):g})  {s.name}: "
+            f"{' '.join(s.argv).replace(chr(10), '; ')[:100]}" for s in todo]
+    return "\n".join(rows + [f"worst case {worst_case_s(todo, in_process_worst_s()):.0f} s (limit "
+                             f"{LIMIT_S} s, {in_process_worst_s():g} s outside the steps)",
                              f"CUDA available here: {cuda_available()}"])
 
 
@@ -426,6 +468,8 @@ def cli(args: argparse.Namespace) -> int:
         if args.plan:
             print(_plan_text(args.out, args.rehearse))
             return 0
+        if args.compile_probe:
+            return run_compile_probe(rehearse=args.rehearse)
         if args.notebook is not None:
             if not Path(args.notebook).is_file():
                 raise ValueError(f"--notebook {args.notebook}: no such notebook")

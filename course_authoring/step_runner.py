@@ -23,13 +23,23 @@ from typing import Callable, Sequence
 
 import psutil
 
-__all__ = ["Step", "StepResult", "TAG_VAR", "GRACE_S", "SUMMARY_CHARS", "worst_case_s", "sweep",
-           "failure_lines", "run_step", "run_steps", "summary_block"]
+__all__ = ["Step", "StepResult", "TAG_VAR", "GRACE_S", "KILL_WAIT_S", "POLL_S", "SCAN_S",
+           "SUMMARY_CHARS", "step_worst_s", "worst_case_s", "sweep", "failure_lines", "run_step",
+           "run_steps", "summary_block"]
 
 #: Every process a step starts carries this variable (a fresh value per step) in its environment.
 TAG_VAR = "COURSE_STEP_TAG"
-#: Seconds between SIGTERM and SIGKILL when a step runs out of time.
-GRACE_S = 2.0
+#: Seconds between SIGTERM and SIGKILL when a step runs out of time (a Python process without a
+#: SIGTERM handler, pytest and a notebook here included, ends at once on SIGTERM).
+GRACE_S = 1.0
+#: Seconds the runner waits, after SIGKILL, for the step's processes to go (a process stuck in
+#: the kernel, e.g. a CUDA driver call, can outlive SIGKILL: it is then named and left).
+KILL_WAIT_S = 1.5
+#: The step's timeout is checked every POLL_S seconds, so it can run this much past it.
+POLL_S = 0.2
+#: Allowance for the process-table scans that find a step's processes by their tag (two on the
+#: kill path; about 10 ms each with a few hundred processes).
+SCAN_S = 0.3
 #: The summary block stays under this many characters (the device tool shows the last 12,000).
 SUMMARY_CHARS = 10_000
 #: Lines of a step's output that say what went wrong (kept for the summary).
@@ -83,13 +93,21 @@ class StepResult:
                 "required": self.required}
 
 
+def step_worst_s(step: Step) -> float:
+    """The longest one step can hold the runner, every escalation of :func:`run_step` counted:
+    its timeout, the poll that notices it (``POLL_S``), SIGTERM's grace (``grace_s``), the wait
+    after SIGKILL (``KILL_WAIT_S``, shared by the step's group and everything tagged with it,
+    leftovers of a step that ended by itself included) and the scans (``SCAN_S``)."""
+    return round(step.timeout_s + POLL_S + step.grace_s + KILL_WAIT_S + SCAN_S, 6)
+
+
 def worst_case_s(steps: Sequence[Step], in_process_s: float = 0.0) -> float:
-    """The longest the steps can take: every timeout and grace, plus ``in_process_s``."""
-    return sum(s.timeout_s + s.grace_s for s in steps) + in_process_s
+    """The longest the steps can take (:func:`step_worst_s` each), plus ``in_process_s``."""
+    return round(sum(step_worst_s(s) for s in steps) + in_process_s, 6)
 
 
-def sweep(tag: str) -> int:
-    """Kill every process whose environment holds ``TAG_VAR=tag``; how many there were."""
+def _tagged(tag: str) -> list[psutil.Process]:
+    """Every process but this one whose environment holds ``TAG_VAR=tag``."""
     found = []
     for proc in psutil.process_iter():
         if proc.pid == os.getpid():
@@ -99,12 +117,23 @@ def sweep(tag: str) -> int:
                 found.append(proc)
         except (psutil.Error, OSError):
             continue
-    for proc in found:
+    return found
+
+
+def _signal(procs: Sequence[psutil.Process], sig: int) -> None:
+    for proc in procs:
         try:
-            proc.kill()
+            proc.send_signal(sig)
         except psutil.Error:
             pass
-    psutil.wait_procs(found, timeout=5)
+
+
+def sweep(tag: str, wait_s: float = KILL_WAIT_S) -> int:
+    """Kill every process whose environment holds ``TAG_VAR=tag`` and wait up to ``wait_s``
+    seconds for them to go; how many there were."""
+    found = _tagged(tag)
+    _signal(found, signal.SIGKILL)
+    psutil.wait_procs(found, timeout=wait_s)
     return len(found)
 
 
@@ -127,18 +156,37 @@ def _last_line(output: str, pattern: str | None = None) -> str:
     return lines[-1][:LINE_CHARS] if lines else "(it printed nothing)"
 
 
-def _stop_group(proc: subprocess.Popen, grace_s: float) -> None:
-    """SIGTERM to the step's process group, SIGKILL ``grace_s`` later if it is still there."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+def _stop(proc: subprocess.Popen, tag: str, grace_s: float) -> int:
+    """Stop a step that ran out of time: SIGTERM to its process group and to every process tagged
+    with it (those in sessions of their own too), SIGKILL to whatever is left ``grace_s`` later,
+    then wait at most ``KILL_WAIT_S`` for all of them. These are all the waits it makes
+    (:func:`step_worst_s` counts them); returns how many tagged processes besides the step's own."""
+    def signal_all(sig: int, procs: list) -> None:
         try:
             os.killpg(proc.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
-        try:
-            proc.wait(timeout=wait_s)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+        _signal(procs, sig)
+
+    others = [p for p in _tagged(tag) if p.pid != proc.pid]
+    signal_all(signal.SIGTERM, others)
+    t0 = time.perf_counter()
+    alive = [p for p in psutil.wait_procs(others, timeout=grace_s)[1]]
+    try:
+        proc.wait(timeout=max(0.0, grace_s - (time.perf_counter() - t0)))
+        if not alive:
+            return len(others)
+    except subprocess.TimeoutExpired:
+        pass
+    late = [p for p in _tagged(tag) if p.pid != proc.pid and p not in others]   # started meanwhile
+    signal_all(signal.SIGKILL, alive + late)
+    t1 = time.perf_counter()
+    psutil.wait_procs(alive + late, timeout=KILL_WAIT_S)
+    try:
+        proc.wait(timeout=max(0.0, KILL_WAIT_S - (time.perf_counter() - t1)))
+    except subprocess.TimeoutExpired:
+        pass
+    return len(others) + len(late)
 
 
 def _affinity(max_cpus: int | None) -> Callable[[], None] | None:
@@ -175,19 +223,21 @@ def run_step(step: Step, echo: Callable[[str], None]) -> StepResult:
                 return StepResult(step.name, "failed", time.perf_counter() - t0, step.timeout_s,
                                   failures=[f"could not start {step.argv[0]!r}: {exc}"],
                                   required=step.required)
-            timed_out = False
+            timed_out, left = False, 0
             try:
                 while proc.poll() is None:
                     pump()
                     if time.perf_counter() - t0 >= step.timeout_s:
                         timed_out = True
-                        _stop_group(proc, step.grace_s)
+                        left = _stop(proc, tag, step.grace_s)
                         break
-                    time.sleep(0.2)
+                    time.sleep(POLL_S)
             finally:
-                if proc.poll() is None:           # interrupted (SIGTERM to gpu-check itself)
-                    _stop_group(proc, 0.5)
-                left = sweep(tag)
+                if proc.poll() is None and not timed_out:   # interrupted (SIGTERM to gpu-check)
+                    left = _stop(proc, tag, 0.5)
+                # what a step that ended by itself left behind; after _stop: only what outlived
+                # SIGKILL, counted without a second wait
+                left = max(left, sweep(tag, wait_s=0.0 if timed_out else KILL_WAIT_S))
                 pump()
     seconds = time.perf_counter() - t0
     output = "".join(chunks)
@@ -199,6 +249,9 @@ def run_step(step: Step, echo: Callable[[str], None]) -> StepResult:
         result.status = "timed out"
         result.failures = failure_lines(output) + [
             f"timed out after {step.timeout_s:g} s; it was at: {_last_line(output, step.where)}"]
+        if proc.poll() is None:
+            result.failures.append(f"pid {proc.pid} was still there {KILL_WAIT_S:g} s after "
+                                   f"SIGKILL (stuck in a kernel call?): the next step runs beside it")
     elif proc.returncode != 0:
         result.status = "failed"
         result.failures = failure_lines(output) + [

@@ -36,7 +36,10 @@ def check_cpu_run(cpu_run: dict) -> None:
         assert "no streams" in variant
     dtype = cpu_run["dtype"]
     assert dtype["bytes_float32"] == 4 * dtype["bytes_uint8"] and dtype["max_abs_diff"] == 0.0
+    plan = cpu_run["pin_plan"]                                   # fitted to /dev/shm first
+    assert plan["plan"]["need_bytes"] <= 0.8 * plan["shm_free_bytes"], plan
     pin = cpu_run["pin_cost"]
+    assert (pin["batch_size"], pin["num_workers"]) == (plan["plan"]["batch_size"], plan["plan"]["num_workers"])
     assert not pin["meaningful"] and [m["settings"]["pin_memory"] for m in pin["measurements"]] == [False]
     assert pin["measurements"][0]["samples_per_s"] > 0 and pin["memcpy_s_per_batch"] > 0
     assert cpu_run["prefetch"]["steps"] > 0 and cpu_run["prefetch"]["prefetch_s_per_step"] > 0

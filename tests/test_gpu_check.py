@@ -16,12 +16,21 @@ import pytest
 import torch
 
 from course_authoring import gpu_check
+from course_authoring import gpu_preflight
 from course_authoring.gpu_check import (IN_PROCESS_S, LIMIT_S, OWN_FILES, GpuCheckRefused,
-                                        check_steps, format_targets, host_memory, main,
-                                        memory_notes, plan_shm, run_check, run_part, summarize)
+                                        check_steps, format_targets, host_memory,
+                                        in_process_worst_s, main, memory_notes, plan_shm,
+                                        run_check, run_compile_probe, run_part, summarize)
+from course_authoring.gpu_lesson04 import (pin_loader_bytes, pinned_h2d_target, plan_pin_loaders,
+                                           run_h2d_copies)
+from course_authoring.gpu_lesson05 import compile_probe, jpeg_decode_check, tuned_wait_met
+from course_authoring.gpu_preflight import (nvidia_smi_gpus, preflight, preflight_line,
+                                            preflight_warnings, toolchain)
+from course_utils.jpeg_decoders import TensorDecoder
+from course_utils.lessons.l04_copies import BandwidthSweep
 from course_authoring.hosted import install_cell
 from course_authoring.notebook_runner import run_notebook_cells
-from course_authoring.step_runner import Step, StepResult, worst_case_s
+from course_authoring.step_runner import Step, StepResult, step_worst_s, worst_case_s
 from course_utils.config import QUICK_ENV
 from course_utils.reference import (LESSON04, LESSON05, REFERENCE_DIR, REFERENCE_NAMES, SUMMARY,
                                     available_references, load_reference)
@@ -65,12 +74,13 @@ def test_importing_it_loads_no_notebook_machinery():
 @pytest.mark.parametrize("shm", [None, 60 * GIB, GIB])
 def test_the_worst_case_fits_a_second_try_and_few_files_come_back(tmp_path, shm):
     steps = check_steps(tmp_path, python="python3", shm_free_bytes=shm)
-    assert worst_case_s(steps, IN_PROCESS_S) <= LIMIT_S <= 420
+    assert worst_case_s(steps, in_process_worst_s()) <= LIMIT_S <= 420
     assert len(set(OWN_FILES) | {f"{n}.json" for n in REFERENCE_NAMES}) <= 8
     written = {Path(a).name for s in steps for a in s.argv if str(a).startswith(str(tmp_path) + "/")}
     assert written <= set(OWN_FILES)                          # tune's and diagnose's JSON
     parts = [s for s in steps if "--part" in s.argv]
     assert all(str(tmp_path) in s.argv for s in parts) and len(parts) == 2
+    assert all(("--shm-bytes" in s.argv) == (shm is not None) for s in parts)
     for s in parts:                                           # room inside the timeout to start
         assert s.timeout_s - float(s.argv[s.argv.index("--budget") + 1]) >= 10
 
@@ -78,12 +88,14 @@ def test_the_worst_case_fits_a_second_try_and_few_files_come_back(tmp_path, shm)
 def test_quick_steps_prove_paths_on_few_cpus_and_the_parts_measure_in_full(tmp_path):
     steps = {s.name: s for s in check_steps(tmp_path, python="python3")}
     quick = [s for s in steps.values() if s.env.get(QUICK_ENV) == "1"]
-    assert {s.name.split(":")[0] for s in quick} >= {"lesson 06", "lesson 07", "lesson 08"}
+    assert {s.name.split(":")[0] for s in quick} >= {"lesson 06", "lesson 07", "lesson 08",
+                                                     "torch.compile probe (cuda)"}
     assert all(s.max_cpus == gpu_check.QUICK_CPUS for s in quick)
     assert sum("notebook" in s.name for s in quick) == 3
     full = [s for s in steps.values() if "--part" in s.argv]
     assert all(QUICK_ENV not in s.env and s.max_cpus is None for s in full)
-    assert not steps["nvidia-smi"].required and all(s.required for s in quick + full)
+    assert all(s.required for s in quick + full) and "--compile-probe" in steps[
+        "torch.compile probe (cuda)"].argv
     assert all("--rehearse" in s.argv for s in check_steps(tmp_path, rehearse=True) if "--part" in s.argv)
 
 
@@ -91,8 +103,9 @@ def test_a_short_dev_shm_shrinks_tune_and_tells_lesson05(tmp_path):
     steps = check_steps(tmp_path, python="python3", shm_free_bytes=GIB)
     tune = next(s for s in steps if s.name.startswith("lesson 06"))
     assert "--images" in tune.argv and "--batch-size" in tune.argv
-    l05 = next(s for s in steps if "lesson05" in s.argv)
-    assert l05.argv[l05.argv.index("--shm-bytes") + 1] == str(GIB)
+    for part in ("lesson04", "lesson05"):
+        step = next(s for s in steps if part in s.argv)
+        assert step.argv[step.argv.index("--shm-bytes") + 1] == str(GIB)
     roomy = check_steps(tmp_path, python="python3", shm_free_bytes=60 * GIB)
     assert "--images" not in next(s for s in roomy if s.name.startswith("lesson 06")).argv
 
@@ -280,8 +293,10 @@ def test_the_check_runs_every_step_and_ends_with_the_summary(tmp_path, monkeypat
     assert "noisy and broken" in tail and "exit status 4" in tail and "timed out after 2 s" in tail
     assert "files in" in tail and "gpu_check_summary.json" in tail
     assert tail.rstrip().splitlines()[-1].startswith("exit status 1: 2 of 3 steps did not pass")
+    assert out.startswith("== preflight: python ") and "preflight: python " in tail   # first and last
     summary = load_reference(SUMMARY, directory=tmp_path / "out")["results"]
     assert [s["status"] for s in summary["steps"]] == ["failed", "passed", "timed out"]
+    assert set(summary["preflight"]) >= PREFLIGHT_KEYS
 
 
 # ---- the notebooks, without Jupyter -----------------------------------------------------------
@@ -405,10 +420,209 @@ def test_the_script_is_valid_bash_and_hands_over_to_gpu_check(tmp_path):
 
 
 def test_the_optional_libraries_are_named_and_a_missing_dali_says_what_skips(monkeypatch):
-    from course_authoring import gpu_check as G
+    G = gpu_preflight
     monkeypatch.setattr(G, "dali_missing", lambda: "NVIDIA DALI is not installed: pip install -e .[dali] (make lab and make test do).")
     dali, decoder = G.optional_library_notes()
     assert dali.startswith("NVIDIA DALI is not installed") and "deep dive 11 skips here" in dali
     assert "'mixed' path waits for a GPU machine" in dali and decoder.startswith("JPEG tensor decoder: ")
     monkeypatch.setattr(G, "dali_missing", lambda: None)
     assert G.optional_library_notes()[0] == "NVIDIA DALI: installed; lesson 05's deep dive 11 runs its pipeline here"
+
+
+# ---- issue 38: the worst case, the preflight, the compile probe, /dev/shm, the targets ------
+
+def test_the_worst_case_is_every_timeout_and_every_escalation_worked_by_hand(tmp_path):
+    steps = check_steps(tmp_path, python="python3", shm_free_bytes=60 * GIB)
+    timeouts = [s.timeout_s for s in steps]
+    assert sum(timeouts) == 373 and len(steps) == 11
+    # each step: + 0.2 poll + 1 grace + 1.5 after SIGKILL + 0.3 scans = 3 s; outside the steps:
+    # 8 s and the preflight's nvidia-smi (3 s + 3 s of escalations)
+    assert all(step_worst_s(s) == s.timeout_s + 3.0 for s in steps)
+    assert IN_PROCESS_S == 8 and in_process_worst_s() == 8 + 3 + 3.0
+    assert worst_case_s(steps, in_process_worst_s()) == 373 + 11 * 3.0 + 14 == 420 == LIMIT_S
+    widened = {s.name: s.timeout_s for s in steps}
+    assert widened["notebook 05 (quick)"] == 65                 # was 50: a cold torch.compile
+    assert widened["lesson 07: one torchrun rank (quick)"] == 30
+    ddp = next(s for s in steps if s.name.startswith("lesson 07"))
+    assert "timeout_s=24" in ddp.argv[-1] and "timeout_s=18" not in ddp.argv[-1]
+
+
+PREFLIGHT_KEYS = {"python", "torch", "torchvision", "cuda", "cudnn", "nccl", "cuda_available",
+                  "gpus", "nvidia_smi", "compiler", "shm_total_bytes", "shm_free_bytes"}
+_SMI = "0, NVIDIA H100 80GB HBM3, 570.86.15, Exclusive_Process, Enabled\n"
+_VERSIONS = {"python": "3.12.3", "torch": "2.14.1+cu130", "torchvision": "0.29.1+cu130",
+             "cuda": "13.0", "cudnn": 92400, "nccl": "2.27.3"}
+
+
+def _fake_smi(text, status="passed"):
+    def run(step, echo):
+        echo(text)
+        return StepResult(step.name, status, 0.1, step.timeout_s, 0 if status == "passed" else None,
+                          [] if status == "passed" else ["timed out after 3 s; it was at: (nothing)"])
+    return run
+
+
+def test_nvidia_smi_rows_and_why_not():
+    rows, why = nvidia_smi_gpus(run=_fake_smi(_SMI))
+    assert why is None and rows == [{"index": "0", "name": "NVIDIA H100 80GB HBM3", "driver": "570.86.15",
+                                     "compute_mode": "Exclusive_Process", "persistence_mode": "Enabled"}]
+    assert nvidia_smi_gpus(run=_fake_smi("", "timed out")) == ([], "timed out after 3 s; it was at: (nothing)")
+    assert nvidia_smi_gpus(run=_fake_smi("No devices were found\n")) == ([], "nvidia-smi listed no GPU")
+
+
+def test_the_preflight_holds_every_key_and_says_them_in_one_line():
+    tools = toolchain(env={}, which=lambda n: None, include_dir="/nowhere")
+    pf = preflight(_mem(0.0625, 0.0625), cuda=True, gpus=lambda: nvidia_smi_gpus(run=_fake_smi(_SMI)),
+                   versions=lambda: dict(_VERSIONS), tools=lambda: tools)
+    assert set(pf) == PREFLIGHT_KEYS and pf["cuda_available"] is True
+    json.dumps(pf)
+    line = preflight_line(pf)
+    for part in ("python 3.12.3", "torch 2.14.1+cu130", "torchvision 0.29.1+cu130",
+                 "built for CUDA 13.0 (a GPU is visible)",
+                 "cuDNN 92400", "NCCL 2.27.3", "compute mode Exclusive_Process", "persistence Enabled",
+                 "C compiler none", "Python.h MISSING", "/dev/shm 0.1 GiB free of 0.1 GiB"):
+        assert part in line, part
+    warnings = preflight_warnings(pf, rehearse=False)
+    assert "torch.compile cannot build kernels on cuda" in warnings[0] and "Triton" in warnings[0]
+    assert "compute mode Exclusive_Process" in warnings[1]
+    bare = preflight_line(dict(pf, gpus=[], nvidia_smi="could not start 'nvidia-smi'", cuda=None,
+                               cuda_available=False, shm_free_bytes=None))
+    assert "nvidia-smi: could not start" in bare and "a CPU build of torch (no GPU visible)" in bare
+    assert bare.endswith("/dev/shm not found")
+
+
+def test_the_toolchain_check_names_what_torch_compile_lacks(tmp_path):
+    (tmp_path / "Python.h").write_text("")
+    have = {"gcc": "/usr/bin/gcc", "g++": "/usr/bin/g++", "clang": "/opt/clang"}
+    full = toolchain(env={}, which=have.get, include_dir=str(tmp_path))
+    assert full["ok_cuda"] and full["ok_cpu"] and full["c_compiler"] == "/usr/bin/gcc"
+    assert full["python_h"] == str(tmp_path / "Python.h") and full["why_not_cuda"] is None
+    only_clang = toolchain(env={}, which={"clang": "/opt/clang"}.get, include_dir=str(tmp_path))
+    assert only_clang["ok_cuda"] and only_clang["c_compiler"] == "/opt/clang"
+    assert not only_clang["ok_cpu"] and "C++ compiler" in only_clang["why_not_cpu"]
+    cc_gone = toolchain(env={"CC": "/no/such/cc"}, which=lambda n: have.get(n) if "/" not in n else None,
+                        include_dir=str(tmp_path))
+    assert not cc_gone["ok_cuda"] and cc_gone["ok_cpu"]              # $CC wins, as in Triton
+    no_header = toolchain(env={}, which=have.get, include_dir=str(tmp_path / "empty"))
+    assert not no_header["ok_cuda"] and not no_header["ok_cpu"] and "Python.h" in no_header["why_not_cpu"]
+
+
+def test_without_a_toolchain_the_compile_probe_skips_with_the_reason(monkeypatch):
+    tools = toolchain(env={}, which=lambda n: None, include_dir="/nowhere")
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: pytest.fail("compiled without a toolchain"))
+    result = compile_probe("cpu", tools)
+    assert result["skipped"].startswith("torch.compile on cpu not tried: no C++ compiler")
+    lines = []
+    assert run_compile_probe(rehearse=True, log=lines.append, probe=lambda d: result) == 0
+    assert lines == [f"[compile] skipped: {result['skipped']}"]
+
+
+def test_a_compile_that_raises_or_differs_fails_the_probe_step(monkeypatch):
+    class BackendCompilerFailed(RuntimeError):
+        pass
+
+    def raises(device):
+        raise BackendCompilerFailed("backend='inductor' raised:\nCalledProcessError: gcc failed")
+
+    lines = []
+    assert run_compile_probe(rehearse=True, log=lines.append, probe=raises) == 1
+    assert lines == ["[compile] FAILED: torch.compile on cpu: BackendCompilerFailed: backend='inductor' raised:"]
+    ran = {"skipped": None, "first_call_s": 12.5, "second_call_s": 0.002, "max_abs_diff": 0.5}
+    assert run_compile_probe(rehearse=True, log=lines.append, probe=lambda d: ran) == 1
+    assert "FAILED: they differ" in lines[-1]
+    assert run_compile_probe(rehearse=True, log=lines.append, probe=lambda d: dict(ran, max_abs_diff=0.0)) == 0
+    assert "first call (compiling) 12.5 s, second 2.0 ms" in lines[-1]
+    monkeypatch.setattr(gpu_check, "cuda_available", lambda: False)
+    with pytest.raises(GpuCheckRefused):
+        run_compile_probe(rehearse=False, log=lines.append, probe=raises)
+
+
+def _jpegs(n=3):
+    import cv2
+    import numpy as np
+    return [torch.from_numpy(cv2.imencode(".jpg", np.full((16, 16 + i, 3), 90, np.uint8))[1].reshape(-1).copy())
+            for i in range(n)]
+
+
+def test_no_cuda_jpeg_decoder_is_a_skip_with_its_reason_not_a_failure():
+    cpu_only = TensorDecoder("torchvision 0.29.1", lambda d, device: pytest.fail("decoded"),
+                             why="torchvision 0.29.1 failed to decode a JPEG on cuda: no nvJPEG; "
+                                 "decoding on the CPU instead", device="cpu")
+    info, why = jpeg_decode_check("cuda", _jpegs(), decoder_for=lambda d: cpu_only)
+    assert info["ran_on"] == "cpu" and why.startswith("JPEG decode on cuda: not available here (torchvision")
+    assert gpu_check._section_failures({"skipped": [why]}) == []        # a skip, not a failure
+
+    def broken(data, device):
+        raise RuntimeError("nvjpegDecodeBatched failed (stand-in)")
+
+    on_gpu = TensorDecoder("TorchCodec 0.17", broken, device="cuda")
+    info, why = jpeg_decode_check(torch.device("cuda"), _jpegs(), decoder_for=lambda d: on_gpu)
+    assert why.startswith("JPEG decode on cuda: TorchCodec 0.17 on cuda raised on a batch of 3: RuntimeError")
+    assert gpu_check._section_failures({"skipped": [why]}) == []
+    info, why = jpeg_decode_check("cpu", _jpegs(4))
+    assert why is None and info["images"] == 4 and info["samples_per_s"] > 0
+
+
+def test_pin_loader_bytes_are_workers_times_prefetch_plus_the_one_in_use():
+    sample = 3 * 224 * 224 + 8                                     # uint8 image + int64 label
+    assert pin_loader_bytes(128, 4) == (4 * 2 + 1) * 128 * sample == 173_417_472
+    assert pin_loader_bytes(32, 1, prefetch=3) == 4 * 32 * sample
+    assert pin_loader_bytes(128, 0) == 0                           # no workers: no shared memory
+
+
+@pytest.mark.parametrize("free_mib, expect", [
+    (256, (128, 4)),          # 173.4 MB <= 0.8 x 268.4 MB: as asked
+    (180, (128, 3)),          # 0.8 x 188.7 MB = 151.0 MB: 3 workers need 134.9 MB
+    (64, (64, 1)),            # 1 worker at 128 needs 57.8 MB > 53.7 MB: batches of 64 (28.9 MB)
+    (10, (16, 1)),            # 0.8 x 10.5 MB = 8.4 MB: 1 worker, batches of 16 (7.2 MB)
+    (8, None),                # 6.7 MB < 7.2 MB: skipped, saying why
+])
+def test_lesson04s_pinning_loaders_are_fitted_into_dev_shm(free_mib, expect):
+    plan, why = plan_pin_loaders(free_mib * 1024 ** 2, batch_size=128, workers=4)
+    if expect is None:
+        assert plan is None and "even 1 worker with batches of 16 needs 6.9 MiB" in why
+        assert "not measured" in why
+    else:
+        assert (plan["batch_size"], plan["num_workers"]) == expect
+        assert plan["need_bytes"] == pin_loader_bytes(*expect) <= 0.8 * free_mib * 1024 ** 2
+        assert ("as asked" in why) == (expect == (128, 4))
+    plan, why = plan_pin_loaders(None, batch_size=128, workers=4)
+    assert (plan["batch_size"], plan["num_workers"]) == (128, 4)
+
+
+def _sweep(pageable, pinned_blocking, pinned_nb):
+    return BandwidthSweep(device="cuda:0", sizes_bytes=[1 << 20, 1 << 28],
+                          gbps={"pageable": pageable, "pinned_blocking": pinned_blocking,
+                                "pinned_non_blocking": pinned_nb, "device": [900.0, 2000.0]})
+
+
+def test_pinned_h2d_is_judged_against_every_copy_of_the_run_not_the_sweep_alone():
+    sweep = _sweep([3.0, 8.0], [5.0, 11.0], [5.5, 12.0])        # pinned is the sweep's fastest
+    results = {"mismeasure": {"nbytes": 1 << 28, "pinned": True, "honest_gbps": 13.0},
+               "overlap": {"copy_bytes": 24_000_000,
+                           "times_s": {"copy alone": {"pageable": 0.004, "pinned_non_blocking": 0.001}}},
+               "prefetch": {"copy_s_per_batch": 0.01}}
+    copies = run_h2d_copies(results, prefetch_bytes=38_535_168)
+    assert [round(g, 3) for _, g in copies] == [13.0, 6.0, 24.0, 3.854]
+    target = pinned_h2d_target(sweep, copies)
+    assert target["value"] == 12.0 / 24.0 and target["met"] is False      # far from the run's best
+    assert "overlap: pinned_non_blocking alone" in target["detail"]
+    assert pinned_h2d_target(sweep, [])["value"] == 1.0                    # the sweep alone: 1.0
+    near = pinned_h2d_target(sweep, [("naive-vs-honest copy", 13.0)])
+    assert near["value"] == 12.0 / 13.0 and near["met"] is True            # 0.923 >= 0.9
+    below = pinned_h2d_target(sweep, [("naive-vs-honest copy", 13.4)])
+    assert below["met"] is False                                           # 0.896 < 0.9
+    none = pinned_h2d_target(_sweep([3.0, 8.0], [None, None], [None, None]), copies)
+    assert none["value"] is None and none["met"] is None
+
+
+@pytest.mark.parametrize("tuned, recipe, met", [
+    (0.04, None, True),        # keeps up: under 5 %
+    (0.05, 0.09, False),       # not under 5 %, and not half the recipe's 9 %
+    (0.30, 0.60, True),        # half the recipe's wait exactly
+    (0.31, 0.60, False),
+    (0.30, None, False),       # the recipe not measured: only the 5 % rule
+    (None, 0.5, None),
+])
+def test_the_tuned_wait_target_is_keeping_up_or_halving_the_recipes_wait(tuned, recipe, met):
+    assert tuned_wait_met(tuned, recipe) is met

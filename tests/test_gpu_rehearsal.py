@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from course_authoring.gpu_check import NOTEBOOKS, OWN_FILES
+from course_authoring.gpu_preflight import toolchain
 from course_utils.reference import REFERENCE_NAMES
 
 from _lesson04_run import check_cpu_run, check_reference_summary
@@ -42,7 +43,15 @@ def test_the_rehearsal_runs_every_step_and_passes(tmp_path):
     summary_lines = tail[tail.index("summary: REHEARSAL"):].splitlines()
     steps = [line for line in summary_lines if " s of " in line]
     assert len(steps) == 11 and sum("notebook" in line for line in steps) == len(NOTEBOOKS)
-    assert all(line.split()[0] == "passed" for line in steps if "nvidia-smi" not in line), steps
+    assert all(line.split()[0] == "passed" for line in steps), steps
+    assert text.startswith("== preflight: python ")                 # the preflight comes first
+    tools = toolchain()
+    if tools["ok_cpu"]:            # the compile path lesson 05 takes, once, with a tiny function
+        assert "[compile] torch.compile on cpu: first call (compiling)" in proc.stdout
+    else:
+        assert f"[compile] skipped: torch.compile on cpu not tried: {tools['why_not_cpu']}" in proc.stdout
+    summary = json.loads((out / "gpu_check_summary.json").read_text(encoding="utf-8"))["results"]
+    assert {"torch", "cudnn", "nccl", "compiler", "gpus", "shm_free_bytes"} <= set(summary["preflight"])
     names = sorted(p.name for p in out.iterdir())
     assert names == sorted(set(OWN_FILES) | {f"{n}.json" for n in REFERENCE_NAMES})
     assert len(names) <= 8
@@ -55,3 +64,5 @@ def test_the_rehearsal_runs_every_step_and_passes(tmp_path):
     lesson04 = json.loads((out / "lesson04_transfer.json").read_text(encoding="utf-8"))["results"]
     check_cpu_run(lesson04)            # every section of lesson 04, as the notebook writes them
     check_reference_summary(lesson04)
+    lesson05 = json.loads((out / "lesson05_augment.json").read_text(encoding="utf-8"))["results"]
+    assert lesson05["jpeg_decode"]["ran_on"] == "cpu" and lesson05["jpeg_decode"]["samples_per_s"] > 0

@@ -12,8 +12,10 @@ import time
 import psutil
 import pytest
 
+from course_authoring import step_runner
 from course_authoring.step_runner import (SUMMARY_CHARS, TAG_VAR, Step, StepResult, failure_lines,
-                                          run_step, run_steps, summary_block, sweep, worst_case_s)
+                                          run_step, run_steps, step_worst_s, summary_block, sweep,
+                                          worst_case_s)
 
 pytestmark = pytest.mark.timeout(120)
 PY = sys.executable
@@ -61,9 +63,28 @@ def test_a_step_out_of_time_is_stopped_and_says_where_it_was():
 def test_a_step_that_ignores_sigterm_is_killed_after_the_grace():
     code = ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
             "print('stubborn', flush=True)\ntime.sleep(60)")
+    step = Step("stubborn", _py(code), 2, grace_s=1)
     t0 = time.perf_counter()
-    result, _ = _run(Step("stubborn", _py(code), 2, grace_s=1))
-    assert result.status == "timed out" and time.perf_counter() - t0 < 2 + 1 + 5
+    result, _ = _run(step)
+    assert result.status == "timed out" and time.perf_counter() - t0 < step_worst_s(step) + 1
+
+
+def test_a_stuck_step_and_its_stubborn_orphan_cost_at_most_the_counted_worst_case(tmp_path):
+    # the step and a grandchild in a session of its own both ignore SIGTERM: the whole kill
+    # path runs (SIGTERM to both, the grace, SIGKILL to both, the wait), once
+    pid_file = tmp_path / "orphan.pid"
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
+    code = (f"import signal, subprocess, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            f"p = subprocess.Popen([sys.executable, '-c', {stubborn!r}], start_new_session=True)\n"
+            f"open({str(pid_file)!r}, 'w').write(str(p.pid))\nprint('stuck', flush=True)\ntime.sleep(120)")
+    step = Step("stuck", _py(code), 3, grace_s=1)
+    t0 = time.perf_counter()
+    result, _ = _run(step)
+    elapsed = time.perf_counter() - t0
+    assert result.status == "timed out" and result.left_behind == 1
+    pid = int(pid_file.read_text())
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert elapsed < step_worst_s(step) + 1            # 3 + 0.2 + 1 + 1.5 + 0.3, and start-up slack
 
 
 def _orphan_code(pid_file) -> str:
@@ -129,9 +150,15 @@ def test_failure_lines_keep_the_last_distinct_ones():
     assert failure_lines("x" * 1000 + " Error")[0] == "x" * 300
 
 
-def test_worst_case_adds_every_timeout_grace_and_the_rest():
+def test_worst_case_counts_every_escalation_of_the_kill_path():
+    # by hand: the poll that notices the timeout, SIGTERM's grace, the wait after SIGKILL and the
+    # process-table scans, for each step, then what runs outside the steps
+    assert (step_runner.POLL_S, step_runner.KILL_WAIT_S, step_runner.SCAN_S) == (0.2, 1.5, 0.3)
     steps = [Step("a", ["a"], 10, grace_s=2), Step("b", ["b"], 25.5, grace_s=1)]
-    assert worst_case_s(steps, 7) == 10 + 2 + 25.5 + 1 + 7
+    assert step_worst_s(steps[0]) == 10 + 0.2 + 2 + 1.5 + 0.3 == 14.0
+    assert step_worst_s(steps[1]) == 25.5 + 0.2 + 1 + 1.5 + 0.3 == 28.5
+    assert worst_case_s(steps, 7) == 14.0 + 28.5 + 7 == 49.5
+    assert step_runner.GRACE_S == 1.0 and step_worst_s(Step("default grace", ["c"], 5)) == 8.0
 
 
 def _result(name: str, status: str, failures=(), required=True) -> StepResult:
