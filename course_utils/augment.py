@@ -1,14 +1,9 @@
-"""Lesson 05: augmentation on the device, batched, with per-sample randomness.
-
-One augmentation written twice: :func:`augment_batch`, a handful of torch kernels per batch on
-any device, and :class:`AugmentTransform`, per sample with OpenCV in a DataLoader worker. Both
-run random resized crop (torchvision's sampling, bilinear, half-pixel), horizontal flip,
-brightness, contrast (blend with the grey mean) and normalise. :func:`draw_batch` and
+"""Lesson 05: augmentation on the device, batched, with per-sample randomness. One augmentation
+twice: :func:`augment_batch` (a few torch kernels per batch, any device) and
+:class:`AugmentTransform` (per sample, OpenCV, in a worker): random resized crop (torchvision's
+sampling, bilinear, half-pixel), flip, brightness, contrast, normalise. :func:`draw_batch` and
 :func:`draw_sample` draw the same distribution; for the same draws the two agree within
-:data:`AGREE_MAX_LEVELS` grey levels (the CPU one rounds the resized crop to uint8;
-``exact=True`` agrees within :data:`EXACT_MAX_LEVELS`). Lesson 05 writes the batched version
-in full.
-"""
+:data:`AGREE_MAX_LEVELS` grey levels (``exact=True``: :data:`EXACT_MAX_LEVELS`)."""
 from __future__ import annotations
 
 import math

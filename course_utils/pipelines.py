@@ -1,11 +1,8 @@
-"""The course's in-memory loaders: the common recipe (an emulation) and the tuned CPU pipeline,
-reading the course's JPEG bytes from RAM (the recipes on files are in :mod:`course_utils.tools.bench.recipes`).
-
-The **common recipe** is what many tutorials paste: one thread via ``torch.set_num_threads(1)``
-and ``OMP/MKL/OPENBLAS_NUM_THREADS=1``, ``num_workers=4``, per-sample float32, pinned memory. The
-**tuned CPU pipeline** applies lessons 01-03: uint8 until the device, one thread per worker pool,
-workers from the usable CPUs, batched fetching into one preallocated uint8 batch.
-"""
+"""The course's in-memory loaders over JPEG bytes in RAM (on files: ``tools.bench.recipes``).
+The **common recipe** many tutorials paste: ``torch.set_num_threads(1)``,
+``OMP/MKL/OPENBLAS_NUM_THREADS=1``, ``num_workers=4``, per-sample float32, pinned memory. The **tuned CPU pipeline** applies lessons
+01-03: uint8 until the device, one thread per worker pool, workers from the usable CPUs, batched
+fetching into one preallocated uint8 batch."""
 from __future__ import annotations
 
 import contextlib

@@ -70,26 +70,21 @@ _START_METHOD_CASES = {
 
 #: What a forkserver's workers get of ``__main__``, per :func:`forkserver_main` case.
 FORKSERVER_MAIN = {
-    "none": (
-        "here __main__ has no file (a notebook kernel, python -c, the REPL), so the server ran "
-        "none of it: settings made here by calls (torch.set_num_threads, cv2.setNumThreads, "
-        "threadpoolctl limits) are not inherited, and each worker imports torch itself unless the "
-        "preload names it"),
-    "inherited": (
-        "here __main__ is a script whose top level this Python's server ran once (CPython's fix "
-        "for gh-126631, in 3.14 and 3.13.8): its imports and calls (import torch, "
-        "torch.set_num_threads, cv2.setNumThreads) are inherited by every worker, and a "
-        "module-level CUDA call initialises CUDA in the server, so a worker that uses CUDA fails "
-        "as under fork; code under if __name__ == '__main__' is not inherited"),
-    "rerun": (
-        "the server ran none of __main__ here (a python -m module, or a script on a Python "
-        "without CPython's fix for gh-126631, which came in 3.14 and 3.13.8): each worker runs "
-        "its top level again itself, imports and calls included"),
+    "none": ("here __main__ has no file (a notebook kernel, python -c, the REPL), so the server "
+             "ran none of it: calls made here (torch.set_num_threads, cv2.setNumThreads) are not "
+             "inherited, and each worker imports torch itself unless the preload names it"),
+    "inherited": ("here __main__ is a script whose top level the server ran once (CPython's fix "
+                  "for gh-126631, in 3.14 and 3.13.8): its imports and calls are inherited by "
+                  "every worker, and after a top-level CUDA call CUDA fails in a worker as under "
+                  "fork; code under if __name__ == '__main__' is not inherited"),
+    "rerun": ("the server ran none of __main__ here (python -m, or a script on a Python without "
+              "CPython's fix for gh-126631): each worker runs its top level again itself"),
 }
 
+
 def server_runs_main() -> bool:
-    """Whether this Python's forkserver runs the main script in its server (CPython's fix for
-    gh-126631/gh-137996), read from multiprocessing's source."""
+    """Whether this Python's fork server runs the main script (gh-126631's fix), read from
+    multiprocessing's source, else from the version."""
     try:
         import multiprocessing.forkserver as fs    # here: absent on some platforms
         return "init_main_from_path" in inspect.getsource(fs.ForkServer.ensure_running)
@@ -104,6 +99,7 @@ def forkserver_main() -> str:
         return "inherited" if server_runs_main() else "rerun"
     name = data.get("init_main_from_name", "__main__")
     return "none" if name == "__main__" or name.endswith(".__main__") else "rerun"
+
 
 def explain_start_method(method: str | None = None) -> str:
     """A few sentences on how DataLoader workers start with ``method`` (default: this

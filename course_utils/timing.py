@@ -352,8 +352,8 @@ def measure_data_wait(loader: Iterable, step_fn: Callable[[Any], Any], *,
                       device: Any = None) -> DataWait:
     """Run a training loop and time, per step, the wait for its batch (``next`` plus the move to
     ``device`` when given) and the step. The warm-up and window are :func:`measure_loader`'s. On
-    CUDA every clock reading waits for the device, so the wait is an upper bound (the syncs keep
-    loading from overlapping the GPU's last kernels); on a CPU it is what the loop waited."""
+    CUDA every clock reading waits for the device (the syncs keep loading from overlapping the
+    GPU's last kernels), so the wait is no bound either way; on a CPU it is what the loop waited."""
     if not callable(step_fn):
         raise TypeError(f"step_fn must be a callable taking one batch, got {type(step_fn).__name__}.")
     sync = synchronizer(device)

@@ -1,13 +1,10 @@
-"""The course's reference preprocessing pipeline, written three ways: NumPy, OpenCV, torch (CPU).
-
-    decoded RGB uint8 -> resize (shorter side to params.resize, half-pixel bilinear, no
-    antialiasing) -> centre crop (params.crop, torchvision's box) -> [flip] -> normalise
-    ((x / 255 - mean) / std) -> contiguous CHW tensor
-
-Lesson 01 writes it by hand first. Decode is shared (NumPy has none). The three differ only in
-rounding resized pixels to uint8: every value is within :data:`MAX_DIFF_LEVELS` grey levels of
-:func:`exact_pipeline` and the mean within :data:`MEAN_DIFF_LEVELS` (truncating shifts it ~0.5).
-"""
+"""The course's reference preprocessing pipeline, written three ways: NumPy, OpenCV, torch (CPU):
+decoded RGB uint8 -> resize (shorter side to params.resize, half-pixel bilinear, no antialiasing)
+-> centre crop (params.crop, torchvision's box) -> [flip] -> normalise ((x / 255 - mean) / std)
+-> contiguous CHW tensor. Lesson 01 writes it by hand first. Decode is shared (NumPy has none).
+The three differ only in rounding resized pixels to uint8: every value is within
+:data:`MAX_DIFF_LEVELS` grey levels of :func:`exact_pipeline` and the mean within
+:data:`MEAN_DIFF_LEVELS` (truncating shifts it ~0.5)."""
 from __future__ import annotations
 
 import functools

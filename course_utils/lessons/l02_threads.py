@@ -1,12 +1,8 @@
-"""Lesson 02's workload and worker start, which exercise 02's grader runs in its workers too: an
-OpenCV-heavy augmentation (:class:`OpenCVHeavyTransform`, picklable under every start method) and
-the ``forkserver`` context whose server preloads torch and OpenCV (:func:`forkserver_context`).
-
-Why forkserver for lesson 02's grid: a forked worker inherits the parent's thread pools'
-bookkeeping but not their threads (``cv2.getNumThreads()`` reads the parent's count while OpenCV
-runs on one thread), and torch's OpenMP pool cannot grow past one thread there without hanging;
-forkserver and spawn workers start clean, with the threads they report.
-"""
+"""Lesson 02's workload and worker start, which exercise 02's grader runs in its workers too:
+:class:`OpenCVHeavyTransform` (picklable under every start method) and :func:`forkserver_context`,
+whose server preloads torch and OpenCV. Forkserver, because a forked worker copies its parent's
+pools' bookkeeping but not their threads (and torch's OpenMP pool cannot grow there without
+hanging), while forkserver workers report the threads they run."""
 from __future__ import annotations
 
 import multiprocessing
