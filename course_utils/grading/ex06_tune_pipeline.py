@@ -18,6 +18,7 @@ from course_utils.data import JpegDataset, ToTensorUint8
 from course_utils.machine import usable_cpus
 from course_utils.measurement import Measurement, compare
 from course_utils.pipelines import tuned_loader
+from course_utils.start_methods import resolve_context
 from course_utils.timing import default_warmup, measure_loader
 from course_utils.tools.tune.search import WORKER_TIMEOUT_S
 
@@ -201,14 +202,16 @@ def _check_loader(loader: Any, batch_size: int) -> None:
 
 # ---- speed and cores, side by side with the reference --------------------------------------
 def _resampled(loader: DataLoader, batch_size: int, samples: int, keep_workers: bool) -> DataLoader:
-    """The same loader drawing ``samples`` random samples an epoch; ``keep_workers``: persistent."""
+    """The same loader drawing ``samples`` random samples an epoch; ``keep_workers``: persistent.
+    Its own timeout, else WORKER_TIMEOUT_S under fork and none elsewhere (why: tune/window.py)."""
     kwargs: dict[str, Any] = dict(num_workers=loader.num_workers, collate_fn=loader.collate_fn,
                                   pin_memory=loader.pin_memory)
     if loader.num_workers:
         kwargs.update(worker_init_fn=loader.worker_init_fn, prefetch_factor=loader.prefetch_factor,
                       persistent_workers=loader.persistent_workers or keep_workers,
                       multiprocessing_context=loader.multiprocessing_context,
-                      timeout=loader.timeout or WORKER_TIMEOUT_S)
+                      timeout=loader.timeout or (WORKER_TIMEOUT_S if resolve_context(
+                          loader.multiprocessing_context)[1] == "fork" else 0))
     draw = RandomSampler(loader.dataset, num_samples=max(len(loader.dataset), int(samples)))
     if loader.batch_sampler is not None:
         return DataLoader(loader.dataset, batch_size=batch_size, sampler=draw,

@@ -227,11 +227,11 @@ def worker_memory(dataset: Dataset, num_workers: int = 2, *, batch_size: int = 2
                   readings: int = 6, freeze_gc: bool = False, timeout_s: float = 120.0,
                   label: Optional[str] = None) -> WorkerMemory:
     """Each worker's private memory (USS, bytes) over one epoch of ``dataset`` in real workers:
-    read before its first fetch and about ``readings`` times during the epoch (always at its
-    end), the samples (``dataset[i]``, shuffled with ``seed``) dropped, so only *reading* the
-    dataset is measured. Under fork growth is copy-on-read; under spawn/forkserver each worker
-    unpickles its own copy first (the start USS). ``freeze_gc``: ``gc.freeze()`` here while the
-    workers run; ``timeout_s``: seconds a request may take."""
+    read before its first fetch and about ``readings`` times in the epoch (always at its end), the
+    samples (``dataset[i]``, shuffled with ``seed``) dropped: only *reading* it is measured. Under
+    fork growth is copy-on-read; under spawn/forkserver each worker unpickles its own copy first
+    (the start USS). ``freeze_gc``: ``gc.freeze()`` here while the workers run; ``timeout_s``: a
+    request's limit, under fork only (elsewhere a timeout only delays a dead worker's error)."""
     where = "worker_memory"
     if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
         raise TypeError(f"{where}: dataset must be a map-style Dataset (with __getitem__ and "
@@ -252,7 +252,7 @@ def worker_memory(dataset: Dataset, num_workers: int = 2, *, batch_size: int = 2
     requests = _ProbeRequests(n, batch_size, bool(shuffle), int(seed), num_workers, readings)
     loader = DataLoader(_MemoryProbe(dataset), batch_size=None, sampler=requests,
                         num_workers=num_workers, multiprocessing_context=context,
-                        timeout=timeout_s)
+                        timeout=timeout_s if method == "fork" else 0)
     if freeze_gc:
         gc.collect()
         gc.freeze()

@@ -201,6 +201,8 @@ def run_in_workers(init: Callable[[int], Any], method: str, num_workers: int,
     graded = _GradedInit(init, folder, dump_after, forked=method == "fork")
     thread_pools()  # registers course_utils.fork_safety's before-fork hook in this process
     context = forkserver_context() if method == "forkserver" else multiprocessing.get_context(method)
+    # a timeout under every method: it is how an init that hangs is caught. The price: under
+    # forkserver (and spawn on Windows) a worker that died at start-up is reported only when it ends
     loader = DataLoader(_WorkerProbe(num_workers, jpeg, folder, dump_after), batch_size=None,
                         num_workers=num_workers, worker_init_fn=graded,
                         multiprocessing_context=context, timeout=timeout_s)

@@ -35,17 +35,18 @@ from course_utils.measurement import Comparison, Measurement, compare
 from course_utils.pipelines import (TransformedDataset, common_recipe_loader,
                                     recipe_process_settings)
 from course_utils.process_tree import stop_workers
+from course_utils.start_methods import resolve_context
 from course_utils.timing import default_warmup, measure_loader
 
 from .result import DEFAULTS_LABEL, RECIPE_LABEL, TUNED_LABEL, LoaderSettings
 
-#: seconds a DataLoader waits for one batch from a worker before it gives up (a hung worker)
+#: seconds a forked worker may take per batch (then a hung one raises); none under forkserver or
+#: spawn, where torch learns that a worker died only when the timeout runs out
 WORKER_TIMEOUT_S = 120
 
 
 class Draws(Sampler):
-    """Random indices over ``n`` items (shuffled passes, one after another), ``length`` per epoch:
-    set before each window, so that the window ends its epoch."""
+    """Shuffled passes over ``n`` indices, ``length`` per epoch (set so that a window ends it)."""
 
     def __init__(self, n: int) -> None:
         self.n, self.length = n, n
@@ -105,21 +106,21 @@ def sigint_deferred() -> Iterator[None]:
 
 
 def rebuilt(loader: DataLoader) -> DataLoader:
-    """``loader`` again with a :class:`Draws` sampler, a worker timeout, workers deaf to Ctrl-C."""
+    """``loader`` again with a :class:`Draws` sampler, a fork-only timeout, workers deaf to Ctrl-C."""
     kwargs: dict[str, Any] = dict(batch_size=loader.batch_size, num_workers=loader.num_workers,
                                   collate_fn=loader.collate_fn, pin_memory=loader.pin_memory)
     if loader.num_workers:
+        fork = resolve_context(loader.multiprocessing_context)[1] == "fork"
         kwargs.update(worker_init_fn=QuietInit(loader.worker_init_fn),
                       prefetch_factor=loader.prefetch_factor,
                       persistent_workers=loader.persistent_workers,
                       multiprocessing_context=loader.multiprocessing_context,
-                      timeout=loader.timeout or WORKER_TIMEOUT_S)
+                      timeout=loader.timeout or (WORKER_TIMEOUT_S if fork else 0))
     return DataLoader(loader.dataset, sampler=Draws(len(loader.dataset)), **kwargs)
 
 
 class Timed:
-    """A loader as a training loop sees it (module docstring); :meth:`close` shuts down every
-    worker it started."""
+    """A loader as a training loop sees it (module docstring); :meth:`close` stops its workers."""
 
     def __init__(self, loader: DataLoader, device: Any = None,
                  consumer: Callable[[Any], Any] | None = None) -> None:
@@ -201,8 +202,7 @@ def make_consumer(step_s: Any, step: Any) -> tuple[Callable[[Any], Any] | None, 
         if not callable(step):
             raise TypeError(f"step must be a function called on each batch (your training "
                             f"step), got {type(step).__name__}; or pass step_s=seconds.")
-        return step, f"{getattr(step, '__name__', type(step).__name__)}(batch), called on " \
-                     f"each batch"
+        return step, f"{getattr(step, '__name__', type(step).__name__)}(batch), called on each batch"
     seconds = 0.0 if step_s is None else check_seconds("step_s", step_s, "tune_loader")
     if not seconds:
         return None, "none: the loader alone (pass step_s or --step-ms: your training step)"
