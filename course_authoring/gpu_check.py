@@ -58,12 +58,13 @@ IN_PROCESS_S = 8
 #: CPUs for the steps that only prove a path works (fewer DataLoader workers to start).
 QUICK_CPUS = 8
 #: The notebooks the check runs, in quick mode, each a step of its own with its timeout (quick
-#: rehearsal on 2 CPUs: 11-16, 31, 23-28 s). Notebook 05 compiles augment_batch on CUDA: a cold
-#: torch.compile there takes 10-30 s more.
+#: rehearsal on 2 CPUs: 11-16, 31, 23-28 s). Notebook 05 also compiles augment_batch on CUDA: its
+#: cold compile is not measured yet; the probe's tiny function took 12.9-18 s cold, 3.3 s warm
+#: (measured on a 2-CPU machine), and 05's step has 65 s for it.
 NOTEBOOKS = {"04_host_to_device.ipynb": 25, "05_gpu_augmentation.ipynb": 65,
              "08_find_the_stall.ipynb": 36}
-#: The torch.compile probe's step (a tiny function; cold on a 2-core CPU: 18 s, 22 s with start-up;
-#: 7 s with Inductor's cache warm).
+#: The torch.compile probe's step (a tiny function; its first call took 12.9-18 s cold, 3.3 s with
+#: Inductor's cache warm, measured on a 2-CPU machine; the step up to 22 s with start-up).
 COMPILE_S = 28
 #: The DDP step's launch limit (measure_ddp's timeout_s: one rank's CUDA and NCCL set-up and its
 #: epoch; 9 s in a CPU rehearsal) and the step's own timeout around it (python, imports, exit).

@@ -63,8 +63,9 @@ def workers_that_fit(shm_bytes: int, batch_size: int, side: int, wanted: int) ->
 def compile_probe(device: Any, tools: Optional[Mapping] = None) -> dict:
     """``torch.compile`` of a tiny function on ``device`` (Triton on CUDA, Inductor's C++ backend on
     the CPU), checked against eager: the compile path lesson 05's compile cell takes, at the least
-    cost (on a 2-core CPU a cold compile took 18 s). Where the toolchain (:func:`toolchain`) is
-    missing it compiles nothing: ``skipped`` says why. Raises what the compile raises."""
+    cost (a cold first call took 12.9-18 s, measured on a 2-CPU machine). Where the toolchain
+    (:func:`toolchain`: lesson 05's own check) is missing it compiles nothing: ``skipped`` says
+    why. Raises what the compile raises."""
     dev = torch.device(device)
     tools = toolchain() if tools is None else tools
     key = "cuda" if dev.type == "cuda" else "cpu"

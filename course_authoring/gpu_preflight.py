@@ -1,14 +1,10 @@
 """gpu-check's preflight: what the machine brings before any step runs, printed first and kept
 in the summary (:func:`preflight`): Python, torch, torchvision, CUDA, cuDNN and NCCL versions,
 each GPU's compute and persistence mode (nvidia-smi, bounded like a step), the compilers
-``torch.compile`` needs (:func:`toolchain`), /dev/shm. Authors' tooling."""
+``torch.compile`` needs (:func:`toolchain`: lesson 05's own check), /dev/shm. Authors' tooling."""
 from __future__ import annotations
 
-import os
 import platform
-import shutil
-import sysconfig
-from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
 import torch
@@ -17,6 +13,7 @@ import torchvision
 from course_utils.jpeg_decoders import tensor_decoder
 from course_utils.tools.bench.dali import dali_missing
 
+from .notebook_modules import notebook_module
 from .step_runner import Step, StepResult, run_step
 
 __all__ = ["SMI_QUERY", "SMI_TIMEOUT_S", "smi_step", "nvidia_smi_gpus", "toolchain", "preflight",
@@ -26,6 +23,8 @@ __all__ = ["SMI_QUERY", "SMI_TIMEOUT_S", "smi_step", "nvidia_smi_gpus", "toolcha
 SMI_QUERY = ("nvidia-smi", "--query-gpu=index,name,driver_version,compute_mode,persistence_mode",
              "--format=csv,noheader")
 SMI_TIMEOUT_S = 3
+#: The notebook whose lesson05_compile cell checks the compile toolchain (one check, the lesson's).
+NOTEBOOK = "05_gpu_augmentation.ipynb"
 GIB = 1024 ** 3
 
 
@@ -38,29 +37,18 @@ def smi_step() -> Step:
     return Step("nvidia-smi (preflight)", list(SMI_QUERY), SMI_TIMEOUT_S, required=False)
 
 
-def toolchain(env: Mapping[str, str] = os.environ, which: Callable[[str], Optional[str]] = shutil.which,
-              include_dir: Optional[str] = None) -> dict:
-    """What ``torch.compile`` needs to build kernels here: Triton (CUDA) a C compiler (``$CC``,
-    else gcc, else clang: triton/runtime/build.py's order), Inductor's CPU backend a C++ one
-    (``$CXX``, else g++), both Python.h (``sysconfig``'s include folder). Keys: c_compiler,
-    cxx_compiler, python_h (paths or None), ok_cuda, ok_cpu, why_not_cuda, why_not_cpu."""
-    def find(var: str, names: tuple) -> Optional[str]:
-        if env.get(var):
-            return which(env[var]) or None
-        return next((found for n in names if (found := which(n))), None)
-
-    if include_dir is None:
-        scheme = sysconfig.get_default_scheme()
-        include_dir = sysconfig.get_paths(scheme="posix_prefix" if scheme == "posix_local" else scheme)["include"]
-    header = Path(include_dir) / "Python.h"
-    info = {"c_compiler": find("CC", ("gcc", "clang")), "cxx_compiler": find("CXX", ("g++", "clang++")),
-            "python_h": str(header) if header.is_file() else None}
-    missing_h = None if info["python_h"] else f"no Python.h in {include_dir} (install python3-dev)"
-    for key, compiler, what in (("cuda", "c_compiler", "C compiler ($CC, gcc or clang) for Triton"),
-                                ("cpu", "cxx_compiler", "C++ compiler ($CXX or g++) for Inductor's CPU backend")):
-        why = "; ".join(w for w in ((None if info[compiler] else f"no {what} on PATH"), missing_h) if w)
-        info[f"ok_{key}"], info[f"why_not_{key}"] = not why, why or None
-    return info
+def toolchain(check: Optional[Callable[[str], Mapping[str, Any]]] = None) -> dict:
+    """What ``torch.compile`` needs to build kernels here, as lesson 05's compile cell checks it
+    (``check``: its ``lesson05_compile.compile_toolchain``, imported from the notebook), asked for
+    CUDA (Triton: a C compiler) and the CPU (Inductor: a C++ one). Keys: c_compiler, cxx_compiler,
+    python_h (paths or None), ok_cuda, ok_cpu, why_not_cuda, why_not_cpu."""
+    if check is None:
+        check = notebook_module(NOTEBOOK, "lesson05_compile").compile_toolchain
+    cuda, cpu = check("cuda"), check("cpu")
+    return {"c_compiler": cuda["compiler"], "cxx_compiler": cpu["compiler"],
+            "python_h": cuda["python_h"] or cpu["python_h"],
+            "ok_cuda": cuda["missing"] is None, "ok_cpu": cpu["missing"] is None,
+            "why_not_cuda": cuda["missing"], "why_not_cpu": cpu["missing"]}
 
 
 def nvidia_smi_gpus(run: Callable[..., StepResult] = run_step) -> tuple[list[dict], str | None]:

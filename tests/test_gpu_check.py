@@ -470,8 +470,18 @@ def test_nvidia_smi_rows_and_why_not():
     assert nvidia_smi_gpus(run=_fake_smi("No devices were found\n")) == ([], "nvidia-smi listed no GPU")
 
 
+def _lesson_check(c=None, cxx=None, header=None):
+    """lesson05_compile.compile_toolchain stood in: compilers by device, one Python.h."""
+    def check(device):
+        compiler = c if device == "cuda" else cxx
+        why = [f"no {'C' if device == 'cuda' else 'C++'} compiler ({device})"] if compiler is None else []
+        why += [] if header else ["no Python.h in /nowhere"]
+        return {"compiler": compiler, "python_h": header, "missing": "; ".join(why) or None}
+    return check
+
+
 def test_the_preflight_holds_every_key_and_says_them_in_one_line():
-    tools = toolchain(env={}, which=lambda n: None, include_dir="/nowhere")
+    tools = toolchain(_lesson_check())
     pf = preflight(_mem(0.0625, 0.0625), cuda=True, gpus=lambda: nvidia_smi_gpus(run=_fake_smi(_SMI)),
                    versions=lambda: dict(_VERSIONS), tools=lambda: tools)
     assert set(pf) == PREFLIGHT_KEYS and pf["cuda_available"] is True
@@ -483,7 +493,8 @@ def test_the_preflight_holds_every_key_and_says_them_in_one_line():
                  "C compiler none", "Python.h MISSING", "/dev/shm 0.1 GiB free of 0.1 GiB"):
         assert part in line, part
     warnings = preflight_warnings(pf, rehearse=False)
-    assert "torch.compile cannot build kernels on cuda" in warnings[0] and "Triton" in warnings[0]
+    assert warnings[0] == ("WARNING: torch.compile cannot build kernels on cuda here (no C compiler (cuda); "
+                           "no Python.h in /nowhere): its probe and notebook 05's compile cell skip, saying so")
     assert "compute mode Exclusive_Process" in warnings[1]
     bare = preflight_line(dict(pf, gpus=[], nvidia_smi="could not start 'nvidia-smi'", cuda=None,
                                cuda_available=False, shm_free_bytes=None))
@@ -491,27 +502,26 @@ def test_the_preflight_holds_every_key_and_says_them_in_one_line():
     assert bare.endswith("/dev/shm not found")
 
 
-def test_the_toolchain_check_names_what_torch_compile_lacks(tmp_path):
-    (tmp_path / "Python.h").write_text("")
-    have = {"gcc": "/usr/bin/gcc", "g++": "/usr/bin/g++", "clang": "/opt/clang"}
-    full = toolchain(env={}, which=have.get, include_dir=str(tmp_path))
-    assert full["ok_cuda"] and full["ok_cpu"] and full["c_compiler"] == "/usr/bin/gcc"
-    assert full["python_h"] == str(tmp_path / "Python.h") and full["why_not_cuda"] is None
-    only_clang = toolchain(env={}, which={"clang": "/opt/clang"}.get, include_dir=str(tmp_path))
-    assert only_clang["ok_cuda"] and only_clang["c_compiler"] == "/opt/clang"
-    assert not only_clang["ok_cpu"] and "C++ compiler" in only_clang["why_not_cpu"]
-    cc_gone = toolchain(env={"CC": "/no/such/cc"}, which=lambda n: have.get(n) if "/" not in n else None,
-                        include_dir=str(tmp_path))
-    assert not cc_gone["ok_cuda"] and cc_gone["ok_cpu"]              # $CC wins, as in Triton
-    no_header = toolchain(env={}, which=have.get, include_dir=str(tmp_path / "empty"))
-    assert not no_header["ok_cuda"] and not no_header["ok_cpu"] and "Python.h" in no_header["why_not_cpu"]
+def test_the_toolchain_is_lesson_05s_own_check_asked_for_cuda_and_the_cpu():
+    only_c = toolchain(_lesson_check(c="/opt/clang", header="/inc/Python.h"))
+    assert only_c == {"c_compiler": "/opt/clang", "cxx_compiler": None, "python_h": "/inc/Python.h",
+                      "ok_cuda": True, "ok_cpu": False, "why_not_cuda": None,
+                      "why_not_cpu": "no C++ compiler (cpu)"}
+    only_cxx = toolchain(_lesson_check(cxx="/usr/bin/g++"))
+    assert (only_cxx["ok_cuda"], only_cxx["ok_cpu"]) == (False, False) and only_cxx["python_h"] is None
+    assert only_cxx["why_not_cpu"] == "no Python.h in /nowhere"
+    # by default: the notebook's %%writefile lesson05_compile cell, as the learner runs it
+    lesson = gpu_preflight.notebook_module(gpu_preflight.NOTEBOOK, "lesson05_compile").compile_toolchain
+    here = toolchain()
+    assert here == toolchain(lesson)
+    assert (here["c_compiler"], here["ok_cpu"]) == (lesson("cuda")["compiler"], lesson("cpu")["missing"] is None)
 
 
 def test_without_a_toolchain_the_compile_probe_skips_with_the_reason(monkeypatch):
-    tools = toolchain(env={}, which=lambda n: None, include_dir="/nowhere")
+    tools = toolchain(_lesson_check(c="/usr/bin/gcc", header="/inc/Python.h"))   # C, but no C++
     monkeypatch.setattr(torch, "compile", lambda *a, **k: pytest.fail("compiled without a toolchain"))
     result = compile_probe("cpu", tools)
-    assert result["skipped"].startswith("torch.compile on cpu not tried: no C++ compiler")
+    assert result["skipped"] == "torch.compile on cpu not tried: no C++ compiler (cpu)"
     lines = []
     assert run_compile_probe(rehearse=True, log=lines.append, probe=lambda d: result) == 0
     assert lines == [f"[compile] skipped: {result['skipped']}"]

@@ -82,43 +82,104 @@ def test_the_library_is_the_decoders_own_first(monkeypatch, decode, tmp_path):
     assert Path(decode.nvjpeg_library("torchvision")).name == "libnvjpeg.so.12"
 
 
-def toolchain(monkeypatch, mod, tmp_path, on_path, env=(), headers=True):
+def toolchain(monkeypatch, mod, tmp_path, on_path, env=(), headers=True, scheme="venv"):
+    """Stand in for the PATH (`on_path`: names and the env paths that resolve), $CC/$CXX and
+    sysconfig; the include folder is per scheme, so a check that reads the wrong one misses."""
     for name in ("CC", "CXX"):
         monkeypatch.delenv(name, raising=False)
     for name in env:
         monkeypatch.setenv(name, "/opt/bin/" + name.lower())
-    monkeypatch.setattr(mod.shutil, "which", lambda name: f"/usr/bin/{name}" if name in on_path else None)
+    monkeypatch.setattr(mod.shutil, "which",
+                        lambda name: (name if name.startswith("/") else f"/usr/bin/{name}") if name in on_path else None)
     monkeypatch.setattr(mod.sys, "platform", "linux")
-    include = tmp_path / "include" / "python3.x"
-    include.mkdir(parents=True, exist_ok=True)
+    folders = {s: tmp_path / s / "include" / "python3.x" for s in ("venv", "posix_prefix", "posix_local")}
+    for folder in folders.values():
+        folder.mkdir(parents=True, exist_ok=True)
+    include = folders["posix_prefix" if scheme == "posix_local" else scheme]     # Triton's rule
     if headers:
         (include / "Python.h").write_text("")
-    monkeypatch.setattr(mod.sysconfig, "get_paths", lambda: {"include": str(include),
-                                                             "stdlib": str(tmp_path / "lib" / "python3.x")})
+    monkeypatch.setattr(mod.sysconfig, "get_default_scheme", lambda: scheme)
+    monkeypatch.setattr(mod.sysconfig, "get_paths", lambda scheme=None: {
+        "include": str(folders[scheme]), "stdlib": str(tmp_path / scheme / "lib" / "python3.x")})
     return include
 
 
-@pytest.mark.parametrize("device, on_path, env, missing", [
-    ("cuda", {"gcc"}, (), None),
-    ("cuda", {"clang"}, (), None),
-    ("cuda", set(), ("CC",), None),
-    ("cuda", {"g++"}, (), "no C compiler: $CC is not set and gcc nor clang is on PATH"),   # Triton wants C
-    ("cpu", {"g++"}, (), None),
-    ("cpu", set(), ("CXX",), None),
-    ("cpu", {"gcc", "clang"}, (), "no C++ compiler: $CXX is not set and g++ is on PATH"),  # Inductor wants C++
+@pytest.mark.parametrize("device, on_path, env, compiler, missing", [
+    ("cuda", {"gcc", "clang"}, (), "/usr/bin/gcc", None),                # gcc before clang, as Triton
+    ("cuda", {"clang"}, (), "/usr/bin/clang", None),
+    ("cuda", {"gcc", "/opt/bin/cc"}, ("CC",), "/opt/bin/cc", None),      # $CC wins
+    ("cuda", {"gcc"}, ("CC",), None, "no C compiler: $CC=/opt/bin/cc is not a program on PATH"),
+    ("cuda", {"g++"}, (), None, "no C compiler: $CC is not set and no gcc or clang is on PATH"),  # Triton wants C
+    ("cpu", {"g++"}, (), "/usr/bin/g++", None),
+    ("cpu", {"g++", "/opt/bin/cxx"}, ("CXX",), "/opt/bin/cxx", None),
+    ("cpu", {"gcc", "clang", "clang++"}, (), None, "no C++ compiler: $CXX is not set and no g++ is on PATH"),
 ])
 def test_torch_compile_needs_the_compiler_of_its_backend(monkeypatch, compile_check, tmp_path, device,
-                                                        on_path, env, missing):
-    toolchain(monkeypatch, compile_check, tmp_path, on_path, env)
-    assert compile_check.compile_toolchain_missing(device) == missing
+                                                        on_path, env, compiler, missing):
+    include = toolchain(monkeypatch, compile_check, tmp_path, on_path, env)
+    found = compile_check.compile_toolchain(device)
+    assert found == {"compiler": compiler, "python_h": str(include / "Python.h"), "missing": missing}
+
+
+@pytest.mark.parametrize("platform, cxx", [("darwin", "clang++"), ("win32", "cl")])
+def test_inductors_compiler_elsewhere(monkeypatch, compile_check, tmp_path, platform, cxx):
+    toolchain(monkeypatch, compile_check, tmp_path, {"g++", cxx})
+    monkeypatch.setattr(compile_check.sys, "platform", platform)
+    assert compile_check.compile_toolchain("cpu")["compiler"] == f"/usr/bin/{cxx}"
+    toolchain(monkeypatch, compile_check, tmp_path, {"g++"})
+    monkeypatch.setattr(compile_check.sys, "platform", platform)
+    assert compile_check.compile_toolchain("cpu")["missing"] == f"no C++ compiler: $CXX is not set and no {cxx} is on PATH"
 
 
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_torch_compile_needs_the_python_headers(monkeypatch, compile_check, tmp_path, device):
     include = toolchain(monkeypatch, compile_check, tmp_path, {"gcc", "g++"}, headers=False)
-    missing = compile_check.compile_toolchain_missing(device)
-    assert missing.startswith(f"no Python.h in {include}") and "development headers" in missing
-    framework = tmp_path / "Headers"                           # a macOS framework build keeps them here
+    found = compile_check.compile_toolchain(device)
+    assert found["python_h"] is None and found["compiler"] is not None
+    assert found["missing"] == (f"no Python.h in {include}: install this Python's development headers "
+                                f"(python3-dev or the like)")
+    framework = tmp_path / "venv" / "Headers"                  # a macOS framework build keeps them here
     framework.mkdir()
     (framework / "Python.h").write_text("")
-    assert compile_check.compile_toolchain_missing(device) is None
+    assert compile_check.compile_toolchain(device) == {"compiler": found["compiler"],
+                                                       "python_h": str(framework / "Python.h"), "missing": None}
+
+
+def test_debians_posix_local_scheme_reads_posix_prefix(monkeypatch, compile_check, tmp_path):
+    include = toolchain(monkeypatch, compile_check, tmp_path, {"gcc"}, scheme="posix_local")
+    assert include == tmp_path / "posix_prefix" / "include" / "python3.x"
+    assert compile_check.compile_toolchain("cuda")["python_h"] == str(include / "Python.h")
+
+
+def test_both_missing_are_both_said(monkeypatch, compile_check, tmp_path):
+    include = toolchain(monkeypatch, compile_check, tmp_path, set(), headers=False)
+    assert compile_check.compile_toolchain("cpu")["missing"] == (
+        f"no C++ compiler: $CXX is not set and no g++ is on PATH; no Python.h in {include}: install "
+        f"this Python's development headers (python3-dev or the like)")
+
+
+def test_the_decode_is_labelled_where_it_ran():
+    """Section 7 and the advice table label the batched decode with the device tensor_decoder decodes on (the CPU when
+    CUDA JPEG decode fell back), never with the device it was asked for."""
+    import json
+    cells = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / NOTEBOOK).read_text(encoding="utf-8"))["cells"]
+    text = "\n".join(c["source"] for c in cells if c["cell_type"] == "code")
+    assert "decoded_on = tensor_decoder(decode_device).device" in text
+    labels = [line for line in text.splitlines() if "decode_jpeg on {" in line or "decode on {" in line]
+    assert len(labels) == 4 and all("{decoded_on}" in line for line in labels), labels
+
+
+def test_os_is_imported_by_a_cell_gpu_check_runs():
+    """gpu-check runs the notebook without its hosted-install cell, the one that imports os first:
+    the compile cell reads os.environ, so another cell must import os (it once raised NameError)."""
+    import ast
+    import json
+    from course_authoring.hosted import is_install_cell
+    cells = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / NOTEBOOK).read_text(encoding="utf-8"))["cells"]
+    run = [c["source"] for c in cells if c["cell_type"] == "code" and not is_install_cell(c)
+           and not c["source"].startswith("%%")]
+    trees = [ast.parse(source) for source in run]
+    uses = any(isinstance(n, ast.Name) and n.id == "os" for t in trees for n in ast.walk(t))
+    imports = any(isinstance(n, ast.Import) and any(a.name == "os" and a.asname is None for a in n.names)
+                  for t in trees for n in ast.walk(t))
+    assert uses and imports

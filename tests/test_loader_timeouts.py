@@ -1,4 +1,4 @@
-"""Lessons 01, 04 and 08 give a DataLoader a ``timeout`` only under ``fork``. Under forkserver (and
+"""Lessons 01, 04, 05 and 08 give a DataLoader a ``timeout`` only under ``fork``. Under forkserver (and
 spawn on Windows) the main process learns that a worker died only when the timeout runs out
 (torch checks every 5 s without one): a timeout of minutes delays a dead worker's error by as
 much (issue 38). Under fork the workers are its children, a SIGCHLD reports a death at once, and
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LESSONS = ["01_numpy_torch_opencv", "04_host_to_device", "08_find_the_stall"]
+LESSONS = ["01_numpy_torch_opencv", "04_host_to_device", "05_gpu_augmentation", "08_find_the_stall"]
 
 
 def _code(source: str) -> str:
@@ -62,7 +62,7 @@ def test_loader_timeouts_are_fork_only(lesson):
 
 
 def test_the_lessons_still_guard_fork():
-    """The fix kept the guard under fork (a hung forked worker raises): 01, 04 and 08 each set one."""
+    """The fix kept the guard under fork (a hung forked worker raises): 01, 04, 05 and 08 each set one."""
     for lesson in LESSONS:
         text = (ROOT / "notebooks" / f"{lesson}.ipynb").read_text(encoding="utf-8")
         assert 'start_method() == \\"fork\\"' in text, lesson
@@ -81,3 +81,16 @@ def test_the_lessons_still_guard_fork():
 ])
 def test_timeout_problems_are_found(source, bad):
     assert bool(timeout_problems(source)) is bad
+
+
+def test_every_loader_timeout_of_lesson_05_is_fork_only():
+    """Lesson 05's loaders with a timeout: the throughput harness (section 5), the training
+    harness and loop (section 6), the decode comparison (section 7): each cell, by its opening."""
+    cells = json.loads((ROOT / "notebooks" / "05_gpu_augmentation.ipynb").read_text(encoding="utf-8"))["cells"]
+    sources = [c["source"] if isinstance(c["source"], str) else "".join(c["source"]) for c in cells
+               if c["cell_type"] == "code"]
+    guarded = [s.split("\n")[0] for s in sources if "timeout" in s and 'start_method() == "fork"' in s]
+    assert guarded == ["%%writefile lesson05_throughput.py", "%%writefile lesson05_training.py",
+                       "loop_batch, loop_steps, loop_side = pick(full=32, quick=16), pick(full=8, quick=5), "
+                       "pick(full=224, quick=64)", "workers = usable_cpus()"]
+    assert all(timeout_problems(s) == [] for s in sources)
