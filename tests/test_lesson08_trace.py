@@ -1,10 +1,11 @@
 """Lesson 08's trace helpers (``lesson08_trace.py``, written by the notebook's %%writefile cell).
 
-With ``ProfilerActivity.CUDA`` every ``record_function`` span and every ``ProfilerStep#N`` is in
-the exported trace twice: on the CPU's thread (``user_annotation``) and as a copy on the GPU's
-timeline (``gpu_user_annotation``, the same name, another pid/tid; pytorch/pytorch#144613).
-Selected by name alone, every wait and step counts twice; ``spans`` leaves the GPU-side copies
-out unless ``cats`` asks for them.
+With ``ProfilerActivity.CUDA`` a ``record_function`` span or ``ProfilerStep#N`` is on the CPU's
+thread (``user_annotation``) and, for each (device, stream) that ran GPU work inside it, as a copy
+on that stream's timeline (``gpu_user_annotation``, the same name, another pid/tid;
+pytorch/pytorch#144613): none for a span without GPU work, several for one on several streams.
+Selected by name alone, a wait or step counts once per copy too; ``spans`` leaves the GPU-side
+copies out unless ``cats`` asks for them.
 """
 from __future__ import annotations
 
