@@ -59,7 +59,8 @@ def test_a_dataset_that_computes_is_named_as_the_cause():
     run = _run("plain_loop.py", "--sample-ms", "3", "--spin")
     train = run.main_loader()
     assert train.load_busy() > LOAD_BUSY and train.wait_fraction > 0.6
-    assert 1e-3 < train.cpu_per_sample_s() < 6e-3        # 3 ms spun per sample, not per batch
+    assert 1e-3 < train.cpu_per_sample_s() < 15e-3  # 3 ms spun per sample (+ queueing on a busy
+    # machine: schedstat counts it), not per batch of 8 (24 ms and more)
     causes = likely_causes(train, cuda=False)
     assert causes[0].startswith("the per-sample CPU cost in SlowSamples (decode, transforms, "
                                 "conversions): ")
