@@ -11,7 +11,7 @@ from multiprocessing.context import BaseContext
 from typing import Any
 
 __all__ = ["start_method", "platform_default_start_method", "explain_start_method",
-           "resolve_context", "forkserver_main", "server_runs_main", "FORKSERVER_MAIN"]
+           "resolve_context", "worker_timeout", "forkserver_main", "server_runs_main", "FORKSERVER_MAIN"]
 
 
 def start_method() -> str:
@@ -83,8 +83,7 @@ FORKSERVER_MAIN = {
 
 
 def server_runs_main() -> bool:
-    """Whether this Python's fork server runs the main script (gh-126631's fix), read from
-    multiprocessing's source, else from the version."""
+    """Whether the fork server runs the main script (gh-126631's fix): from the source, or version."""
     try:
         import multiprocessing.forkserver as fs    # here: absent on some platforms
         return "init_main_from_path" in inspect.getsource(fs.ForkServer.ensure_running)
@@ -137,3 +136,8 @@ def resolve_context(multiprocessing_context: Any, where: str = "") -> tuple[Any,
     raise ValueError(f"{where + ': ' if where else ''}multiprocessing_context="
                      f"{multiprocessing_context!r} is not a start method on this platform; use "
                      f"one of {methods}, a multiprocessing context, or None for the default.")
+
+
+def worker_timeout(seconds: float, multiprocessing_context: Any = None) -> float:
+    """A loader ``timeout``: ``seconds`` under fork, else 0 (elsewhere a dead worker shows at its end)."""
+    return float(seconds) if resolve_context(multiprocessing_context)[1] == "fork" else 0.0

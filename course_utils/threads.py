@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader, get_worker_info
 from .checks import check_int, check_seconds
 from .fork_safety import count_os_threads, is_fork_child, refuse_unsafe_fork, watch_forks
 from .process_tree import stop_workers
-from .start_methods import resolve_context
+from .start_methods import resolve_context, worker_timeout
 
 __all__ = ["ThreadPools", "thread_pools", "limit_threads", "WorkerThreadLimiter",
            "make_worker_init", "pools_in_workers", "THREAD_ENV_VARS", "is_torch_openmp",
@@ -268,8 +268,7 @@ def pools_in_workers(worker_init_fn: Callable[[int], None] | None = None, num_wo
                      timeout_s: float = 60) -> list[ThreadPools]:
     """The thread pools each worker of a real DataLoader sees, by worker id (workers run as in
     training: ``torch.set_num_threads(1)``, then ``worker_init_fn``). A worker that does not
-    answer within ``timeout_s`` seconds raises RuntimeError (fork only, where a pool resized in
-    a worker can hang: elsewhere a timeout would delay torch's 5-s check for a dead worker)."""
+    answer within ``timeout_s`` seconds raises RuntimeError (fork only: :func:`worker_timeout`)."""
     num_workers = check_int("num_workers", num_workers, 1, "pools_in_workers",
                             " With num_workers=0 there are no workers: call thread_pools() instead.")
     timeout_s = check_seconds("timeout_s", timeout_s, "pools_in_workers", positive=True)
@@ -282,7 +281,7 @@ def pools_in_workers(worker_init_fn: Callable[[int], None] | None = None, num_wo
     watch_forks()
     loader = DataLoader(_PoolProbe(range(num_workers)), batch_size=None, num_workers=num_workers,
                         worker_init_fn=worker_init_fn, multiprocessing_context=context,
-                        timeout=float(timeout_s) if method == "fork" else 0)
+                        timeout=worker_timeout(timeout_s, context))
     iterator = iter(loader)
     try:   # the DataLoader hands index i to worker i % num_workers: one item per worker
         answers = [ThreadPools.from_dict(item) for item in iterator]

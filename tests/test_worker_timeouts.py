@@ -119,3 +119,12 @@ def test_worker_memory_times_out_only_under_fork(method, monkeypatch, default, c
     with pytest.raises(_Built):
         L03.worker_memory(Items(), 2, batch_size=4, multiprocessing_context=context, timeout_s=37)
     assert seen["timeout"] == expected
+
+
+@pytest.mark.parametrize("default, context, expected", [
+    ("fork", None, 37.0), ("forkserver", None, 0.0), ("spawn", None, 0.0),
+    ("forkserver", "fork", 37.0), ("fork", "forkserver", 0.0)])
+def test_the_one_rule_reads_the_loaders_context_before_the_default(method, default, context,
+                                                                    expected):
+    method(default)
+    assert SM.worker_timeout(37, context) == expected

@@ -18,7 +18,7 @@ from course_utils.data import JpegDataset, ToTensorUint8
 from course_utils.machine import usable_cpus
 from course_utils.measurement import Measurement, compare
 from course_utils.pipelines import tuned_loader
-from course_utils.start_methods import resolve_context
+from course_utils.start_methods import worker_timeout
 from course_utils.timing import default_warmup, measure_loader
 from course_utils.tools.tune.search import WORKER_TIMEOUT_S
 
@@ -210,8 +210,8 @@ def _resampled(loader: DataLoader, batch_size: int, samples: int, keep_workers: 
         kwargs.update(worker_init_fn=loader.worker_init_fn, prefetch_factor=loader.prefetch_factor,
                       persistent_workers=loader.persistent_workers or keep_workers,
                       multiprocessing_context=loader.multiprocessing_context,
-                      timeout=loader.timeout or (WORKER_TIMEOUT_S if resolve_context(
-                          loader.multiprocessing_context)[1] == "fork" else 0))
+                      timeout=loader.timeout or worker_timeout(WORKER_TIMEOUT_S,
+                                                               loader.multiprocessing_context))
     draw = RandomSampler(loader.dataset, num_samples=max(len(loader.dataset), int(samples)))
     if loader.batch_sampler is not None:
         return DataLoader(loader.dataset, batch_size=batch_size, sampler=draw,

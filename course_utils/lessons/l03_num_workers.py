@@ -21,7 +21,7 @@ from ..checks import check_index, check_int, check_seconds
 from ..config import pick
 from ..data import ram_budget_bytes
 from ..process_tree import stop_workers
-from ..start_methods import resolve_context
+from ..start_methods import resolve_context, worker_timeout
 
 __all__ = ["RECORD_CLASSES", "make_records", "RecordListDataset", "RecordArrayDataset", "uss_bytes",
            "WorkerUss", "WorkerMemory", "worker_memory"]
@@ -231,7 +231,7 @@ def worker_memory(dataset: Dataset, num_workers: int = 2, *, batch_size: int = 2
     samples (``dataset[i]``, shuffled with ``seed``) dropped: only *reading* it is measured. Under
     fork growth is copy-on-read; under spawn/forkserver each worker unpickles its own copy first
     (the start USS). ``freeze_gc``: ``gc.freeze()`` here while the workers run; ``timeout_s``: a
-    request's limit, under fork only (elsewhere a timeout only delays a dead worker's error)."""
+    request's limit (fork only: :func:`~course_utils.start_methods.worker_timeout`)."""
     where = "worker_memory"
     if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
         raise TypeError(f"{where}: dataset must be a map-style Dataset (with __getitem__ and "
@@ -252,7 +252,7 @@ def worker_memory(dataset: Dataset, num_workers: int = 2, *, batch_size: int = 2
     requests = _ProbeRequests(n, batch_size, bool(shuffle), int(seed), num_workers, readings)
     loader = DataLoader(_MemoryProbe(dataset), batch_size=None, sampler=requests,
                         num_workers=num_workers, multiprocessing_context=context,
-                        timeout=timeout_s if method == "fork" else 0)
+                        timeout=worker_timeout(timeout_s, context))
     if freeze_gc:
         gc.collect()
         gc.freeze()

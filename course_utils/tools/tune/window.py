@@ -35,13 +35,12 @@ from course_utils.measurement import Comparison, Measurement, compare
 from course_utils.pipelines import (TransformedDataset, common_recipe_loader,
                                     recipe_process_settings)
 from course_utils.process_tree import stop_workers
-from course_utils.start_methods import resolve_context
+from course_utils.start_methods import worker_timeout
 from course_utils.timing import default_warmup, measure_loader
 
 from .result import DEFAULTS_LABEL, RECIPE_LABEL, TUNED_LABEL, LoaderSettings
 
-#: seconds a forked worker may take per batch (then a hung one raises); none under forkserver or
-#: spawn, where torch learns that a worker died only when the timeout runs out
+#: seconds a forked worker may take per batch, then a hung one raises (none elsewhere: worker_timeout)
 WORKER_TIMEOUT_S = 120
 
 
@@ -110,12 +109,12 @@ def rebuilt(loader: DataLoader) -> DataLoader:
     kwargs: dict[str, Any] = dict(batch_size=loader.batch_size, num_workers=loader.num_workers,
                                   collate_fn=loader.collate_fn, pin_memory=loader.pin_memory)
     if loader.num_workers:
-        fork = resolve_context(loader.multiprocessing_context)[1] == "fork"
         kwargs.update(worker_init_fn=QuietInit(loader.worker_init_fn),
                       prefetch_factor=loader.prefetch_factor,
                       persistent_workers=loader.persistent_workers,
                       multiprocessing_context=loader.multiprocessing_context,
-                      timeout=loader.timeout or (WORKER_TIMEOUT_S if fork else 0))
+                      timeout=loader.timeout or worker_timeout(WORKER_TIMEOUT_S,
+                                                               loader.multiprocessing_context))
     return DataLoader(loader.dataset, sampler=Draws(len(loader.dataset)), **kwargs)
 
 
