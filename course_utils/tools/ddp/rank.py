@@ -36,6 +36,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from course_utils.data import JpegDataset, ToTensorUint8
 from course_utils.lessons.l07_scaling_out import IndexDataset, indices_of
 from course_utils.process_tree import TreeMonitor
+from course_utils.start_methods import worker_timeout
 from course_utils.threads import make_worker_init, thread_pools
 from course_utils.timing import MIN_TIMED_BATCHES, default_warmup, measure_data_wait
 
@@ -55,9 +56,10 @@ def _sampler(cfg: dict, rank: int, world: int, local_rank: int, backend: str) ->
                                      seed=rank if v.get("seed") == "rank" else int(v.get("seed", 0)),
                                      drop_last=bool(v.get("drop_last", False)))
         workers = int(v.get("num_workers", 0))
+        context = v.get("start_method") if workers else None
         loader = DataLoader(dataset, batch_size=int(v.get("batch_size", 4)), sampler=sampler,
-                            num_workers=workers, timeout=60 if workers else 0,
-                            multiprocessing_context=v.get("start_method") if workers else None)
+                            num_workers=workers, multiprocessing_context=context,
+                            timeout=worker_timeout(60, context) if workers else 0)
         calls = []
         for epoch in map(int, v.get("epochs", [0, 1])):
             if v.get("set_epoch", True):
