@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    loader = DataLoader(ArrayDataset(256, shape=(3, 64, 64)), batch_size=32, shuffle=True)
+    loader = DataLoader(ArrayDataset(256, shape=(3, 32, 32)), batch_size=32, shuffle=True)
     model, optimizer = make_model(device)
     for epoch in range(args.epochs):
         losses = [train_step(model, optimizer, batch, device) for batch in loader]
