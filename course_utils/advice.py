@@ -8,6 +8,8 @@ import textwrap
 
 import numpy as np
 
+from .config import QUICK_STAMP, quick_mode
+
 __all__ = ["AdviceTable", "reveal", "verdict_word"]
 
 #: Column widths of the text table (characters); longer cells wrap onto more lines.
@@ -31,10 +33,11 @@ def verdict_word(held: bool | str | None) -> str:
 
 class AdviceTable:
     """Rows of (claim, what was measured, verdict): ``add`` one per piece of advice, then show
-    the table as a cell's last expression (or ``print`` it)."""
+    the table as a cell's last expression (or ``print`` it); one made in quick mode says so."""
 
     def __init__(self) -> None:
         self.rows: list[tuple[str, str, str]] = []
+        self.quick = quick_mode()
 
     def add(self, claim: str, measured: str, held: bool | str | None) -> "AdviceTable":
         """Add a row; ``held`` is the lesson's computed verdict (:func:`verdict_word`)."""
@@ -53,7 +56,7 @@ class AdviceTable:
         return self.add(claim, f"{where.strip()} measures this; run it to check", None)
 
     def __str__(self) -> str:
-        lines = []
+        lines = [QUICK_STAMP] if self.quick else []
         for row in (_HEADER, *self.rows):
             cells = [textwrap.wrap(text, width) or [""] for text, width in zip(row, WIDTHS)]
             for k in range(max(len(c) for c in cells)):
@@ -70,7 +73,8 @@ class AdviceTable:
         body = "".join("<tr>" + "".join(cell.format(html.escape(x)) for x in row) + "</tr>"
                        for row in self.rows)
         head = "".join(f'<th style="text-align:left">{x}</th>' for x in _HEADER)
-        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        caption = f"<caption>{QUICK_STAMP}</caption>" if self.quick else ""
+        return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def reveal(guess: object, measured: object, what: str) -> str | None:

@@ -6,6 +6,8 @@ import os
 from typing import TypeVar
 
 QUICK_ENV = "COURSE_QUICK"
+#: What every figure title and advice table made in quick mode says (plots, advice).
+QUICK_STAMP = f"QUICK MODE ({QUICK_ENV}=1): shrunk experiments, rough numbers"
 
 T = TypeVar("T")
 
@@ -27,5 +29,4 @@ def pick(full: T, quick: T) -> T:
 
 def mode_banner() -> str:
     """The quick-mode line of a notebook's setup cell ("" in full mode)."""
-    return (f"QUICK MODE ({QUICK_ENV}=1): experiments are shrunk to run fast; numbers are rough. "
-            f"Unset {QUICK_ENV} for real measurement." if quick_mode() else "")
+    return f"{QUICK_STAMP}; unset {QUICK_ENV} for real measurement." if quick_mode() else ""

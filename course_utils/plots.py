@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from .config import QUICK_STAMP, quick_mode
 from .machine import machine_summary
 from .measurement import Comparison, Measurement, compare
 
@@ -28,19 +29,17 @@ _METRIC_TEXT = {  # metric -> (title, axis label, displayed value per stored uni
 
 
 def figure_title(title: str, settings: Mapping | None = None) -> str:
-    """``title``, then the one-line machine summary, then ``k=v, ...`` for ``settings``, wrapped."""
+    """``title`` (stamped in quick mode), the one-line machine summary, ``k=v, ...`` for ``settings``."""
     if not isinstance(title, str):
         raise TypeError(f"title must be a str, got {type(title).__name__}.")
     if settings is not None and not isinstance(settings, Mapping):
         raise TypeError(f"settings must be a dict of names to values (or None), got "
                         f"{type(settings).__name__}.")
+    if machine_summary() in title:                     # already made by figure_title
+        return title
     text = ", ".join(f"{k}={v}" for k, v in (settings or {}).items())
-    return "\n".join([title, machine_summary(), *textwrap.wrap(text, width=100)])
-
-
-def _title(title: str, settings: Mapping | None) -> str:
-    # a title already made by figure_title is used as it is
-    return title if machine_summary() in title else figure_title(title, settings)
+    stamp = [QUICK_STAMP] if quick_mode() else []
+    return "\n".join([title, *stamp, machine_summary(), *textwrap.wrap(text, width=100)])
 
 
 def _axes(ax: Any, figsize: tuple[float, float]) -> Any:
@@ -106,7 +105,7 @@ def plot_measurements(measurements: Sequence[Measurement] | Comparison, *,
         ax.text(x + right * 0.01, i, text, va="center", fontsize=9)
     ax.grid(axis="x", alpha=0.3)
     ax.set_axisbelow(True)
-    ax.set_title(_title(_METRIC_TEXT[metric][0] if title is None else title,
+    ax.set_title(figure_title(_METRIC_TEXT[metric][0] if title is None else title,
                         _common_settings(rows)), fontsize=10, loc="left")
     return ax
 
@@ -131,5 +130,5 @@ def plot_curve(x: Sequence[float], ys: Mapping[str, Sequence[float | None]], *, 
     if len(ys) > 1:
         ax.legend()
     ax.grid(alpha=0.3)
-    ax.set_title(_title(title, settings), fontsize=10, loc="left")
+    ax.set_title(figure_title(title, settings), fontsize=10, loc="left")
     return ax

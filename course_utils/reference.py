@@ -20,7 +20,7 @@ from .measurement import jsonable
 
 __all__ = ["REFERENCE_DIR", "REQUIRED_KEYS", "LESSON04", "LESSON05", "SUMMARY", "REFERENCE_NAMES",
            "MalformedReference", "describe_machine", "save_reference", "load_reference",
-           "reference_path", "available_references", "missing_reference_text"]
+           "reference_path", "missing_reference_text"]
 
 #: Where the shipped reference results live (package data of course_utils).
 REFERENCE_DIR: Path = Path(__file__).resolve().parent / "reference_results"
@@ -93,11 +93,6 @@ def load_reference(name: str, directory: str | os.PathLike | None = None) -> dic
     if not isinstance(doc["machine"], dict) or not isinstance(doc["results"], dict):
         raise MalformedReference(f"{path}: 'machine' and 'results' must be JSON objects.")
     return doc
-
-
-def available_references(directory: str | os.PathLike | None = None) -> list[str]:
-    """Names of the reference files present, sorted (empty while none was measured)."""
-    return sorted(p.stem for p in Path(directory or REFERENCE_DIR).glob("*.json"))
 
 
 def missing_reference_text(name: str) -> str:

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from course_utils.advice import WIDTHS, AdviceTable, verdict_word
+from course_utils.config import QUICK_ENV, QUICK_STAMP
 
 
 def test_verdict_words():
@@ -31,7 +32,8 @@ def test_empty_cells_are_refused_by_name(claim, measured):
         AdviceTable().add(claim, measured, True)
 
 
-def test_text_table_wraps_long_cells_within_their_columns():
+def test_text_table_wraps_long_cells_within_their_columns(monkeypatch):
+    monkeypatch.setenv(QUICK_ENV, "0")
     long = "wait 42% -> 40% (slow loader, floor 38%), 3% -> 1% (fast loader), prefetch 2 -> 8"
     text = str(AdviceTable().add("a bigger prefetch_factor is better", long, False))
     lines = text.splitlines()
@@ -41,6 +43,16 @@ def test_text_table_wraps_long_cells_within_their_columns():
     assert max(len(line) for line in lines) <= sum(WIDTHS) + 2 * (len(WIDTHS) - 1)
     assert "did not hold" in lines[2] and " ".join(" ".join(lines[2:]).split()).count("38%") == 1
     assert repr(AdviceTable().add("a", "b", None)) == str(AdviceTable().add("a", "b", None))
+
+
+def test_a_table_made_in_quick_mode_says_so_in_text_and_html_and_keeps_it(monkeypatch):
+    monkeypatch.setenv(QUICK_ENV, "1")
+    table = AdviceTable().add("a", "b", True)
+    monkeypatch.setenv(QUICK_ENV, "0")                      # the mode it was measured in counts
+    assert str(table).splitlines()[0] == QUICK_STAMP and str(table).splitlines()[1].split()[0] == "advice"
+    assert f"<caption>{QUICK_STAMP}</caption>" in table._repr_html_()
+    full = AdviceTable().add("a", "b", True)
+    assert "QUICK" not in str(full) and "caption" not in full._repr_html_()
 
 
 def test_html_escapes_what_it_shows():

@@ -12,6 +12,7 @@ from matplotlib.axes import Axes  # noqa: E402
 
 from course_utils.measurement import Measurement  # noqa: E402
 from course_utils.machine import machine_summary  # noqa: E402
+from course_utils.config import QUICK_ENV, QUICK_STAMP  # noqa: E402
 from course_utils.plots import figure_title, plot_curve, plot_measurements  # noqa: E402
 
 
@@ -25,17 +26,34 @@ def _m(label, times, items=6, settings=None, **kw):
     return Measurement.from_times(label, times, items, settings=settings, machine="test", **kw)
 
 
-def test_figure_title_has_title_machine_and_settings():
+def test_figure_title_has_title_machine_and_settings(monkeypatch):
+    monkeypatch.setenv(QUICK_ENV, "0")
     text = figure_title("Throughput", {"num_workers": 2, "pin_memory": True})
     lines = text.splitlines()
     assert lines[0] == "Throughput"
     assert lines[1] == machine_summary()
     assert "num_workers=2, pin_memory=True" in lines[2]
     assert figure_title("T").splitlines() == ["T", machine_summary()]
+    assert figure_title(text) == text                       # a made title is kept as it is
     with pytest.raises(TypeError, match="settings"):
         figure_title("T", settings=[("a", 1)])
     with pytest.raises(TypeError, match="title"):
         figure_title(None)
+
+
+def test_quick_mode_is_stamped_on_every_title_once_and_only_in_quick_mode(monkeypatch):
+    monkeypatch.setenv(QUICK_ENV, "1")
+    quick = figure_title("T", {"a": 1})
+    assert quick.splitlines() == ["T", QUICK_STAMP, machine_summary(), "a=1"]
+    assert figure_title(quick) == quick and quick.count(QUICK_STAMP) == 1
+    ax = plot_curve([1, 3], {"x": [1.0, 2.0]}, xlabel="w", ylabel="r", title="Curve")
+    assert QUICK_STAMP in ax.get_title(loc="left")
+    ax = plot_measurements([_m("a", [1.0, 2.0])])
+    assert QUICK_STAMP in ax.get_title(loc="left")
+    monkeypatch.setenv(QUICK_ENV, "0")
+    assert QUICK_STAMP not in figure_title("T") and "QUICK" not in figure_title("T")
+    ax = plot_curve([1, 3], {"x": [1.0, 2.0]}, xlabel="w", ylabel="r", title="Curve")
+    assert "QUICK" not in ax.get_title(loc="left")
 
 
 def test_plot_measurements_bars_and_iqr_spread_in_samples_per_s():
