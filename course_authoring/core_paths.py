@@ -7,6 +7,11 @@ is the sum of the deep dives' N. Everything outside the deep dives is the core p
 run with every deep dive skipped: a core cell may use what a deep dive defines only under
 ``if "name" in globals():`` where ``name`` is one of that deep dive's names (the test says "this
 deep dive ran"). ``core_only`` gives the notebook a learner who skips them runs.
+
+Sections are numbered in their headings (``## 4. Title``, ``## Deep dive (...): 4. Title``).
+``section_references`` finds core text that sends the learner to a deep dive's section ("as
+section 4 showed"), and ``deep_dive_needs`` a deep dive that uses what another deep dive made
+without its heading saying ``(needs section K)``.
 """
 from __future__ import annotations
 
@@ -17,6 +22,9 @@ from typing import Iterable
 
 DEEP_DIVE = re.compile(r"^(#{2,3}) Deep dive \(optional, ~(\d+) min\): \S")
 HEADING = re.compile(r"^(#{2,3}) \S")
+SECTION_NUMBER = re.compile(r"^## (?:Deep dive \(optional, ~\d+ min\): )?(\d+)\. ")
+#: "section 4", "sections 2 to 4", "sections 4 and 7", "deep dive 5", "§6"
+SECTION_REFERENCE = re.compile(r"(?:\b[Ss]ections?|\b[Dd]eep dives?|§)\s*(\d+(?:\s*(?:,|and|or|to|-|–)\s*\d+)*)")
 MINUTES = re.compile(r"Core path: about (\d+) minutes\. "
                      r"(?:Deep dives \(optional\): about (\d+) minutes\. )?"
                      r"Exercises?: about (\d+) minutes")
@@ -62,6 +70,43 @@ def parts(cells: list[dict]) -> list[Part]:
                     break
         found[-1].cells.append(index)
     return [part for part in found if part.cells]
+
+
+def section_numbers(cells: list[dict]) -> list[int | None]:
+    """Each cell's section number: the K of the last ``## K. ...`` heading at or above it."""
+    numbers, current = [], None
+    for cell in cells:
+        if cell["cell_type"] == "markdown":
+            for line in cell_text(cell).splitlines():
+                match = SECTION_NUMBER.match(line)
+                if match or line.startswith("## "):
+                    current = int(match.group(1)) if match else None
+        numbers.append(current)
+    return numbers
+
+
+def _referenced(text: str) -> set[int]:
+    """Section numbers a text refers to ("sections 2 to 4" is 2, 3 and 4)."""
+    found = set()
+    for match in SECTION_REFERENCE.finditer(text):
+        numbers = [int(n) for n in re.findall(r"\d+", match.group(1))]
+        joins = re.findall(r"(?<=\d)\s*(,|and|or|to|-|–)\s*(?=\d)", match.group(1))
+        found.update(numbers)
+        for k, join in enumerate(joins):
+            if join in ("to", "-", "–"):
+                found.update(range(numbers[k], numbers[k + 1] + 1))
+    return found
+
+
+def section_references(cells: list[dict]) -> list[str]:
+    """Core cells (text or code) that name a section only a deep dive holds: one line each."""
+    deep = {int(m.group(1)) for cell in cells if cell["cell_type"] == "markdown"
+            for line in cell_text(cell).splitlines()
+            if line.startswith("## Deep dive") and (m := SECTION_NUMBER.match(line))}
+    core = {i for p in parts(cells) if not p.deep for i in p.cells}
+    return [f"cell {i} names deep-dive section(s) {', '.join(map(str, sorted(hit)))}: the core path "
+            f"must stand alone; say what it needs here, or move this text into the deep dive"
+            for i in sorted(core) if (hit := _referenced(cell_text(cells[i])) & deep)]
 
 
 def stated_minutes(cells: list[dict]) -> tuple[int, int, int]:
@@ -240,3 +285,36 @@ def core_only(notebook: dict) -> dict:
     cells = notebook["cells"]
     deep = {i for part in parts(cells) if part.deep for i in part.cells}
     return {**notebook, "cells": [cell for i, cell in enumerate(cells) if i not in deep]}
+
+
+def deep_dive_needs(cells: list[dict]) -> list[str]:
+    """Deep dives that read a name (or import a ``%%writefile`` module) that only another deep
+    dive defines, when their heading does not say ``(needs section K)`` for that dive's K."""
+    found, numbers = parts(cells), section_numbers(cells)
+    owner = {i: k for k, part in enumerate(found) if part.deep for i in part.cells}
+    bound: dict[int | None, set[str]] = {}        # deep dive (None: the core) -> names it binds
+    problems = []
+    for index, cell in enumerate(cells):
+        text = cell_text(cell)
+        if cell["cell_type"] != "code" or text.lstrip().startswith("%%") and not written_module(text):
+            continue
+        mine = owner.get(index)
+        module = written_module(text)
+        names = _Names()
+        if module:
+            names.bound.add(f"{module}.py")
+        else:
+            names.visit(_python(text))
+        reads = {name for name, guards in names.reads if not guards} | {f"{m}.py" for m in names.imported}
+        if mine is not None:
+            known = names.bound | bound.get(None, set()) | bound.get(mine, set())
+            for other, other_bound in bound.items():
+                if other in (None, mine) or not (needed := sorted((reads - known) & other_bound)):
+                    continue
+                k = numbers[found[other].cells[0]]
+                if f"(needs section {k})" not in found[mine].title:
+                    problems.append(f"cell {index} (deep dive '{found[mine].title}') uses "
+                                    f"{', '.join(needed)} from deep dive '{found[other].title}': define "
+                                    f"it here, or end this heading with (needs section {k})")
+        bound.setdefault(mine, set()).update(names.bound)
+    return problems

@@ -1,5 +1,7 @@
-"""Every lesson's core path: marked in the notebook, about 45 minutes, its minutes the same in the
-notebook, the exercise and the instructor guide, and runnable with every deep dive skipped."""
+"""Every lesson's core path: marked in the notebook, at most 35 minutes and the nine within a
+4-hour day, its stated minutes within 15 % of the reading estimate and the same in the notebook,
+the exercise and the instructor guide; runnable with every deep dive skipped, naming no deep
+dive's section, and no deep dive leaning on another unless its heading says so."""
 from __future__ import annotations
 
 import json
@@ -9,12 +11,14 @@ from pathlib import Path
 import pytest
 
 from course_authoring.__main__ import main
-from course_authoring.core_paths import (core_only, estimated_minutes, parts, skipped_uses,
+from course_authoring.core_paths import (_referenced, core_only, deep_dive_needs, estimated_minutes,
+                                         parts, section_numbers, section_references, skipped_uses,
                                          stated_minutes)
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-CORE_TARGET_MIN = 45      # the issue's "at most ~45 minutes": every lesson's core path holds it
+CORE_TARGET_MIN = 35      # a core path's most, stated
+COURSE_CORE_MAX = 240     # the nine core paths in one workshop day (4 hours), stated
 
 
 def cells_of(path: Path) -> list[dict]:
@@ -29,9 +33,9 @@ def code(text: str) -> dict:
     return {"cell_type": "code", "source": text}
 
 
-def close_enough(stated: float, estimate: float) -> bool:
-    """Stated minutes agree with the reading estimate within 3 minutes or 35 %."""
-    return abs(stated - estimate) <= max(3.0, 0.35 * estimate)
+def close_enough(stated: float, estimate: float, floor: float = 0.0) -> bool:
+    """Stated minutes agree with the reading estimate within 15 % (or ``floor`` minutes)."""
+    return abs(stated - estimate) <= max(floor, 0.15 * estimate)
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name[:2])
@@ -45,7 +49,7 @@ def test_each_lesson_states_its_core_and_deep_dive_minutes_and_they_fit_what_it_
         f"the first cell says {deep}"
     for dive in dives:
         estimate = estimated_minutes(cells[i] for i in dive.cells)
-        assert close_enough(dive.minutes, estimate), \
+        assert close_enough(dive.minutes, estimate, floor=1.5), \
             f"{path.name}: '{dive.title}' states ~{dive.minutes} min; its text and code read in ~{estimate:.0f}"
     estimate = estimated_minutes(cells[i] for p in found if not p.deep for i in p.cells)
     assert close_enough(core, estimate), \
@@ -67,6 +71,18 @@ def test_the_core_paths_report():
     for row in rows:
         print("  {}    {:>4}  {:>10}  {:>8}".format(*row))
     assert len(rows) == 9 and all(core <= CORE_TARGET_MIN for _, core, _, _ in rows)
+    assert sum(core for _, core, _, _ in rows) <= COURSE_CORE_MAX, \
+        f"the nine core paths state {sum(core for _, core, _, _ in rows)} minutes; a day holds {COURSE_CORE_MAX}"
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name[:2])
+def test_the_core_path_names_no_deep_dive_section(path):
+    assert section_references(cells_of(path)) == []
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name[:2])
+def test_a_deep_dive_leans_on_another_only_where_its_heading_says_so(path):
+    assert deep_dive_needs(cells_of(path)) == []
 
 
 def test_each_exercise_states_the_minutes_its_lesson_gives_it():
@@ -77,6 +93,8 @@ def test_each_exercise_states_the_minutes_its_lesson_gives_it():
         match = re.search(r"Time: about (\d+) minutes", "".join(first))
         assert match and int(match.group(1)) == exercise, \
             f"{solution.name} states {match and match.group(1)} minutes; lesson {path.name} gives it {exercise}"
+        assert re.search(rf"Needs: lesson {path.name[:2]}\b", "".join(first)), \
+            f"{solution.name}: its first cell names no 'Needs: lesson {path.name[:2]}, sections ...' line"
 
 
 # --- the rules themselves, on small notebooks ------------------------------------------------
@@ -155,14 +173,62 @@ def test_a_first_cell_without_minutes_is_refused_with_the_form_to_write():
         stated_minutes([md("*Teaching: about 25 minutes. Exercise: about 15 minutes.*")])
 
 
-def test_the_reading_estimate_counts_words_and_code_lines():
-    assert estimated_minutes([md(" ".join(["word"] * 150)), code("a = 1\n\n" * 10)]) == pytest.approx(2.0)
+def test_the_reading_estimate_counts_words_code_lines_and_outputs():
+    # 300 words at 200 a minute, 15 code lines (a %%writefile cell's too) at 10 a minute, 2 outputs
+    cells = [md(" ".join(["word"] * 300)), code("a = 1\n\n" * 10), code("%%writefile m.py\n" + "b = 2\n" * 4)]
+    assert estimated_minutes(cells) == pytest.approx(1.5 + 1.5 + 1.0)
+    assert estimated_minutes([md("## 1. one two")]) == pytest.approx(3 / 200)
+
+
+@pytest.mark.parametrize("stated, estimate, floor, ok", [
+    (23, 20.0, 0.0, True), (24, 20.0, 0.0, False), (17, 20.0, 0.0, True), (16, 20.0, 0.0, False),
+    (2, 1.0, 1.5, True), (3, 1.0, 1.5, False)])
+def test_stated_minutes_hold_within_15_percent_on_both_sides(stated, estimate, floor, ok):
+    assert close_enough(stated, estimate, floor) == ok
+
+
+@pytest.mark.parametrize("text, numbers", [
+    ("as section 4 showed", {4}), ("sections 2 to 4 give the recipe", {2, 3, 4}),
+    ("put sections 4 and 7 together", {4, 7}), ("deep dive 5 measures it", {5}), ("§6", {6}),
+    ("Sections 3, 5 and 9", {3, 5, 9}), ("section 10", {10}), ("in 4 sections", set()),
+    ("sections 7–8", {7, 8})])
+def test_section_references_are_read_as_a_learner_reads_them(text, numbers):
+    assert _referenced(text) == numbers
+
+
+def test_core_text_naming_a_deep_dive_section_is_found_and_a_core_section_is_not():
+    cells = [md("# 09"), md("## 1. core"), code("x = 1"), md("## Deep dive (optional, ~5 min): 2. d"),
+             code("y = 2"), md("### Deep dive (optional, ~2 min): a part"), md("## 3. back"),
+             md("as section 1 showed"), code("# section 2 measured this\nprint(x)"), md("see section 3")]
+    assert section_numbers(cells) == [None, 1, 1, 2, 2, 2, 3, 3, 3, 3]
+    [problem] = section_references(cells)
+    assert problem.startswith("cell 8 names deep-dive section(s) 2")
+
+
+@pytest.mark.parametrize("heading, reads, ok", [
+    ("## Deep dive (optional, ~5 min): 4. b", "print(made_in_3)", False),
+    ("## Deep dive (optional, ~5 min): 4. b (needs section 3)", "print(made_in_3)", True),
+    ("## Deep dive (optional, ~5 min): 4. b (needs section 2)", "print(made_in_3)", False),
+    ("## Deep dive (optional, ~5 min): 4. b", "made_in_3 = 1\nprint(made_in_3)", True),
+    ("## Deep dive (optional, ~5 min): 4. b", "print(core_name)", True),
+    ("## Deep dive (optional, ~5 min): 4. b", 'if "made_in_3" in globals():\n    print(made_in_3)', True),
+    ("## Deep dive (optional, ~5 min): 4. b", "import lesson09_three", False),
+])
+def test_a_deep_dive_that_needs_another_must_say_which_in_its_heading(heading, reads, ok):
+    cells = [md("# 09"), md("## 1. core"), code("core_name = 0"),
+             md("## Deep dive (optional, ~5 min): 3. a"), code("made_in_3 = 1"),
+             code("%%writefile lesson09_three.py\nz = 1"), md(heading), code(reads)]
+    problems = deep_dive_needs(cells)
+    assert (problems == []) == ok, problems
+    if not ok:
+        assert "(needs section 3)" in problems[0] and problems[0].startswith("cell 7")
 
 
 def test_the_core_paths_command_reports_each_lesson_and_refuses_a_missing_notebook(capsys):
     assert main(["core-paths"]) == 0
     out = capsys.readouterr().out
-    assert out.count("core ") == len(LESSONS) and "01_numpy_torch_opencv.ipynb: core 45 min" in out
+    assert out.count("core ") == len(LESSONS)
+    assert re.search(r"01_numpy_torch_opencv.ipynb: core \d+ min, \d+ deep dive\(s\) \d+ min, exercise \d+ min", out)
     assert main(["core-paths", "notebooks/99_missing.ipynb"]) == 2
     assert "no such notebook: notebooks/99_missing.ipynb" in capsys.readouterr().err
 
