@@ -83,10 +83,11 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
 lab: install
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" $(ALLOW_ROOT) $(LAB_ARGS) notebooks/00_measure_first.ipynb
 
-# Then the GPU check's rehearsal (every step of tools/device_gpu_check.sh on this CPU), on its
+# The lessons run in tests/test_rerun.py (each top to bottom, then every code cell again in the
+# same kernel); the solutions under nbval. Then the GPU check's rehearsal (every step of tools/device_gpu_check.sh on this CPU), on its
 # own: its step timeouts are the GPU run's, so it must not share the CPUs with other tests.
 test: install
-	COURSE_QUICK=1 MPLBACKEND=Agg $(BYTECODE) $(FORCE_START) $(PY) -m pytest notebooks solutions tests \
+	COURSE_QUICK=1 MPLBACKEND=Agg $(BYTECODE) $(FORCE_START) $(PY) -m pytest solutions tests \
 	  --nbval-lax --nbval-cell-timeout=$(CELL_TIMEOUT) -p course_utils.grading._nbval_kernels \
 	  -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 	COURSE_REHEARSAL=1 MPLBACKEND=Agg $(BYTECODE) $(FORCE_START) $(PY) -m pytest tests/test_gpu_rehearsal.py \
@@ -139,7 +140,7 @@ mutation: $(MUTATION_STAMP)
 # on 2 cores the suite is bound by CPU, and wall time = CPU / cores at best). About 14 minutes.
 suite-cpu: install
 	COURSE_QUICK=1 MPLBACKEND=Agg PYTHONPATH="$(CURDIR)/tools$${PYTHONPATH:+:$$PYTHONPATH}" $(PY) -m pytest \
-	  notebooks solutions tests --nbval-lax --nbval-cell-timeout=$(CELL_TIMEOUT) \
+	  solutions tests --nbval-lax --nbval-cell-timeout=$(CELL_TIMEOUT) \
 	  -p course_utils.grading._nbval_kernels -p suite_cpu -n 0 -q $(PYTEST_ARGS); \
 	  status=$$?; $(PY) tools/suite_cpu.py; exit $$status
 

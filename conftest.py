@@ -8,19 +8,19 @@ test files go to the front. The order within a scope is unchanged.
 """
 from __future__ import annotations
 
-#: path prefixes of the longest scopes, longest first (quick mode on 2 cores, make suite-cpu,
-#: 2026-12-03: 63 s for lesson 07 down to ~25 s for test_ddp); everything else follows
-#: in its own order
-LONGEST_FIRST = ("notebooks/07_", "notebooks/05_", "notebooks/02_", "tests/test_notebooks.py",
+#: test id prefixes of the longest scopes, longest first (quick mode on 2 cores: the lessons, each
+#: run twice by tests/test_rerun.py, from the README's runtimes; then make suite-cpu's longest
+#: test files, 2026-12-03); everything else follows in its own order
+_RERUN = "tests/test_rerun.py::TestLesson"
+LONGEST_FIRST = (*(f"{_RERUN}{n}" for n in ("07", "06", "03", "02", "01")), "tests/test_notebooks.py",
                  "tests/test_tuning.py", "tests/test_site.py", "tests/test_diagnose_script.py",
-                 "tests/test_diagnose_cli.py", "notebooks/03_", "notebooks/08_", "tests/test_ddp.py",
-                 "notebooks/", "solutions/")
+                 "tests/test_diagnose_cli.py", *(f"{_RERUN}{n}" for n in ("08", "05", "00", "04")),
+                 "tests/test_ddp.py", "solutions/")
 
 
 def scope_rank(nodeid: str) -> int:
     """Where a test id's scope goes: its place in LONGEST_FIRST, or after all of them."""
-    path = nodeid.split("::", 1)[0]
-    return next((i for i, prefix in enumerate(LONGEST_FIRST) if path.startswith(prefix)),
+    return next((i for i, prefix in enumerate(LONGEST_FIRST) if nodeid.startswith(prefix)),
                 len(LONGEST_FIRST))
 
 

@@ -19,6 +19,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
 from course_utils.config import QUICK_ENV
+from course_utils.grading.kernels import kernel_manager_class
 
 from .core_paths import core_only
 
@@ -52,6 +53,7 @@ def run_core_path(path: Path, *, cell_timeout_s: int = 300, passes: int = 1,
     env_before = {k: os.environ.get(k) for k in (QUICK_ENV, "MPLBACKEND")}
     os.environ[QUICK_ENV], os.environ["MPLBACKEND"] = "1", "Agg"
     client = NotebookClient(core, timeout=cell_timeout_s, kernel_name="python3",
+                            kernel_manager_class=kernel_manager_class(asynchronous=True),
                             resources={"metadata": {"path": str(Path(path).resolve().parent)}})
     start, error, ran = time.perf_counter(), None, 0
     try:

@@ -1,7 +1,7 @@
 """Notebooks as stored: no outputs, explicit imports that exist, the anatomy, stubs that fail.
 
-The notebooks themselves are executed by nbval (``make test`` runs ``--nbval-lax`` over
-notebooks/ and solutions/); this file checks what nbval does not.
+The notebooks themselves are executed elsewhere (``make test``: the lessons twice over in
+tests/test_rerun.py, the solutions under ``--nbval-lax``); this file checks what a run does not.
 """
 from __future__ import annotations
 

@@ -125,16 +125,19 @@ def test_the_longest_scopes_go_first_and_each_keeps_its_order():
 
     ids = ["solutions/00_measure_first.ipynb::Cell 0", "tests/test_advice.py::test_a",
            "tests/test_tuning.py::test_x", "tests/test_advice.py::test_b",
-           "notebooks/07_scaling_out.ipynb::Cell 0", "tests/test_tuning.py::test_y",
-           "notebooks/00_measure_first.ipynb::Cell 0", "tests/test_notebooks.py::test_z"]
+           "tests/test_rerun.py::TestLesson07::test_r", "tests/test_tuning.py::test_y",
+           "tests/test_rerun.py::TestLesson00::test_r", "tests/test_notebooks.py::test_z"]
     items = [Item(i) for i in ids]
     root_conftest.pytest_collection_modifyitems(None, None, items)
     assert [i.nodeid for i in items] == [
-        "notebooks/07_scaling_out.ipynb::Cell 0", "tests/test_notebooks.py::test_z",
+        "tests/test_rerun.py::TestLesson07::test_r", "tests/test_notebooks.py::test_z",
         "tests/test_tuning.py::test_x", "tests/test_tuning.py::test_y",
-        "notebooks/00_measure_first.ipynb::Cell 0", "solutions/00_measure_first.ipynb::Cell 0",
+        "tests/test_rerun.py::TestLesson00::test_r", "solutions/00_measure_first.ipynb::Cell 0",
         "tests/test_advice.py::test_a", "tests/test_advice.py::test_b"]
-    for prefix in root_conftest.LONGEST_FIRST:                    # every prefix names a real path
-        assert list(ROOT.glob(prefix.rstrip("/") + "*")), prefix
+    test_rerun = __import__("test_rerun")
+    for prefix in root_conftest.LONGEST_FIRST:                    # every prefix names a real test
+        path, _, scope = prefix.partition("::")
+        assert list(ROOT.glob(path.rstrip("/") + "*")), prefix
+        assert not scope or hasattr(test_rerun, scope), prefix
     with open(ROOT / "Makefile", encoding="utf-8") as makefile:   # else xdist sorts by test count
         assert "--dist loadscope --no-loadscope-reorder" in makefile.read()
