@@ -1,6 +1,7 @@
 """Re-running works: every lesson runs top to bottom in quick mode in one kernel, then every code
 cell runs a second time, in order, in the same kernel, as a learner who goes back and re-runs
-cells does; any error fails. This is the lessons' execution in ``make test`` (nbval runs the
+cells does; any error fails, and so does a traceback printed by a cell that did not fail (a
+DataLoader worker's, under spawn or forkserver: ``make test START_METHOD=spawn``). This is the lessons' execution in ``make test`` (nbval runs the
 solutions; ``make core-paths`` runs each core path alone)."""
 from __future__ import annotations
 
@@ -24,6 +25,10 @@ def _lesson_class(path):
             code_cells = sum(1 for c in run.executed.cells if c.cell_type == "code")
             assert run.error is None, f"{path.name}: {run.error}"
             assert run.cells_run == 2 * code_cells
+            printed = [k for k, cell in enumerate(run.executed.cells) if cell.cell_type == "code"
+                       for out in cell.get("outputs", []) if "Traceback (most recent call last)"
+                       in out.get("text", "") + str(out.get("data", {}).get("text/plain", ""))]
+            assert not printed, f"{path.name}: cells {sorted(set(printed))} printed a traceback"
 
     Lesson.__name__ = Lesson.__qualname__ = f"TestLesson{path.name[:2]}"
     return Lesson
