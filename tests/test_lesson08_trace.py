@@ -1,4 +1,5 @@
-"""Lesson 08's trace helpers (``lesson08_trace.py``, written by the notebook's %%writefile cell).
+"""Lesson 08's trace helpers (``lesson08_trace.py``, written by the notebook's %%writefile cell; the
+union and gaps of intervals in ``lesson08_gpu.py``, written by its deep dive on the GPU's trace).
 
 With ``ProfilerActivity.CUDA`` a ``record_function`` span or ``ProfilerStep#N`` is on the CPU's
 thread (``user_annotation``) and, for each (device, stream) that ran GPU work inside it, as a copy
@@ -27,6 +28,11 @@ GPU_PID, GPU_TID, SHIFT_US = 0, 7, 35.0
 @pytest.fixture(scope="module")
 def trace():
     return notebook_module("08_find_the_stall.ipynb", "lesson08_trace")
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    return notebook_module("08_find_the_stall.ipynb", "lesson08_gpu")
 
 
 @pytest.fixture(scope="module")
@@ -60,10 +66,12 @@ def by_name_only(events, name=None, prefix=None):
                   and (prefix is None or str(e.get("name", "")).startswith(prefix)))
 
 
-def test_the_module_is_the_notebooks(trace):
-    assert "08_find_the_stall.ipynb" in trace.__doc__
-    for name in ("load_events", "spans", "merged", "idle_between", "cpu_side"):
+def test_the_modules_are_the_notebooks(trace, gpu):
+    assert "08_find_the_stall.ipynb" in trace.__doc__ and "08_find_the_stall.ipynb" in gpu.__doc__
+    for name in ("load_events", "spans", "cpu_side"):
         assert callable(getattr(trace, name)), name
+    for name in ("merged", "idle_between"):
+        assert callable(getattr(gpu, name)), name
 
 
 @pytest.mark.parametrize("gpu_share", [1.0, 0.25])
@@ -80,7 +88,7 @@ def test_spans_by_name_are_the_cpu_side_ones_on_a_cuda_trace(trace, cpu_events, 
 
 
 @pytest.mark.parametrize("gpu_share", [1.0, 0.25])
-def test_the_wait_fraction_is_the_hand_computed_one_on_both_traces(trace, cpu_events, gpu_share):
+def test_the_wait_fraction_is_the_hand_computed_one_on_both_traces(trace, gpu, cpu_events, gpu_share):
     cuda_events = cuda_shaped(cpu_events, gpu_share)
     assert wait_fraction(trace.spans, cpu_events) == pytest.approx(WAIT_FRACTION, abs=1e-6)
     assert wait_fraction(trace.spans, cuda_events) == pytest.approx(WAIT_FRACTION, abs=1e-6)
@@ -88,7 +96,7 @@ def test_the_wait_fraction_is_the_hand_computed_one_on_both_traces(trace, cpu_ev
     for events in (cpu_events, cuda_events):
         window = trace.spans(events, prefix="ProfilerStep#")
         t0, t1 = window[0][0], window[-1][1]
-        idle = trace.idle_between(trace.merged(trace.spans(events, name="step")), t0, t1)
+        idle = gpu.idle_between(gpu.merged(trace.spans(events, name="step")), t0, t1)
         assert sum(e - s for s, e in idle) / (t1 - t0) == pytest.approx(1 - STEP_SHARE, abs=1e-6)
 
 
@@ -127,17 +135,22 @@ def test_load_events_reads_an_exported_trace(trace, cpu_events, tmp_path):
     assert trace.spans(events, name="step") == trace.spans(cpu_events, name="step")
 
 
-def test_merged_and_idle_between(trace):
-    assert trace.merged([(5, 7), (0, 2), (1, 3), (3, 4)]) == [(0, 4), (5, 7)]
-    assert trace.idle_between([(0, 4), (5, 7)], -1, 10) == [(-1, 0), (4, 5), (7, 10)]
-    assert trace.idle_between([(0, 4)], 1, 3) == []
+def test_merged_and_idle_between(gpu):
+    assert gpu.merged([(5, 7), (0, 2), (1, 3), (3, 4)]) == [(0, 4), (5, 7)]
+    assert gpu.idle_between([(0, 4), (5, 7)], -1, 10) == [(-1, 0), (4, 5), (7, 10)]
+    assert gpu.idle_between([(0, 4)], 1, 3) == []
 
 
-# ---- the common advice's verdicts (lesson08_verdicts.py) --------------------------------------
+# ---- the common advice's verdicts (lesson08_verdicts.py; the deep dive's in lesson08_clocks.py) --
 
 @pytest.fixture(scope="module")
 def verdicts():
     return notebook_module("08_find_the_stall.ipynb", "lesson08_verdicts")
+
+
+@pytest.fixture(scope="module")
+def clocks():
+    return notebook_module("08_find_the_stall.ipynb", "lesson08_clocks")
 
 
 def test_the_bound_rule_is_diagnose_s_own(verdicts):
@@ -147,19 +160,19 @@ def test_the_bound_rule_is_diagnose_s_own(verdicts):
     assert verdicts.bound(DATA_BOUND_FRACTION) == "compute-bound"
 
 
-def test_the_profiler_distorts_only_beyond_the_noise(verdicts):
-    same = verdicts.SAME_WITHIN
-    assert not verdicts.profiler_distorts(0.30, 0.30 + same * 0.99, 0.0)   # within SAME_WITHIN
-    assert verdicts.profiler_distorts(0.30, 0.30 + same * 1.01, 0.0)
-    assert not verdicts.profiler_distorts(0.30, 0.379, 0.04)                # within twice the noise
-    assert verdicts.profiler_distorts(0.30, 0.381, 0.04)
+def test_the_profiler_distorts_only_beyond_the_noise(clocks):
+    same = clocks.SAME_WITHIN
+    assert not clocks.profiler_distorts(0.30, 0.30 + same * 0.99, 0.0)     # within SAME_WITHIN
+    assert clocks.profiler_distorts(0.30, 0.30 + same * 1.01, 0.0)
+    assert not clocks.profiler_distorts(0.30, 0.379, 0.04)                  # within twice the noise
+    assert clocks.profiler_distorts(0.30, 0.381, 0.04)
 
 
-def test_the_clock_verdict_cannot_hold_by_default_on_a_cpu(verdicts):
-    same = verdicts.SAME_WITHIN
-    assert verdicts.clock_is_the_wait("cpu", 0.1, 0.9) is None              # not checkable
-    assert verdicts.clock_is_the_wait("cuda", 0.20, 0.20 + same * 0.99) is True
-    assert verdicts.clock_is_the_wait("cuda", 0.20, 0.20 + same * 1.01) is False
+def test_the_clock_verdict_cannot_hold_by_default_on_a_cpu(clocks, verdicts):
+    same = clocks.SAME_WITHIN
+    assert clocks.clock_is_the_wait("cpu", 0.1, 0.9) is None                # not checkable
+    assert clocks.clock_is_the_wait("cuda", 0.20, 0.20 + same * 0.99) is True
+    assert clocks.clock_is_the_wait("cuda", 0.20, 0.20 + same * 1.01) is False
     assert verdicts.held(None) == "cannot be checked on this device"
     assert (verdicts.held(True), verdicts.held(False)) == ("held", "did not hold")
 
