@@ -157,7 +157,7 @@ def _check_one_fetch(loader: DataLoader, fetched: Any, images: torch.Tensor,
                     expected="one dataset call per batch that makes the whole batch",
                     seen=f"the fetcher calls dataset[i] {batch_size} times per batch, then "
                          f"collate_fn makes the batch out of {batch_size} samples",
-                    hint="lesson 03, section 7: what does the fetcher call instead, when the "
+                    hint="lesson 03, deep dive 8: what does the fetcher call instead, when the "
                          "dataset offers it? One call per batch can write every image straight "
                          "into one batch tensor: no tensor per sample, no stacking copy.")
     if isinstance(fetched, (tuple, list)) and len(fetched) == batch_size != 2:
