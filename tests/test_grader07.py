@@ -172,7 +172,7 @@ def test_the_ranks_get_the_module_and_folder_that_define_the_function():
     local = lambda d, e, r, w: reference(d, e, r, w)  # noqa: E731 - not a module's top-level name
     with pytest.raises(ExerciseFailed, match="not a top-level function of a module") as info:
         module_of(local)
-    assert "%%writefile" in info.value.hint and "lesson07_ddp.py" in info.value.hint
+    assert "%%writefile" in info.value.hint and "lesson 00, deep dive 7" in info.value.hint
 
 
 def test_a_notebook_function_passes_the_simulation_and_is_sent_to_write_a_module():

@@ -33,6 +33,7 @@ from course_utils.__main__ import main
 from course_utils.data import LatencyDataset
 from course_utils.tools import tune_loader
 from course_utils.measurement import Measurement, compare
+from course_utils.config import QUICK_STAMP, quick_mode
 from course_utils.tools.tune.result import epoch_row
 from course_utils.tools.tune.search import (LoaderSettings, TuningInterrupted,
                                             TuningResult, epoch_score)
@@ -83,6 +84,10 @@ def test_result_is_consistent(result):
     assert "<- best of the search" in table
     text = str(result)
     assert "Code to paste" in text and "pin_memory" in text and "Recommended:" in text
+    # made in quick mode (as the suite runs), it says so on its first line and on its verdict
+    assert result.quick == quick_mode() and text.startswith(QUICK_STAMP) == result.quick
+    assert ("(quick mode) Recommended:" in text) == result.quick
+    assert QUICK_STAMP not in str(dataclasses.replace(result, quick=False))
     assert "<- recommended" in str(result.side_by_side_rows())
     assert [t.index for t in result.trials] == list(range(1, len(result.trials) + 1))
 

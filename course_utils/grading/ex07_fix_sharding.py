@@ -38,8 +38,8 @@ def module_of(fn: Callable) -> tuple[str, str]:
                      "writes (exercise07_sharding.py), and imported from it",
             seen=f"{getattr(fn, '__qualname__', fn)!r} in {getattr(fn, '__module__', None)!r}",
             hint="the ranks are fresh processes: they import your function by its module and "
-                 "name, as lesson 07's ranks import lesson07_ddp.py. Run the %%writefile cell, "
-                 "then the cell that imports the function from it.")
+                 "name (lesson 00, deep dive 7: where the code workers run must live). Run the "
+                 "%%writefile cell, then the cell that imports the function from it.")
     return module.__name__, os.path.dirname(os.path.abspath(path))
 
 

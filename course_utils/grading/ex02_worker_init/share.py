@@ -24,7 +24,7 @@ def _rule(args: tuple[int, int, bool], want: int, got: Any) -> str:
     budget, workers, forked = args
     if forked:
         return ("a forked worker must keep 1 thread per pool whatever its share: growing a pool "
-                "it inherited can hang it (lesson 02, deep dive 4)")
+                "it inherited can hang it (lesson 02, section 5)")
     if budget < workers:
         return ("every worker needs at least one thread, even when the budget is smaller than "
                 "the number of workers")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from course_utils.checks import check_int
+from course_utils.config import QUICK_STAMP, quick_mode
 from course_utils.measurement import Comparison, Measurement, compare, fmt_time, jsonable
 from course_utils.plots import figure_title, plot_measurements
 from course_utils.threads import WorkerThreadLimiter, make_worker_init
@@ -186,6 +187,7 @@ class TuningResult:
     code_imports: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     winner: str = TUNED_LABEL
+    quick: bool = field(default_factory=quick_mode)     # measured in quick mode: printed rough
 
     def side_by_side_rows(self) -> Comparison | None:
         """The side by side as :func:`epoch_row` rows (samples/s per epoch), labelled with their
@@ -262,13 +264,13 @@ class TuningResult:
             lines += [f"tuned vs {other}: {self.ratio(other):.2f}x samples/s per epoch, "
                       f"{self.ratio(other, 'cpu_s_per_sample'):.2f}x CPU-s/sample"
                       for other in (RECIPE_LABEL, DEFAULTS_LABEL) if other in self.candidates]
-        lines += ["", self.verdict()]
+        lines += ["", "(quick mode) " * self.quick + self.verdict()]
         if self.skipped:
             lines += ["", "Skipped:"] + [f"  - {s}" for s in self.skipped]
         if self.not_tried:
             lines += ["", "Not tried (budget ran out):"] + [f"  - {s}" for s in self.not_tried]
         lines += [f"note: {note}" for note in self.notes]
-        return "\n".join(lines + ["", "Code to paste:", self.code()])
+        return "\n".join([QUICK_STAMP] * self.quick + lines + ["", "Code to paste:", self.code()])
 
     def __repr__(self) -> str:
         return (f"TuningResult(best={self.best!r}, winner={self.winner!r}, "
