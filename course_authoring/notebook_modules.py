@@ -6,11 +6,16 @@ those same modules in full mode on a GPU machine that has no Jupyter packages:
 :func:`notebook_module` writes every ``%%writefile`` cell of the notebook into a private folder
 (a lesson module may import another one) and imports the module asked for from there. One source
 for the code: the notebook.
+
+``make mutation`` mutates the lessons' verdict modules as files of a package in its scratch copy
+and names that package in ``COURSE_NOTEBOOK_MODULES``: a module found there is imported from it.
 """
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -71,4 +76,8 @@ def notebook_module(notebook: str | Path, module: str) -> ModuleType:
             sys.modules.pop(Path(name).stem, None)
         sys.path.insert(0, str(folder))
         _FOLDERS[key] = folder
+    package = os.environ.get("COURSE_NOTEBOOK_MODULES")        # make mutation's copy
+    if package and importlib.util.find_spec(package) is not None:
+        if importlib.util.find_spec(f"{package}.{module}") is not None:
+            return importlib.import_module(f"{package}.{module}")
     return importlib.import_module(module)

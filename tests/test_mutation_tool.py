@@ -15,10 +15,42 @@ def _touch(root, *paths):
         (root / path).write_text("")
 
 
-def test_every_group_names_modules_and_tests_of_this_checkout():
-    for group, (modules, tests) in mutation.GROUPS.items():
-        assert mutation.modules_in(ROOT, modules, group) == modules
-        assert all((ROOT / t).is_file() for t in tests), group
+def test_every_group_names_modules_of_this_checkout_and_has_tests(tmp_path):
+    mutation.write_verdict_modules(tmp_path)           # the verdicts exist in the scratch copy only
+    for group, modules in mutation.GROUPS.items():
+        in_copy = [m for m in modules if m.startswith(mutation.VERDICTS_DIR)]
+        assert mutation.modules_in(tmp_path if in_copy else ROOT, modules, group) == modules
+        assert mutation.tests_for(modules), f"{group}: no test file imports {modules}"
+
+
+def test_a_groups_tests_are_every_test_file_that_imports_one_of_its_modules(tmp_path):
+    groups = load_tool("mutation_groups")
+    (tmp_path / "course_utils" / "sub").mkdir(parents=True)
+    for name in ("__init__.py", "sub/__init__.py", "sub/alpha.py", "beta.py", "grading/ex04_x.py"):
+        (tmp_path / "course_utils" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "course_utils" / name).write_text("")
+    (tmp_path / "course_utils" / "__init__.py").write_text("from .beta import gamma\n")
+    (tmp_path / "tests").mkdir()
+    tests = {
+        "test_plain.py": "import course_utils.sub.alpha\n",
+        "test_from.py": "from course_utils.sub import alpha\n",
+        "test_reexport.py": "from course_utils import gamma\n",                      # -> beta
+        "test_patch.py": "def test(m):\n    m.setattr('course_utils.beta.f', 1)\n",
+        "test_grader.py": "check('04.prefetcher', None)\n",
+        "test_verdicts.py": "notebook_module('x.ipynb', 'lesson03_verdicts')\n",
+        "test_none.py": "import course_utils\nx = 'course_utils'\n",
+        "helper.py": "import course_utils.beta\n",                  # not a test file
+    }
+    for name, text in tests.items():
+        (tmp_path / "tests" / name).write_text(text)
+    assert groups.tests_for(["course_utils/sub/alpha.py"], tmp_path) == [
+        "tests/test_from.py", "tests/test_plain.py"]
+    assert groups.tests_for(["course_utils/beta.py"], tmp_path) == [
+        "tests/test_patch.py", "tests/test_reexport.py"]
+    assert groups.tests_for(["course_utils/grading/ex04_x.py"], tmp_path) == ["tests/test_grader.py"]
+    assert groups.tests_for([f"{groups.VERDICTS_DIR}/lesson03_verdicts.py"], tmp_path) == [
+        "tests/test_verdicts.py"]
+    assert groups.tests_for([f"{groups.VERDICTS_DIR}/lesson04_verdicts.py"], tmp_path) == []
 
 
 def test_an_older_commit_is_scored_where_its_modules_lived(tmp_path):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """``make mutation``: how many small bugs put into the code that computes figures and verdicts
-do the tests catch? Runs mutmut (3.x) group by group: each group is a few modules and the test
-files that pin them (:data:`GROUPS`), run in a scratch copy of this checkout (``build/mutation/``),
+do the tests catch? Runs mutmut (3.x) group by group: each group is a few modules and every test
+file that imports one of them (tools/mutation_groups.py), run in a scratch copy of this checkout (``build/mutation/``),
 so the working tree is never mutated. Prints, per group, the mutants killed / survived / timed
 out and the score, and for the survivors which function they are in, and how many change only
 the text of a message (a string literal): those are left to the wording tests, the rest are the
@@ -31,25 +31,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mutation_groups import GROUPS, VERDICTS_DIR, VERDICTS_PACKAGE, tests_for, write_verdict_modules  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "build" / "mutation"
 
-#: group -> (modules mutated, test files that pin them). The modules that compute the figures
-#: and verdicts: the timing engine and its results, the thread limiter, the datasets workers
-#: use, the graders' decision code, diagnose's verdict.
-GROUPS: dict[str, tuple[list[str], list[str]]] = {
-    "timing": (["course_utils/measurement.py", "course_utils/timing.py"],
-               ["tests/test_timing.py", "tests/test_lesson04.py", "tests/test_measurement_text.py"]),
-    "threads": (["course_utils/threads.py"], ["tests/test_threads.py", "tests/test_env_inheritance.py",
-                                             "tests/test_l02_threads.py"]),
-    "datasets": (["course_utils/lessons/l03_num_workers.py"], ["tests/test_grader03.py", "tests/test_l03_num_workers.py"]),
-    "graders": (["course_utils/grading/ex00_measure_first.py", "course_utils/grading/ex03_num_workers.py"],
-                ["tests/test_grader00.py", "tests/test_grading.py", "tests/test_grader03.py"]),
-    "diagnose": (["course_utils/tools/diagnose/rules.py"],
-                 ["tests/test_diagnose.py", "tests/test_diagnose_cli.py"]),
-    "diagnose_script": (["course_utils/tools/diagnose/script.py", "course_utils/tools/diagnose/probe.py"],
-                        ["tests/test_diagnose_cli.py", "tests/test_diagnose_script.py"]),
-}
 #: Where a module of :data:`GROUPS` lived before the three-layer layout, so that ``--rev`` can
 #: score a commit from before it with the same group.
 OLD_PATHS = {
@@ -154,7 +141,7 @@ def _configure(dest: Path, modules: list[str], tests: list[str]) -> None:
 
 def _mutmut(dest: Path, *args: str, log: Path | None = None, timeout: float | None = None) -> str:
     cmd = [sys.executable, "-m", "mutmut", *args]
-    env = dict(os.environ, COURSE_QUICK="1", MPLBACKEND="Agg")
+    env = dict(os.environ, COURSE_QUICK="1", MPLBACKEND="Agg", COURSE_NOTEBOOK_MODULES=VERDICTS_PACKAGE)
     if log is None:
         return subprocess.run(cmd, cwd=dest, env=env, capture_output=True, text=True,
                               timeout=timeout).stdout
@@ -211,10 +198,12 @@ def modules_in(copy: Path, modules: list[str], where: str) -> list[str]:
 
 def run_group(group: str, timeout_s: float, rev: str | None = None, children: int = 2) -> dict:
     """Mutate one group in its own scratch copy; its counts and its survivors."""
-    modules, tests = GROUPS[group]
+    modules = GROUPS[group]
     dest = WORK / (group if rev is None else f"{group}@{rev}")
     _copy_checkout(dest, rev)
-    tests = [t for t in tests if (dest / t).is_file()]     # an earlier commit may lack one
+    if any(m.startswith(VERDICTS_DIR) for m in modules):
+        write_verdict_modules(dest)                   # the notebooks' verdict cells, as files
+    tests = tests_for(modules, dest)                  # as that copy's tests import them
     modules = modules_in(dest, modules, f"{group}@{rev or 'this checkout'}")
     _configure(dest, modules, tests)
     t0 = time.perf_counter()
@@ -251,17 +240,21 @@ def rerun_survivors(group: str, timeout_s: float, children: int = 2) -> dict:
     score all of them (those caught before stay caught: their code and the tests that caught
     them are unchanged, or the run says so). Stops with one line when the copy is missing or a
     mutated module changed since (then the mutants are stale: run the group in full)."""
-    modules, tests = GROUPS[group]
+    modules = GROUPS[group]
     dest = WORK / group
     previous = WORK / f"{group}.json"
     if not (dest / "mutants").is_dir() or not previous.is_file():
         raise SystemExit(f"mutation: --rerun {group}: no earlier run to start from; run "
                          f"tools/mutation.py {group} first")
+    if any(m.startswith(VERDICTS_DIR) for m in modules):
+        write_verdict_modules(WORK / "verdicts-now")       # to compare with the mutated copy
     for module in modules:
-        if (dest / module).read_bytes() != (ROOT / module).read_bytes():
+        now = WORK / "verdicts-now" / module if module.startswith(VERDICTS_DIR) else ROOT / module
+        if (dest / module).read_bytes() != now.read_bytes():
             raise SystemExit(f"mutation: --rerun {group}: {module} changed since the last run; "
                              f"its mutants are stale: run tools/mutation.py {group}")
     shutil.copy2(ROOT / "pyproject.toml", dest / "pyproject.toml")
+    tests = tests_for(modules, ROOT)
     _configure(dest, modules, tests)                       # this checkout's test list
     for name in _checkout_files():
         if name in modules or name == "pyproject.toml":
@@ -401,7 +394,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hand", action="store_true",
                         help="instead: put in each of the hand mutations (HAND_MUTATIONS, the 13 "
                              "of issue 22) one at a time and say which test caught it")
+    parser.add_argument("--list", action="store_true",
+                        help="print each group's modules and the test files that import them, and stop")
     args = parser.parse_args(argv)
+    if args.list:
+        for group, modules in GROUPS.items():
+            print(f"{group}: {', '.join(modules)}\n    tests: {', '.join(tests_for(modules)) or 'NONE'}")
+        return 0
     if args.hand:
         WORK.mkdir(parents=True, exist_ok=True)
         text = hand_report(run_hand())
@@ -421,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     WORK.mkdir(parents=True, exist_ok=True)
     results = []
     for group in args.groups:
-        print(f"mutation: {group} ({', '.join(GROUPS[group][0])}) ...", flush=True)
+        print(f"mutation: {group} ({', '.join(GROUPS[group])}) ...", flush=True)
         results.append(rerun_survivors(group, args.timeout, args.children) if args.rerun else
                        run_group(group, args.timeout, args.rev, args.children))
         s = results[-1]["stats"]
