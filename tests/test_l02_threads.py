@@ -27,7 +27,9 @@ def _image(h: int = 60, w: int = 80) -> np.ndarray:
 
 # ----------------------------------------------------------------------------- workload
 def test_heavy_transform_output_and_pickling():
-    t = OpenCVHeavyTransform(size=32, work_side=64, blur_ksize=5)
+    # through the module: the import test below reloads it (a class object of before would not
+    # pickle when the suite runs twice in one process, as make mutation runs it)
+    t = l02_threads.OpenCVHeavyTransform(size=32, work_side=64, blur_ksize=5)
     out = t(_image())
     assert isinstance(out, torch.Tensor) and out.dtype == torch.uint8
     assert tuple(out.shape) == (3, 32, 32) and out.is_contiguous()
