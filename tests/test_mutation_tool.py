@@ -117,3 +117,27 @@ def test_a_rerun_keeps_what_was_caught_and_counts_the_misses_again():
     # mutmut kept them: the rerun's counts are whole already
     kept = {"total": 20, "killed": 14, "timeout": 3, "survived": 1, "no_tests": 0}
     assert mutation.merged_stats(before, kept)["killed"] == 14
+
+
+def test_the_report_leaves_out_survivors_the_survivors_file_explains(tmp_path):
+    survivors = tmp_path / "mutation_survivors.md"
+    survivors.write_text("# g\n- `m.x_f__mutmut_2` (f): `<` vs `<=` where equality cannot happen\n"
+                         "not a line: `m.x_f__mutmut_9`\n")
+    reasons = mutation.explained(survivors)
+    assert reasons == {"m.x_f__mutmut_2": "(f): `<` vs `<=` where equality cannot happen"}
+    missed = [{"name": f"m.x_f__mutmut_{k}", "status": "survived", "function": "m.f", "text_only": False}
+              for k in (2, 9)] + [{"name": "m.x_g__mutmut_1", "status": "survived", "function": "m.g",
+                                   "text_only": True}]
+    text = mutation.report([{"group": "g", "modules": ["course_utils/m.py"], "survivors": missed,
+                             "stats": {"total": 10, "killed": 7, "survived": 3}}], reasons)
+    assert "## g: 2 missed mutants that change code, 1 of them explained in mutation_survivors.md" in text
+    assert "- m.f (survived): 1" in text and "m.g" not in text        # the text-only one is apart
+    assert mutation.explained(tmp_path / "absent.md") == {}
+
+
+def test_every_line_of_the_survivors_file_names_a_mutant_of_a_group_and_a_reason():
+    groups = {m.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+              for modules in mutation.GROUPS.values() for m in modules}
+    for name, reason in mutation.explained().items():
+        assert name.rpartition(".")[0] in groups, f"{name}: not a module of any group"
+        assert len(reason.split(":", 1)[-1].split()) >= 3, f"{name}: say why it is left alive"

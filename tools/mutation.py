@@ -45,6 +45,8 @@ OLD_PATHS = {
     "course_utils/grading/ex00_measure_first.py": "course_utils/graders/ex00_timing.py",
     "course_utils/grading/ex03_num_workers.py": "course_utils/graders/ex03_scaling.py",
 }
+#: the survivors judged equivalent or harmless, one line each: ``- `mutant name` (function): why``
+SURVIVORS = Path(__file__).resolve().parent / "mutation_survivors.md"
 MUTANT_RE = re.compile(r"^\s*(?P<name>\S+): (?P<status>.+)$")
 #: mutmut stops a mutant's tests after (their baseline time + 1 s) x this in CPU seconds, and after
 #: half that in wall time: mutmut's default (15) let a mutant that deadlocks a worker wait minutes
@@ -208,6 +210,9 @@ def run_group(group: str, timeout_s: float, rev: str | None = None, children: in
     _configure(dest, modules, tests)
     t0 = time.perf_counter()
     _mutmut(dest, "run", "--max-children", str(children), log=WORK / f"{dest.name}.log", timeout=timeout_s)
+    if "Failed to run clean test" in (WORK / f"{dest.name}.log").read_text(errors="replace"):
+        print(f"mutation: {group}: its tests fail in mutmut's copy before any mutant (see "
+              f"{WORK / dest.name}.log): no mutant ran", flush=True)
     return _save(_collect(group, dest, modules, tests, t0), dest.name)      # GROUP or GROUP@REV
 
 
@@ -357,8 +362,16 @@ def score_line(group: str, modules: list[str], stats: dict, text_only: int) -> s
             f"{caught / ran if ran else 0:.0%} | {caught / code_ran if code_ran else 0:.0%} |")
 
 
-def report(results: list[dict]) -> str:
-    """The groups' scores, and the missed mutants that change more than a message's text."""
+def explained(path: Path = SURVIVORS) -> dict[str, str]:
+    """mutant name -> the reason :data:`SURVIVORS` gives for leaving it alive."""
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    return dict(re.findall(r"^- `([^`]+)` (.+)$", text, flags=re.MULTILINE))
+
+
+def report(results: list[dict], reasons: dict[str, str] | None = None) -> str:
+    """The groups' scores, and the missed mutants that change more than a message's text and
+    that tools/mutation_survivors.md does not explain, by function."""
+    reasons = explained() if reasons is None else reasons
     lines = ["# Mutation score (mutmut)", "",
              "| group | modules | mutants | not run | killed | timeout | survived | no tests | score "
              "| score without text-only |",
@@ -368,10 +381,12 @@ def report(results: list[dict]) -> str:
         lines.append(score_line(r["group"], r["modules"], r["stats"], sum(x["text_only"] for x in missed)))
     for r in results:
         code = [x for x in r["survivors"] if x["status"] in ("survived", "no tests") and not x["text_only"]]
+        left = [x for x in code if x["name"] not in reasons]
         if not code:
             continue
-        lines += ["", f"## {r['group']}: {len(code)} missed mutants that change code, by function", ""]
-        for (func, status), n in Counter((x["function"], x["status"]) for x in code).most_common():
+        lines += ["", f"## {r['group']}: {len(code)} missed mutants that change code, "
+                      f"{len(code) - len(left)} of them explained in {SURVIVORS.name}; the rest by function", ""]
+        for (func, status), n in Counter((x["function"], x["status"]) for x in left).most_common():
             lines.append(f"- {func} ({status}): {n}")
     return "\n".join(lines) + "\n"
 
