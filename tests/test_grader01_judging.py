@@ -324,3 +324,131 @@ def test_to_tensor_is_the_same_pixels_channels_first():
         with pytest.raises(ExerciseFailed) as info:
             G._check_to_tensor(out, flipped, 4)
         assert problem in info.value.problem, (problem, str(info.value))
+
+
+# ---- the run "in workers", with a DataLoader that runs in this process -----------------------------
+
+class InProcessLoader:
+    """Stands in for DataLoader: records how it was made, collates batches here."""
+    made: list[dict] = []
+
+    def __init__(self, dataset, batch_size, num_workers, **kwargs):
+        self.dataset, self.batch_size = dataset, batch_size
+        InProcessLoader.made.append({"num_workers": num_workers, **kwargs})
+
+    def __iter__(self):
+        n = len(self.dataset)
+        for start in range(0, n, self.batch_size):
+            items = [self.dataset[i] for i in range(start, min(n, start + self.batch_size))]
+            yield torch.stack([x for x, _ in items]), torch.tensor([i for _, i in items])
+
+
+class Failing(InProcessLoader):
+    error: Exception = RuntimeError("DataLoader timed out after 7 seconds")
+
+    def __iter__(self):
+        raise Failing.error
+
+
+SMALL = PipelineParams(resize=16, crop=8)
+
+
+class SmallPipeline:
+    """A right answer for SMALL (resize with the grader's own bilinear reference, rounded)."""
+    params = SMALL
+
+    def resize(self, image):
+        h, w = SMALL.resized_hw(*image.shape[:2])
+        from course_utils.transforms import numpy_resize
+        return numpy_resize(image, (h, w))
+
+    def crop(self, image):
+        top, left = SMALL.crop_box(*image.shape[:2])
+        return image[top:top + 8, left:left + 8]
+
+    def flip(self, image, do_flip):
+        return image[:, ::-1] if do_flip else image
+
+    def to_tensor(self, image):
+        return torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1).contiguous()
+
+    def normalize(self, batch):
+        mean = torch.tensor(SMALL.mean).view(1, 3, 1, 1) * 255
+        std = torch.tensor(SMALL.std).view(1, 3, 1, 1) * 255
+        return (batch.float() - mean) / std
+
+
+def small_images(n=5):
+    rng = np.random.default_rng(3)
+    return [(rng.integers(0, 256, (20, 24, 3), dtype=np.uint8), 0) for _ in range(n)]
+
+
+@pytest.fixture
+def in_process(monkeypatch):
+    InProcessLoader.made = []
+    monkeypatch.setattr(G, "DataLoader", InProcessLoader)
+    return InProcessLoader.made
+
+
+def run_small(pipeline, num_workers=2, timeout_s=7.0):
+    images = small_images()
+    refs = [G.exact_pipeline(image, i % 2 == 1, SMALL) for i, (image, _) in enumerate(images)]
+    return G._run_in_workers(pipeline, images, refs, SMALL, num_workers, 2, timeout_s)
+
+
+def test_a_module_answer_runs_in_workers_of_the_default_start_method(in_process):
+    run = run_small(SmallPipeline())
+    # 5 images in batches of 2: 2, 2, 1 images of 3 x 8 x 8 uint8 = 192 bytes each
+    assert run == {"workers": 2, "start_method": G.start_method(), "batch_bytes": [384, 384, 192]}
+    made = in_process[0]
+    assert made["num_workers"] == 2 and made["multiprocessing_context"] is None
+    assert made["timeout"] == 7.0 and isinstance(made["timeout"], float)
+    assert callable(made["worker_init_fn"])
+
+
+def test_a_notebook_answer_runs_in_forked_workers(in_process):
+    notebook = type("Uint8Pipeline", (SmallPipeline,), {"__module__": "__main__"})
+    run = run_small(notebook())
+    assert run["workers"] == 2
+    assert run["start_method"] == "fork, because spawn cannot import a class defined in a notebook"
+    assert in_process[0]["multiprocessing_context"] == "fork"
+
+
+def test_a_notebook_answer_without_fork_runs_in_the_main_process(in_process, monkeypatch):
+    monkeypatch.setattr(G.multiprocessing, "get_all_start_methods", lambda: ["spawn"])
+    notebook = type("Uint8Pipeline", (SmallPipeline,), {"__module__": "__main__"})
+    run = run_small(notebook())
+    assert run["workers"] == 0 and run["start_method"].startswith("main process, because")
+    assert in_process[0] == {"num_workers": 0}                # no worker options without workers
+
+
+def test_wrong_values_from_the_workers_are_named_as_such(in_process):
+    class DriftsInWorkers(SmallPipeline):
+        def to_tensor(self, image):
+            return super().to_tensor(image) // 2            # only the run through the loader
+    with pytest.raises(ExerciseFailed) as info:
+        run_small(DriftsInWorkers())
+    assert info.value.problem == "the pipeline run in DataLoader workers gave the wrong values."
+
+
+@pytest.mark.parametrize("error, hint", [
+    (RuntimeError("DataLoader timed out after 7 seconds"), "a worker gave no batch within 7 s"),
+    (ValueError("At least one stride in the given numpy array is negative, and tensors with "
+                "negative strides are not currently supported."), "negative strides"),
+    (KeyError("x"), "read the traceback"),
+], ids=["timeout", "negative-stride", "other"])
+def test_a_loader_that_fails_is_reported_with_a_hint_for_its_error(monkeypatch, error, hint):
+    monkeypatch.setattr(G, "DataLoader", Failing)
+    Failing.error = error
+    with pytest.raises(ExerciseFailed) as info:
+        run_small(SmallPipeline())
+    assert info.value.problem.startswith("running the stages in DataLoader workers failed: "
+                                         f"{type(error).__name__}: ")
+    assert hint in info.value.hint
+
+
+def test_a_not_done_stage_in_the_workers_is_not_done_not_a_failure(monkeypatch):
+    monkeypatch.setattr(G, "DataLoader", Failing)
+    Failing.error = NotImplementedError("Exercise: replace this line")
+    with pytest.raises(NotImplementedError):
+        run_small(SmallPipeline())
