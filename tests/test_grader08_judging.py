@@ -315,3 +315,15 @@ def test_each_call_gets_its_own_copy_of_the_events():
 
     check(STALL, spoils, real=False)
     assert len(seen) == 5 and seen[3] == seen[4] > 20
+
+
+# ---- the dataset of the loop profiled for real ----------------------------------------------------
+
+def test_sleepy_batches_are_ready_made_numpy_batches():
+    ds = ex08.SleepyBatches(3, 0.0)
+    images, labels = ds[2]
+    assert len(ds) == 3 and ds.delay_s == 0.0 and isinstance(ds.n, int)
+    assert images.shape == (4, 3, 8, 8) and images.dtype == "float32" and float(images.min()) == 2.0
+    assert float(images.max()) == 2.0 and labels.tolist() == [0, 1, 2, 3]
+    assert ex08.as_is(ds[0]) is not None and ex08.as_is(labels) is labels
+
