@@ -64,7 +64,9 @@ def test_move_to_device_copies_asynchronously_only_from_pinned_memory(monkeypatc
     assert seen == [False, True]
 
 
-def test_constants_on_makes_each_constant_once_per_device():
+def test_constants_on_makes_each_constant_once_per_device(monkeypatch):
+    import course_utils.device as device_module
+    monkeypatch.setattr(device_module, "_CONSTANTS", {})   # a fresh cache: mutmut runs this twice
     made = []
 
     def make():
