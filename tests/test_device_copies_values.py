@@ -324,3 +324,9 @@ def test_from_dict_round_trip_ignores_unknown_keys_and_names_missing_ones():
     partial = BandwidthSweep.from_dict({"device": "cpu", "sizes_bytes": [KIB], "gbps": {},
                                         "notes": {"pageable": "why"}})
     assert partial.notes == {"pageable": "why"} and partial.labels == {} and partial.settings == {}
+
+
+def test_pinned_fraction_below_one_gbps_is_still_a_ratio():
+    # best 0.5 GB/s (pageable), pinned 0.4: 0.4 / 0.5 = 0.8 (slow links are measured too)
+    s = BandwidthSweep("cuda:0", [KIB], {"pageable": [0.5], "pinned_blocking": [0.4]})
+    assert s.pinned_fraction_of_best() == pytest.approx(0.8)
