@@ -408,3 +408,23 @@ def test_doctor_reads_memory_and_derives_its_advice(monkeypatch):
     assert found.cpu == CpuInfo(8, 3, None, 3)
     assert found.advice == advise(found) and found.advice[0].startswith("Size num_workers")
     assert any(a.startswith("Only 3.0 GiB of RAM") for a in found.advice)
+
+
+def test_doctor_names_this_python_platform_and_libraries(monkeypatch):
+    import sys
+
+    import cv2
+    import numpy
+
+    monkeypatch.setattr(platform, "python_implementation", lambda: "CPython")
+    monkeypatch.setattr(platform, "python_version", lambda: "3.11.9")
+    monkeypatch.setattr(platform, "platform", lambda: "Linux-6.1-x86_64")
+    monkeypatch.setattr(machine, "opencv_parallel_framework", lambda: "pthreads")
+    found = doctor()
+    assert found.python == f"CPython 3.11.9 ({sys.executable})"
+    assert found.platform == "Linux-6.1-x86_64" and found.opencv_parallel == "pthreads"
+    assert found.opencv_version == str(cv2.__version__) and found.numpy_version == numpy.__version__
+
+
+def test_an_unknown_size_is_said_to_be_unknown():
+    assert machine._gib(None) == "unknown" and machine._gib(3 * GIB // 2) == "1.5 GiB"

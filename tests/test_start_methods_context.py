@@ -142,3 +142,15 @@ def test_only_fork_workers_get_a_timeout(monkeypatch):
     assert worker_timeout(2.5) == 2.5
     monkeypatch.setattr(start_methods, "start_method", lambda: "spawn")
     assert worker_timeout(2.5) == 0.0
+
+
+def test_server_runs_main_reads_the_fork_servers_own_source(monkeypatch):
+    import inspect
+    import multiprocessing.forkserver as fs
+
+    def source(obj):
+        assert obj is fs.ForkServer.ensure_running
+        return "main_kws['main_path'] = data['init_main_from_path']"
+
+    monkeypatch.setattr(inspect, "getsource", source)
+    assert start_methods.server_runs_main() is True
