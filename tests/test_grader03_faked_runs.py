@@ -154,3 +154,72 @@ def test_without_fork_no_memory_is_measured(measured, monkeypatch):
     result = copy_on_read()
     assert result.details == {"measured": False} and "no 'fork'" in result.summary
     assert measured["labels"] == []
+
+
+@pytest.mark.parametrize("quick, images, batches", [(False, 320, 24), (True, 160, 12)],
+                         ids=["full", "quick"])
+def test_the_real_curve_times_jpeg_decoding_in_one_thread_workers(monkeypatch, quick, images, batches):
+    made, is_quick = {}, quick
+    monkeypatch.setattr(G, "usable_cpus", lambda: 1)
+    monkeypatch.setattr(G, "pick", lambda full, quick: quick if is_quick else full)
+    monkeypatch.setattr(G, "JpegDataset", lambda **kwargs: made.update(kwargs) or "jpegs")
+
+    def sweep(dataset, workers, **kwargs):
+        made.update(dataset=dataset, workers=workers, **kwargs)
+        return types.SimpleNamespace(workers=list(workers), samples_per_s=[1.0] * len(workers))
+
+    monkeypatch.setattr(G, "sweep_workers", sweep)
+    G._measured_curve()
+    init = made.pop("worker_init_fn")
+    assert isinstance(init, G.make_worker_init(1).__class__) and init.n_threads == 1
+    assert made.pop("transform").size == 160
+    assert made == {"n": images, "min_side": 320, "max_side": 640, "dataset": "jpegs",
+                    "workers": [0, 1, 2], "batch_size": 8, "batches": batches, "repeats": 1,
+                    "progress": False, "label": "JPEG decode (measured now)"}
+
+
+# ---- judge_choice and shuffled on made-up curves -------------------------------------------------
+
+def test_a_one_or_two_count_curve_is_shuffled_without_looping():
+    one = {"workers": [3], "truth": [100.0], "measured": [100.0]}
+    assert G.shuffled(one, 1) == one
+    two = G.shuffled({"workers": [1, 3], "truth": [1.0, 2.0], "measured": [1.5, 2.5]}, 1)
+    assert two == {"workers": [3, 1], "truth": [2.0, 1.0], "measured": [2.5, 1.5]}
+
+
+def test_a_count_at_exactly_enough_below_the_best_but_past_the_window_is_more_than_needed():
+    # workers 0..4, true rates 50, 97, 85, 85, 100: 97 % of the best (97) is first reached at 1,
+    # so the window ends at 2; 3 workers reach 85 / 100 = 0.85 exactly (enough), below the best
+    # count (4), but past the window: "more than needed", not "too few"
+    curve = {"name": "dip", "workers": [0, 1, 2, 3, 4], "truth": [50, 97, 85, 85, 100],
+             "measured": [50, 97, 85, 85, 100]}
+    assert G.acceptable(curve["workers"], curve["truth"]) == [1, 2]
+    with pytest.raises(ExerciseFailed) as info:
+        G.judge_choice(curve, 3, "'dip'")
+    assert info.value.problem.startswith("more workers than needed for the 'dip' curve: 1 workers")
+
+
+def test_a_curve_without_a_story_names_only_the_curve():
+    curve = {"name": "bare", "workers": [0, 1, 2], "truth": [100, 50, 40], "measured": [100, 50, 40]}
+    with pytest.raises(ExerciseFailed) as info:
+        G.judge_choice(curve, 2, "'bare'")
+    assert info.value.problem == ("too many workers for the 'bare' curve: past the peak, 2 workers "
+                                  "deliver only 40% of the best rate.")
+    assert "more workers are not always faster" in info.value.hint
+
+
+@pytest.mark.parametrize("answer", [2.5, 7], ids=["not-whole", "not-measured"])
+def test_judge_choice_failures_belong_to_the_choose_exercise(answer):
+    curve = {"name": "c", "workers": [0, 1, 2], "truth": [100, 50, 40], "measured": [100, 50, 40]}
+    with pytest.raises(ExerciseFailed) as info:
+        G.judge_choice(curve, answer, "'c'")
+    assert info.value.exercise == G.CHOOSE
+
+
+def test_an_order_dependent_answer_fails_under_the_choose_exercise():
+    curve = G.synthetic_curves()[0]
+    first_listed = lambda workers, rates: workers[0]          # noqa: E731  (0 in order: wrong)
+    with pytest.raises(ExerciseFailed) as info:
+        G._judge_shuffled(first_listed, curve, 8, seed=100)
+    assert info.value.exercise == G.CHOOSE
+    assert info.value.problem.startswith("the answer depends on the order of the measurements")
