@@ -216,3 +216,36 @@ def test_drawn_on_the_device_asked_for_without_a_generator(monkeypatch):
     monkeypatch.setattr(torch, "rand", rand)
     d = draw_batch(2, 4, 4, AugmentParams(size=1), device="meta")
     assert seen == [torch.device("meta")] and d.device.type == "meta"
+
+
+def test_from_samples_fixes_the_dtypes_whatever_the_values():
+    """ints for the factors, 0/1 for the flip, numpy int32 for the box: int64 box, bool flip,
+    float32 factors (as draw_batch gives)."""
+    d = AugmentDraws.from_samples([SampleDraw(np.int32(1), np.int32(2), np.int32(3), np.int32(4), 1, 1, 2)])
+    assert [getattr(d, f).dtype for f in AugmentDraws._FIELDS] == [torch.int64] * 4 + [torch.bool] + [torch.float32] * 2
+
+
+def test_box_as_wide_as_the_image_fits_when_shorter(monkeypatch):
+    """10 x 30, scale 0.8 (area 240), ratio 3.75: w = round(sqrt(900)) = 30 (= the width),
+    h = round(sqrt(64)) = 8: it fits, top floor(0 * 3) = 0 (the centre-crop fallback would put
+    the same 8 x 30 box at top (10 - 8) // 2 = 1)."""
+    rows = torch.tensor([[0.5, 0.5, 0.0, 0.0, 0.9, 0.5, 0.5]])
+    monkeypatch.setattr(torch, "rand", lambda *s, generator=None, device=None: rows.clone())
+    p = AugmentParams(size=1, scale=(0.8, 0.8), ratio=(3.75, 3.75), attempts=1)
+    d = draw_batch(1, 10, 30, p)
+    assert (d.top.item(), d.left.item(), d.height.item(), d.width.item()) == (0, 0, 8, 30)
+
+
+@pytest.mark.parametrize("ratio, box", [
+    # 4 x 4, area 16 * 0.01 = 0.16: ratio 0.01 -> w = round(0.04) = 0, h = round(4) = 4: no fit;
+    # fallback (1 > 0.01): h = 4, w = round(0.04) = 0 -> 1, left (4 - 1) // 2 = 1
+    (0.01, (0, 1, 4, 1)),
+    # ratio 100 -> w = 4, h = 0: no fit; fallback (1 < 100): w = 4, h = 0 -> 1, top 1
+    (100.0, (1, 0, 1, 4)),
+])
+def test_a_box_zero_pixels_wide_or_tall_never_fits(ratio, box):
+    p = AugmentParams(size=1, scale=(0.01, 0.01), ratio=(ratio, ratio), attempts=1)
+    s = draw_sample(4, 4, p, np.random.default_rng(0))
+    assert (s.top, s.left, s.height, s.width) == box
+    d = draw_batch(3, 4, 4, p, generator=torch.Generator().manual_seed(0))
+    assert (d.top.tolist(), d.left.tolist(), d.height.tolist(), d.width.tolist()) == tuple([v] * 3 for v in box)
