@@ -252,3 +252,14 @@ def test_prefetcher_on_cuda_copies_on_a_side_stream_and_waits_for_it(monkeypatch
     s = side[0]
     assert log == [("enter", s), ("copy", "cuda:0", True), ("exit", s),
                    ("current", torch.device("cuda:0")), ("wait", s), ("record", current)]
+
+
+def test_compare_prefetch_on_cuda_has_no_cpu_note(monkeypatch, fake_time_op):
+    """On CUDA (faked: copies and the prefetcher replaced by pass-throughs) the note that both
+    loops should take the same time is left out."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(prefetch, "move_to_device", lambda b, d, non_blocking=None: b)
+    monkeypatch.setattr(prefetch, "DevicePrefetcher", lambda loader, dev: iter(loader))
+    fake_time_op([0.2, 0.1])
+    r = compare_prefetch([torch.zeros(1)], lambda b: None, device="cuda:0", repeats=1)
+    assert r.device == "cuda:0" and r.note == "" and r.speedup == pytest.approx(2.0)
