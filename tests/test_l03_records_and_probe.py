@@ -5,6 +5,7 @@ readings, all on hand-worked values with a recording DataLoader: no worker start
 from __future__ import annotations
 
 import math
+import os
 import types
 
 import numpy as np
@@ -78,6 +79,16 @@ def test_a_list_item_is_box_label_path():
     assert (label, path) == (2, "bb.jpg")
 
 
+def test_boxes_are_float32_whatever_torchs_default_dtype():
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert RecordListDataset(RECORDS)[0][0].dtype == torch.float32
+        assert RecordArrayDataset(RECORDS)[0][0].dtype == torch.float32
+    finally:
+        torch.set_default_dtype(before)
+
+
 # ---- USS ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("error", [psutil.AccessDenied(1), AttributeError("uss"), NotImplementedError(),
@@ -120,6 +131,15 @@ class _Recording:
     def __getitem__(self, i):
         self.seen.append(i)
         return i
+
+
+def test_the_probe_reports_its_process_and_worker_id(monkeypatch):
+    monkeypatch.setattr(l03, "uss_bytes", lambda: 7)
+    monkeypatch.setattr(l03, "get_worker_info", lambda: types.SimpleNamespace(id=4))
+    probe = l03._MemoryProbe(_Recording([]))
+    first, second = probe[([0], True)], probe[([1], False)]
+    assert first["pid"] == second["pid"] == os.getpid()
+    assert first["worker_id"] == second["worker_id"] == 4 and second["fetched"] == 2
 
 
 def test_the_requests_read_every_few_batches_and_each_workers_last_two():
