@@ -214,3 +214,16 @@ def test_three_times_the_batches_plus_three_is_still_allowed_by_the_pass():
 ], ids=["pin-on-cpu", "pin-on-cuda", "cuda-on-cpu", "cuda-on-cuda", "other"])
 def test_iteration_hints_follow_the_error_and_the_device(message, device, hint):
     assert hint in G._iteration_hint(RuntimeError(message), torch.device(device))
+
+
+def test_three_batches_are_enough_to_judge_look_ahead():
+    # n = 3, each batch handed out as soon as it was read: 1 < 0 + 2
+    with pytest.raises(ExerciseFailed, match="no second buffer"):
+        G._check_lookahead([1, 2, 3], 3)
+
+
+def test_the_batch_before_the_last_is_judged_too():
+    # n = 4: batches 0 and 1 one ahead, batch 2 handed out with only 3 read (3 < 2 + 2)
+    with pytest.raises(ExerciseFailed) as info:
+        G._check_lookahead([2, 3, 3, 4], 4)
+    assert info.value.seen == "3 batches read when batch 2 was yielded"
