@@ -311,3 +311,69 @@ def test_per_process_random_seeding(monkeypatch):
     assert state["_rng"] is None and state["_pid"] is None and state["seed"] == 7
     with pytest.raises(ValueError, match="^MyT: seed"):
         PerProcessRandom(-1, owner="MyT")
+
+
+# --- errors name the function; defaults; views and copies ------------------------------------------
+
+from course_utils.transforms import (numpy_hflip, numpy_pipeline, opencv_pipeline,  # noqa: E402
+                                     torch_hflip, torch_pipeline, torch_to_chw)
+
+
+@pytest.mark.parametrize("call, start", [
+    (lambda: exact_pipeline(np.zeros((4, 4, 3), np.float32)), "exact_pipeline: image must be uint8"),
+    (lambda: exact_pipeline(np.zeros((4, 4, 3), np.uint8), params=3), "exact_pipeline: params"),
+    (lambda: output_difference(torch.zeros(3, 1, 1), torch.zeros(3, 1, 1), params=3), "output_difference: params"),
+    (lambda: output_difference([1], torch.zeros(3, 1, 1)), "output_difference: a must be a tensor or array of normalised values, got list"),
+    (lambda: normalize_batch(torch.zeros(1, 3, 1, 1), params=3), "normalize_batch: params"),
+    (lambda: normalize_batch([1]), "normalize_batch: batch must be an (N, 3, H, W) tensor, got list"),
+    (lambda: normalize_batch(torch.zeros(3, 1, 1)), "normalize_batch: batch must be an (N, 3, H, W) tensor, got torch.Size([3, 1, 1])"),
+    (lambda: torch_resize([1], (2, 2)), "torch_resize: x must be a (3, H, W) torch.Tensor (see torch_from_image), got list"),
+    (lambda: torch_center_crop(torch.zeros(4, 4), 2), "torch_center_crop: x"),
+    (lambda: torch_to_chw(torch.zeros(4, 4)), "torch_to_chw: x"),
+    (lambda: torch_normalize(torch.zeros(4, 4)), "torch_normalize: x"),
+    (lambda: numpy_hflip(np.zeros((4, 4))), "numpy_hflip: image"),
+    (lambda: numpy_normalize(np.zeros((4, 4))), "numpy_normalize: image"),
+    (lambda: opencv_normalize(np.zeros((4, 4))), "opencv_normalize: image"),
+    (lambda: opencv_to_chw(np.zeros((4, 4))), "opencv_to_chw: image"),
+    (lambda: torch_from_image(np.zeros((4, 4))), "torch_from_image: image"),
+    (lambda: ToFloat32()([1]), "ToFloat32: x must be a torch.Tensor, got list"),
+])
+def test_every_error_names_the_function(call, start):
+    with pytest.raises((ValueError, TypeError)) as info:
+        call()
+    assert str(info.value).startswith(start), str(info.value)
+
+
+def test_pipelines_do_not_flip_by_default_and_use_the_params_given():
+    img = np.repeat((np.arange(9, dtype=np.uint8) * 28)[None, :, None], 6, 0).repeat(3, 2)  # a ramp
+    p = PipelineParams(resize=4, crop=3)
+    for fn in (numpy_pipeline, opencv_pipeline, torch_pipeline):
+        out = fn(img, params=p)
+        assert tuple(out.shape) == (3, 3, 3)
+        assert torch.equal(out, fn(img, False, p)) and not torch.equal(out, fn(img, True, p))
+    e = exact_pipeline(np.full((6, 9, 3), 255, np.uint8), params=PipelineParams(resize=4, crop=3, std=(0.5, 0.5, 0.5)))
+    # white columns: (1 - 0.485) / 0.5 = 1.03 in R (the default std 0.229 would give 2.249)
+    assert e[0, 0, 0].item() == pytest.approx(1.03, abs=1e-5)
+
+
+def test_output_difference_subtracts_in_float_not_in_uint8():
+    """uint8 outputs 0 and 1: a - b = -1 (not 255 wrapped) times 255 * std per channel."""
+    p = PipelineParams(std=(0.2, 0.4, 0.1))
+    d = output_difference(torch.zeros(3, 1, 1, dtype=torch.uint8), torch.ones(3, 1, 1, dtype=torch.uint8), p)
+    # -(0.2 + 0.4 + 0.1) * 255 / 3 = -59.5; max |d| 0.4 * 255 = 102
+    assert d.mean_levels == pytest.approx(-59.5) and d.max_abs_levels == pytest.approx(102.0)
+
+
+def test_torch_normalize_leaves_a_float32_input_untouched():
+    x = torch.full((3, 1, 1), 51.0)
+    out = torch_normalize(x, (0.2, 0.2, 0.2), (0.5, 0.5, 0.5))
+    assert x.flatten().tolist() == [51.0] * 3 and out.flatten().tolist() == pytest.approx([0.0] * 3, abs=1e-6)
+
+
+def test_torch_from_image_keeps_a_broadcast_array_as_a_view():
+    """Zero strides (np.broadcast_to) are not negative: the tensor is a view of the same memory."""
+    base = np.arange(3, dtype=np.uint8)
+    img = np.broadcast_to(base, (2, 2, 3))
+    with pytest.warns(UserWarning):                      # torch warns: not writable
+        t = torch_from_image(img)
+    assert t.data_ptr() == base.ctypes.data and t[2, 1, 1].item() == 2
