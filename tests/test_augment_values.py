@@ -103,11 +103,14 @@ def test_generator_draws_use_the_params():
     assert torch.equal(out, augment_batch(batch, p, draws=draws))
 
 
-def test_draws_are_moved_to_the_batchs_device():
+def test_draws_are_moved_to_the_batchs_device(monkeypatch):
+    moved = []
+    real = AugmentDraws.to
+    monkeypatch.setattr(AugmentDraws, "to", lambda self, dev: moved.append(dev) or real(self, dev))
     d = AugmentDraws.from_samples([SampleDraw(0, 0, 4, 4, False, 1.0, 1.0)])
-    out = augment_batch(torch.empty(1, 3, 4, 4, dtype=torch.uint8, device="meta"),
-                        AugmentParams(size=2), draws=d)
-    assert out.device.type == "meta"
+    augment_batch(torch.zeros(1, 3, 4, 4, dtype=torch.uint8), AugmentParams(size=2), draws=d)
+    assert moved == [torch.device("cpu")]
+    monkeypatch.undo()
     on_meta = AugmentDraws.from_samples([SampleDraw(0, 0, 4, 4, False, 1.0, 1.0)], device="meta")
     assert on_meta.device.type == "meta" and on_meta.flip.device.type == "meta"
 
