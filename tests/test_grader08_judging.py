@@ -327,3 +327,11 @@ def test_sleepy_batches_are_ready_made_numpy_batches():
     assert float(images.max()) == 2.0 and labels.tolist() == [0, 1, 2, 3]
     assert ex08.as_is(ds[0]) is not None and ex08.as_is(labels) is labels
 
+
+
+def test_the_held_back_traces_number_their_steps_as_the_cases_say():
+    plain, startup, numbered = synthetic_cases()
+    steps = [sorted(int(e["name"][13:]) for e in c["events"]
+                    if e.get("ph") == "X" and e["name"].startswith("ProfilerStep#"))
+             for c in (plain, startup, numbered)]
+    assert steps == [[2, 3, 4, 5], list(range(1, 8)), list(range(8, 16))]
