@@ -443,3 +443,47 @@ def test_a_share_that_is_not_an_int_fails_even_when_it_equals_the_share(value, k
     err = share_failure(lambda b, w, f: value)
     assert err.problem == f"thread_share(8, 2, False) returned {kind}, not an int."
     assert err.expected == "4"
+
+
+# ---- the worker side, called in this process (its pools put back afterwards) ----------------------
+
+@pytest.fixture
+def restore_pools():
+    import cv2
+    import threadpoolctl
+    cv2_before = cv2.getNumThreads()
+    controller = threadpoolctl.ThreadpoolController()
+    saved = [(lib, lib.num_threads) for lib in controller.lib_controllers]
+    yield
+    for lib, n in saved:
+        lib.set_num_threads(n)
+    cv2.setNumThreads(cv2_before)
+    W._STATE.clear()
+
+
+def test_the_graded_init_records_each_cv2_call_and_the_nonzero_ones(tmp_path, restore_pools):
+    import cv2
+
+    def answer(worker_id):
+        cv2.setNumThreads(0)
+        cv2.setNumThreads(3)
+
+    real = cv2.setNumThreads
+    W._GradedInit(answer, str(tmp_path), 30.0, forked=False)(1)
+    assert cv2.setNumThreads is real                         # the recorder is taken out again
+    assert W._STATE["cv2_calls"] == ["0", "3"] and W._STATE["cv2_nonzero"] == [3]
+    assert (tmp_path / "calls1.txt").read_text() == "0\n3\n"
+    assert "after" in __import__("json").loads((tmp_path / "state1.json").read_text())
+    assert "error" not in W._STATE
+
+
+@pytest.mark.parametrize("exc, not_implemented", [(ValueError("boom"), False),
+                                                   (NotImplementedError("todo"), True)])
+def test_the_graded_init_keeps_the_answers_error(tmp_path, restore_pools, exc, not_implemented):
+    def answer(worker_id):
+        raise exc
+
+    W._GradedInit(answer, str(tmp_path), 30.0, forked=False)(0)
+    assert W._STATE["error"] == f"{type(exc).__name__}: {exc}"
+    assert W._STATE["not_implemented"] is not_implemented
+    assert "in answer" in W._STATE["traceback"] and "in __call__" not in W._STATE["traceback"]
