@@ -377,3 +377,25 @@ def test_torch_from_image_keeps_a_broadcast_array_as_a_view():
     with pytest.warns(UserWarning):                      # torch warns: not writable
         t = torch_from_image(img)
     assert t.data_ptr() == base.ctypes.data and t[2, 1, 1].item() == 2
+
+
+def test_last_edges_seed_zero_shorter_side_one_and_more_error_names():
+    assert PerProcessRandom(0).seed == 0                     # 0 is a seed, not "no seed"
+    assert resized_hw(5, 5, 1) == (1, 1) and resized_hw(6, 5, 1) == (1, 1)
+    img = np.repeat((np.arange(4, dtype=np.uint8) * 60)[None, :, None], 4, 0).repeat(3, 2)
+    p = PipelineParams(resize=4, crop=4)
+    assert torch.equal(run_pipeline("numpy", img, params=p), run_pipeline("numpy", img, False, p))
+    for call, start in ((lambda: PipelineParams(resize=0), "PipelineParams: resize"),
+                        (lambda: PipelineParams(mean=(1, 2)), "PipelineParams: mean"),
+                        (lambda: PipelineParams(std=(1, 0, 1)), "PipelineParams: std"),
+                        (lambda: Stage("jax", "resize"), "Stage: backend"),
+                        (lambda: Stage("numpy", "resize", params=3), "Stage: params"),
+                        (lambda: pipeline_stages("numpy", params=3), "pipeline_stages: params"),
+                        (lambda: run_pipeline("numpy", np.zeros((4, 4, 3), np.float32)), "run_pipeline('numpy'): image"),
+                        (lambda: center_crop(np.zeros((4, 4)), 2), "center_crop: image"),
+                        (lambda: opencv_resize(np.zeros((4, 4)), (2, 2)), "opencv_resize: image"),
+                        (lambda: ReferenceTransform("jax"), "ReferenceTransform: backend"),
+                        (lambda: Uint8Transform(params=3), "Uint8Transform: params")):
+        with pytest.raises((ValueError, TypeError)) as info:
+            call()
+        assert str(info.value).startswith(start), str(info.value)
