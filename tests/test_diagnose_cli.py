@@ -309,7 +309,10 @@ def test_ctrl_c_ends_in_one_line_with_no_process_left():
     proc = subprocess.Popen([sys.executable, "-m", "course_utils", "diagnose", "--budget", "60",
                              str(SCRIPTS / "faults.py"), "--fault", "forever"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            # a run started in the background (nohup ... &) ignores Ctrl-C and
+                            # its children inherit that: the learner's terminal does not
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline, probe = time.monotonic() + 60, None
     while time.monotonic() < deadline and (probe is None or len(_alive_in_group(probe)) < 2):
         time.sleep(0.2)                   # until the script is in its loop, its worker running
