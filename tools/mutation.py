@@ -143,7 +143,10 @@ def _configure(dest: Path, modules: list[str], tests: list[str]) -> None:
 
 def _mutmut(dest: Path, *args: str, log: Path | None = None, timeout: float | None = None) -> str:
     cmd = [sys.executable, "-m", "mutmut", *args]
-    env = dict(os.environ, COURSE_QUICK="1", MPLBACKEND="Agg", COURSE_NOTEBOOK_MODULES=VERDICTS_PACKAGE)
+    # one OpenMP thread: mutmut forks its warm process for each mutant, and a fork taken after
+    # torch's OpenMP pool ran deadlocks in the child (every mutant would read "timeout", caught)
+    env = dict(os.environ, COURSE_QUICK="1", MPLBACKEND="Agg", COURSE_NOTEBOOK_MODULES=VERDICTS_PACKAGE,
+               OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     if log is None:
         return subprocess.run(cmd, cwd=dest, env=env, capture_output=True, text=True,
                               timeout=timeout).stdout
