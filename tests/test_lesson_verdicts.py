@@ -49,6 +49,11 @@ def l07():
     return notebook_module("07_scaling_out.ipynb", "lesson07_verdicts")
 
 
+@pytest.fixture(scope="module")
+def l08():
+    return notebook_module("08_find_the_stall.ipynb", "lesson08_verdicts")
+
+
 def test_lesson00_the_ceiling_is_one_core_per_worker(l00):
     assert l00.ceiling(4, 2) == 2 and l00.ceiling(4, 16) == 4 and l00.ceiling(4, 4) == 4
 

@@ -11,52 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from course_authoring.notebook_modules import notebook_module
-
-
-@pytest.fixture(scope="module")
-def l00():
-    return notebook_module("00_measure_first.ipynb", "lesson00_verdicts")
-
-
-@pytest.fixture(scope="module")
-def l01():
-    return notebook_module("01_numpy_torch_opencv.ipynb", "lesson01_verdicts")
-
-
-@pytest.fixture(scope="module")
-def l02():
-    return notebook_module("02_threads.ipynb", "lesson02_verdicts")
-
-
-@pytest.fixture(scope="module")
-def l03():
-    return notebook_module("03_num_workers.ipynb", "lesson03_verdicts")
-
-
-@pytest.fixture(scope="module")
-def l04():
-    return notebook_module("04_host_to_device.ipynb", "lesson04_verdicts")
-
-
-@pytest.fixture(scope="module")
-def l05():
-    return notebook_module("05_gpu_augmentation.ipynb", "lesson05_verdicts")
-
-
-@pytest.fixture(scope="module")
-def l06():
-    return notebook_module("06_tune_your_pipeline.ipynb", "lesson06_verdicts")
-
-
-@pytest.fixture(scope="module")
-def l07():
-    return notebook_module("07_scaling_out.ipynb", "lesson07_verdicts")
-
-
-@pytest.fixture(scope="module")
-def l08():
-    return notebook_module("08_find_the_stall.ipynb", "lesson08_verdicts")
+from test_lesson_verdicts import l00, l01, l02, l03, l04, l05, l06, l07, l08  # noqa: F401 - fixtures
 
 
 # ---- lesson 00 ------------------------------------------------------------------------------

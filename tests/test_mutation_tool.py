@@ -40,11 +40,12 @@ def test_a_groups_tests_are_every_test_file_that_imports_one_of_its_modules(tmp_
         "test_verdicts.py": "notebook_module('x.ipynb', 'lesson03_verdicts')\n",
         "test_none.py": "import course_utils\nx = 'course_utils'\n",
         "helper.py": "import course_utils.beta\n",                  # not a test file
+        "test_fixtures.py": "from test_from import alpha_fixture\n",    # another test's fixtures
     }
     for name, text in tests.items():
         (tmp_path / "tests" / name).write_text(text)
     assert groups.tests_for(["course_utils/sub/alpha.py"], tmp_path) == [
-        "tests/test_from.py", "tests/test_plain.py"]
+        "tests/test_fixtures.py", "tests/test_from.py", "tests/test_plain.py"]
     assert groups.tests_for(["course_utils/beta.py"], tmp_path) == [
         "tests/test_patch.py", "tests/test_reexport.py"]
     assert groups.tests_for(["course_utils/grading/ex04_x.py"], tmp_path) == ["tests/test_grader.py"]

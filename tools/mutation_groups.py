@@ -106,7 +106,8 @@ def _reexports(root: Path, package: str) -> dict[str, str]:
 @lru_cache(maxsize=None)
 def imported_modules(test_file: Path, root: Path = ROOT) -> frozenset[str]:
     """The course_utils modules ``test_file`` imports (``import``, ``from ... import``, a name a
-    package re-exports, a ``"course_utils.x.y"`` string such as a monkeypatch target), and
+    package re-exports, a ``"course_utils.x.y"`` string such as a monkeypatch target, those of a
+    test file it takes fixtures from), and
     ``lessonNN_verdicts`` for each ``notebook_module(..., "lessonNN_verdicts")`` it names."""
     modules = _package_modules(root)
     found: set[str] = set()
@@ -122,6 +123,9 @@ def imported_modules(test_file: Path, root: Path = ROOT) -> frozenset[str]:
         if isinstance(node, ast.Import):
             for alias in node.names:
                 add(alias.name)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("test_"):
+            shared = test_file.parent / f"{node.module}.py"     # fixtures from another test file
+            found.update(imported_modules(shared, root) if shared.is_file() else ())
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             for alias in node.names:
                 full = f"{node.module}.{alias.name}"
