@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """``make mutation``: how many small bugs put into the code that computes figures and verdicts
 do the tests catch? Runs mutmut (3.x) group by group: each group is a few modules and every test
-file that imports one of them (tools/mutation_groups.py), run in a scratch copy of this checkout (``build/mutation/``),
+file that imports one of them (tools/mutation_groups.py), run in a scratch copy of this checkout
+(``build/mutation/``),
 so the working tree is never mutated. Prints, per group, the mutants killed / survived / timed
 out and the score, and for the survivors which function they are in, and how many change only
 the text of a message (a string literal): those are left to the wording tests, the rest are the
@@ -208,8 +209,8 @@ def run_group(group: str, timeout_s: float, rev: str | None = None, children: in
     _copy_checkout(dest, rev)
     if any(m.startswith(VERDICTS_DIR) for m in modules):
         write_verdict_modules(dest)                   # the notebooks' verdict cells, as files
-    tests = tests_for(modules, dest)                  # as that copy's tests import them
     modules = modules_in(dest, modules, f"{group}@{rev or 'this checkout'}")
+    tests = tests_for(modules, dest)                  # as that copy's tests import them
     _configure(dest, modules, tests)
     t0 = time.perf_counter()
     _mutmut(dest, "run", "--max-children", str(children), log=WORK / f"{dest.name}.log", timeout=timeout_s)
