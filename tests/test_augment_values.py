@@ -57,24 +57,17 @@ def test_switched_off_brightness_and_contrast_ignore_the_given_factors():
         assert torch.allclose(out, torch.full((3, 2, 2), 0.4), atol=1e-5)
 
 
-def test_brightness_clamps_at_255_and_leaves_zero_at_zero():
-    """0 and 200 levels, brightness 1.5: 0 stays 0 (not 1), 300 is clamped to 255."""
+@pytest.mark.parametrize("level, params, draw", [
+    # 0 and 200 levels, brightness 1.5: 0 stays 0 (not 1), 300 is clamped to 255
+    (200, {"brightness": 0.5, "contrast": 0.0}, SampleDraw(0, 0, 2, 2, False, 1.5, 1.0)),
+    # 0 and 250 levels, mean grey (0.2989+0.587+0.114) * 125 = 124.99; contrast 3: 0 -> -249.98
+    # -> 0 and 250 -> 500.02 -> 255
+    (250, {"brightness": 0.0, "contrast": 3.0}, SampleDraw(0, 0, 2, 2, False, 1.0, 3.0)),
+], ids=["brightness", "contrast"])
+def test_brightness_and_contrast_clamp_at_zero_and_255(level, params, draw):
     img = np.zeros((2, 2, 3), np.uint8)
-    img[:, 1] = 200
-    p = AugmentParams(brightness=0.5, contrast=0.0, **P0)
-    for out in _both(img, SampleDraw(0, 0, 2, 2, False, 1.5, 1.0), p):
-        lv = _levels(out)
-        assert lv[:, :, 0].flatten().tolist() == pytest.approx([0.0] * 6, abs=1e-3)
-        assert lv[:, :, 1].flatten().tolist() == pytest.approx([255.0] * 6, abs=1e-3)
-
-
-def test_contrast_clamps_at_zero_and_255():
-    """0 and 250 levels, mean grey (0.2989+0.587+0.114) * 125 = 124.99; contrast 3: 0 -> -249.98
-    -> 0 and 250 -> 500.02 -> 255."""
-    img = np.zeros((2, 2, 3), np.uint8)
-    img[:, 1] = 250
-    p = AugmentParams(brightness=0.0, contrast=3.0, **P0)
-    for out in _both(img, SampleDraw(0, 0, 2, 2, False, 1.0, 3.0), p):
+    img[:, 1] = level
+    for out in _both(img, draw, AugmentParams(**params, **P0)):
         lv = _levels(out)
         assert lv[:, :, 0].flatten().tolist() == pytest.approx([0.0] * 6, abs=1e-3)
         assert lv[:, :, 1].flatten().tolist() == pytest.approx([255.0] * 6, abs=1e-3)
