@@ -42,7 +42,10 @@ def by_step_number(events, warmup_steps=1):
 
 @pytest.fixture(scope="module")
 def traces():
-    return real_traces()      # profiled once per test process (cached)
+    # Profiled afresh for this module (then cached): a cache filled earlier in this process (by
+    # another module, or by mutmut's parent before it forks a mutant) would hide profile_loop.
+    real_traces.cache_clear()
+    return real_traces()
 
 
 def test_registered():
