@@ -1,6 +1,7 @@
 # Feed the GPU — two commands on a fresh machine:
 #   make lab    install everything into .venv and open the course in JupyterLab
 #   make test   install everything into .venv and run the whole test suite (quick mode)
+#   make quick  only its first stage: the quick suite, without the lessons' double run
 # Opt-in tools, not part of make test:
 #   make browser-check   run lesson 00 in JupyterLab in headless Chromium (tools/browser_check.py)
 #   make runtimes        time every lesson, quick and full mode, into README.md (tools/lesson_runtimes.py)
@@ -59,7 +60,7 @@ RUNTIMES_ARGS ?=
 MUTATION_ARGS ?=
 MUTATION_STAMP := $(VENV)/.installed-mutation
 
-.PHONY: install lab test exercises doctor bench clean browser-check chromium runtimes mutation suite-cpu core-paths site site-check
+.PHONY: install lab test quick exercises doctor bench clean browser-check chromium runtimes mutation suite-cpu core-paths site site-check
 
 $(PY):
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 is needed; run make PYTHON=python3.11 ..."'
@@ -83,15 +84,25 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root)
 lab: install
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir="$(CURDIR)" $(ALLOW_ROOT) $(LAB_ARGS) notebooks/00_measure_first.ipynb
 
-# The lessons run in tests/test_rerun.py (each top to bottom, then every code cell again in the
-# same kernel); the solutions under nbval. Then the GPU check's rehearsal (every step of tools/device_gpu_check.sh on this CPU), on its
-# own: its step timeouts are the GPU run's, so it must not share the CPUs with other tests.
-test: install
-	COURSE_QUICK=1 MPLBACKEND=Agg $(BYTECODE) $(FORCE_START) $(PY) -m pytest solutions tests \
-	  --nbval-lax --nbval-cell-timeout=$(CELL_TIMEOUT) -p course_utils.grading._nbval_kernels \
-	  -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
+# make test runs three stages, each with all the CPUs. 1. The quick suite (make quick): every test
+# file and the solutions under nbval, within 5 minutes on 2 cores. 2. The lessons
+# (tests/test_rerun.py): each top to bottom, then every code cell again in the same kernel; about
+# 530 CPU-seconds on 2 cores, its own stage so that the quick suite stays quick. 3. The GPU
+# check's rehearsal (every step of tools/device_gpu_check.sh on this CPU), on its own: its step
+# timeouts are the GPU run's, so it must not share the CPUs with other tests.
+SUITE := COURSE_QUICK=1 MPLBACKEND=Agg $(BYTECODE) $(FORCE_START) $(PY) -m pytest --nbval-lax \
+  --nbval-cell-timeout=$(CELL_TIMEOUT) -p course_utils.grading._nbval_kernels \
+  -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder
+# pytest's exit status 5: a PYTEST_ARGS="-k ..." that selects none of a later stage's tests
+NONE_SELECTED_OK := || test $$? -eq 5
+
+quick: install
+	$(SUITE) solutions tests --ignore=tests/test_rerun.py $(PYTEST_ARGS)
+
+test: quick
+	$(SUITE) tests/test_rerun.py $(PYTEST_ARGS) $(NONE_SELECTED_OK)
 	COURSE_REHEARSAL=1 MPLBACKEND=Agg $(BYTECODE) $(FORCE_START) $(PY) -m pytest tests/test_gpu_rehearsal.py \
-	  $(PYTEST_ARGS)
+	  $(PYTEST_ARGS) $(NONE_SELECTED_OK)
 
 exercises: install
 	$(PY) -m course_authoring make-exercises

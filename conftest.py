@@ -1,21 +1,22 @@
 """pytest hooks for this repository's own suite (``make test``).
 
-The suite runs in three pytest processes (``-n 3 --dist loadscope``): each notebook and each test
-file goes whole to one process, in collection order (``--no-loadscope-reorder``: pytest-xdist would
+Each stage of ``make test`` runs in three pytest processes (``-n 3 --dist loadscope``): each
+notebook and each test file goes whole to one process, in collection order (``--no-loadscope-reorder``: pytest-xdist would
 otherwise put the scopes with the most tests first, and a 5-test file that takes 45 s last). A
 long scope near the end leaves the other process idle until it ends, so the longest lessons and
 test files go to the front. The order within a scope is unchanged.
 """
 from __future__ import annotations
 
-#: test id prefixes of the longest scopes, longest first (quick mode on 2 cores: the lessons, each
-#: run twice by tests/test_rerun.py, from the README's runtimes; then make suite-cpu's longest
-#: test files, 2026-12-03); everything else follows in its own order
+#: test id prefixes of the longest scopes, longest first; everything else follows in its own order.
+#: ``make test`` runs the lessons (tests/test_rerun.py, each run twice) in a stage of their own,
+#: ordered by CPU-seconds of one quick pass on 2 cores (2026-12-06: 07 49, 05 46, 02 44, 08 39,
+#: 06 30, 03 26, 01 20, 00 14, 04 11); then the quick suite's longest test files (its --durations).
 _RERUN = "tests/test_rerun.py::TestLesson"
-LONGEST_FIRST = (*(f"{_RERUN}{n}" for n in ("07", "06", "03", "02", "01")), "tests/test_notebooks.py",
-                 "tests/test_tuning.py", "tests/test_site.py", "tests/test_diagnose_script.py",
-                 "tests/test_diagnose_cli.py", *(f"{_RERUN}{n}" for n in ("08", "05", "00", "04")),
-                 "tests/test_ddp.py", "solutions/")
+LONGEST_FIRST = (*(f"{_RERUN}{n}" for n in ("07", "05", "02", "08", "06", "03", "01", "00", "04")),
+                 "tests/test_notebooks.py", "tests/test_diagnose_script.py",
+                 "tests/test_diagnose_cli.py", "tests/test_tuning.py", "tests/test_ddp.py",
+                 "tests/test_site.py", "tests/test_diagnose.py", "solutions/")
 
 
 def scope_rank(nodeid: str) -> int:

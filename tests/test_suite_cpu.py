@@ -130,9 +130,9 @@ def test_the_longest_scopes_go_first_and_each_keeps_its_order():
     items = [Item(i) for i in ids]
     root_conftest.pytest_collection_modifyitems(None, None, items)
     assert [i.nodeid for i in items] == [
-        "tests/test_rerun.py::TestLesson07::test_r", "tests/test_notebooks.py::test_z",
-        "tests/test_tuning.py::test_x", "tests/test_tuning.py::test_y",
-        "tests/test_rerun.py::TestLesson00::test_r", "solutions/00_measure_first.ipynb::Cell 0",
+        "tests/test_rerun.py::TestLesson07::test_r", "tests/test_rerun.py::TestLesson00::test_r",
+        "tests/test_notebooks.py::test_z", "tests/test_tuning.py::test_x",
+        "tests/test_tuning.py::test_y", "solutions/00_measure_first.ipynb::Cell 0",
         "tests/test_advice.py::test_a", "tests/test_advice.py::test_b"]
     test_rerun = __import__("test_rerun")
     for prefix in root_conftest.LONGEST_FIRST:                    # every prefix names a real test
