@@ -74,6 +74,12 @@ def test_a_module_in_neither_place_stops_with_one_line(tmp_path):
     ('--- a\n+++ b\n-    x = "a"\n', False),
     ('--- a\n+++ b\n-    f("a b", "c",\n+    f("XXa bXX", "c",\n', True),          # an open bracket
     ('--- a\n+++ b\n-    f("a b", 1,\n+    f("a b", 2,\n', False),
+    # a key, a name or a flag is code, not a message's words
+    ('--- a\n+++ b\n-    {"pid": pid, "tid": 0}\n+    {"XXpidXX": pid, "tid": 0}\n', False),
+    ('--- a\n+++ b\n-    with record_function("fetch"):\n+    with record_function("FETCH"):\n', False),
+    ('--- a\n+++ b\n-    e.get("name", "")\n+    e.get("name", "XXXX")\n', False),
+    ('--- a\n+++ b\n-    open(p, encoding="utf-8")\n+    open(p, encoding="UTF-8")\n', False),
+    ('--- a\n+++ b\n-    return ("the trace has steps; print "\n+    return ("THE TRACE HAS STEPS; PRINT "\n', True),
 ])
 def test_a_survivor_that_changes_only_a_message_is_told_apart(diff, only_text):
     assert mutation.text_only(diff) is only_text
@@ -134,6 +140,15 @@ def test_the_report_leaves_out_survivors_the_survivors_file_explains(tmp_path):
     assert "## g: 2 missed mutants that change code, 1 of them explained in mutation_survivors.md" in text
     assert "- m.f (survived): 1" in text and "m.g" not in text        # the text-only one is apart
     assert mutation.explained(tmp_path / "absent.md") == {}
+
+
+def test_a_line_of_the_survivors_file_may_name_several_mutants_of_one_function(tmp_path):
+    survivors = tmp_path / "mutation_survivors.md"
+    survivors.write_text("- `m.x_f__mutmut_7`, `_8` / `m.x_f__mutmut_12` and `_30` (f): the same reason here\n"
+                         "- `m.x_g__mutmut_3` (g): `<` vs `<=` at a value never reached\n")
+    assert mutation.explained(survivors) == {
+        **{f"m.x_f__mutmut_{k}": "(f): the same reason here" for k in (7, 8, 12, 30)},
+        "m.x_g__mutmut_3": "(g): `<` vs `<=` at a value never reached"}
 
 
 def test_every_line_of_the_survivors_file_names_a_mutant_of_a_group_and_a_reason():
