@@ -5,7 +5,8 @@ import pytest
 
 from course_utils.grading.checker import CheckResult, ExerciseFailed, check, exercise_ids
 from course_utils.grading.ex08_find_the_stall import (NEXT_NAME, STALL, WAIT, _reference_fraction,
-                                                      real_traces, synthetic_cases, synthetic_trace)
+                                                      profile_loop, real_traces, synthetic_cases,
+                                                      synthetic_trace)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -74,6 +75,25 @@ def test_the_real_loops_have_the_answers_they_were_built_for(traces):
     assert len(steps) == 9                                 # 8 steps + the one with the start-up
     assert any("DataLoader" in e.get("name", "") and e["name"].endswith("__next__")
                for e in data["events"])
+
+
+@pytest.mark.parametrize("delay_s, step_s", [(0.03, 0.0), (0.0, 0.05)], ids=["data", "compute"])
+def test_a_profiled_loop_marks_every_step_s_fetch_copy_and_step(delay_s, step_s):
+    # profile_loop itself, not the cached traces the checks share: 3 steps + the start-up's
+    events = profile_loop(delay_s, step_s, 3)
+    spans = [e for e in events if e.get("ph") == "X"]
+    steps = sorted((e for e in spans if e["name"].startswith("ProfilerStep#")), key=lambda e: e["ts"])
+    assert len(steps) == 4
+    for name in ("fetch", "h2d copy", "step"):
+        marked = [e for e in spans if e["name"] == name]
+        assert len(marked) == 4, name
+        assert all(any(s["ts"] <= e["ts"] < s["ts"] + s["dur"] for s in steps) for e in marked), name
+    # lower bounds only (a sleep never ends early): the worker's 30 ms sleep is waited for in
+    # each fetch after the start-up; the step's 50 ms sleep is in each step
+    counted = [e for e in spans if e["name"] == ("fetch" if delay_s else "step")][1:]
+    assert all(e["dur"] >= 0.8e6 * max(delay_s, step_s) for e in counted), [e["dur"] for e in counted]
+    fraction = _reference_fraction(events, 1)
+    assert fraction > 0.5 if delay_s else fraction < 0.5, fraction
 
 
 def test_synthetic_traces_look_like_real_ones_and_have_distinct_mistakes():
