@@ -80,6 +80,8 @@ def test_a_module_in_neither_place_stops_with_one_line(tmp_path):
     ('--- a\n+++ b\n-    e.get("name", "")\n+    e.get("name", "XXXX")\n', False),
     ('--- a\n+++ b\n-    open(p, encoding="utf-8")\n+    open(p, encoding="UTF-8")\n', False),
     ('--- a\n+++ b\n-    return ("the trace has steps; print "\n+    return ("THE TRACE HAS STEPS; PRINT "\n', True),
+    ('--- a\n+++ b\n-    "subtract.") if v < 0 else\n+    "SUBTRACT.") if v < 0 else\n', True),  # a message's end
+    ('--- a\n+++ b\n-    p = join(tmp, "trace.json")\n+    p = join(tmp, "TRACE.JSON")\n', False),
 ])
 def test_a_survivor_that_changes_only_a_message_is_told_apart(diff, only_text):
     assert mutation.text_only(diff) is only_text

@@ -174,9 +174,11 @@ def _tokens(line: str) -> list[tuple[int, str]] | None:
 
 
 def _prose(literal: str) -> bool:
-    """Whether a string literal reads as words (it holds a space): a message's text, not a key,
-    a name or a flag ("pid", "fetch", "utf-8", "")."""
-    return bool(re.search(r"\s", re.sub(r"^[rbfuRBFU]*(\"\"\"|\'\'\'|\"|\')", "", literal)))
+    """Whether a string literal reads as words (it holds a space, or ends a sentence: the last
+    piece of a message split over lines, "subtract."): a message's text, not a key, a name or a
+    flag ("pid", "fetch", "trace.json", "utf-8", "")."""
+    body = re.sub(r"^[rbfuRBFU]*(\"\"\"|\'\'\'|\"|\')", "", literal)[:-1]
+    return bool(re.search(r"\s", body) or re.search(r"[A-Za-z][.!?:]['\"]*$", body))
 
 
 def text_only(diff: str) -> bool:
