@@ -96,6 +96,29 @@ def test_a_profiled_loop_marks_every_step_s_fetch_copy_and_step(delay_s, step_s)
     assert fraction > 0.5 if delay_s else fraction < 0.5, fraction
 
 
+def test_a_held_back_trace_has_the_kinds_keys_and_names_of_a_real_profile(traces):
+    # what a learner's code meets in the held-back traces is what the profiler writes: each
+    # event kind (ph) with a real event's keys (args included), the metadata and instant events
+    # a real CPU profile names, instants scoped as a real one's; the spans on one thread
+    real = traces[0]["events"]
+    def kinds(events):
+        out = {}
+        for e in events:
+            out.setdefault(e["ph"], set()).add(frozenset(e))
+        return out
+    real_kinds, fake = kinds(real), synthetic_cases()[0]["events"]
+    for ph, keys in kinds(fake).items():
+        assert ph in real_kinds and keys <= real_kinds[ph], (ph, keys, real_kinds.get(ph))
+    real_names = {(e["ph"], e["name"]) for e in real if e["ph"] in "Mi"}
+    for e in (e for e in fake if e["ph"] in "Mi"):
+        assert (e["ph"], e["name"]) in real_names, e
+        twin = next(r for r in real if (r["ph"], r["name"]) == (e["ph"], e["name"]))
+        assert set(e.get("args", {})) == set(twin.get("args", {})) and e.get("s") == twin.get("s"), e
+    for e in (e for e in fake if e["ph"] == "X"):
+        assert set(e["args"]) <= {k for r in real if r["ph"] == "X" for k in r.get("args", {})}, e
+    assert len({(e["pid"], e["tid"]) for e in fake if e["ph"] == "X"}) == 1
+
+
 def test_synthetic_traces_look_like_real_ones_and_have_distinct_mistakes():
     for case in synthetic_cases():
         assert _reference_fraction(case["events"], case["warmup_steps"]) == pytest.approx(case["answer"])
