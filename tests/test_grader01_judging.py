@@ -11,6 +11,7 @@ import torch
 
 import course_utils.grading.ex01_uint8_pipeline as G
 from course_utils.grading.checker import ExerciseFailed
+from _helpers import teaches
 from course_utils.transforms import PipelineParams
 
 pytestmark = pytest.mark.timeout(60)
@@ -45,7 +46,7 @@ def resize_failure(out: np.ndarray) -> ExerciseFailed:
     with pytest.raises(ExerciseFailed) as info:
         G._check_resize_values(out, np.zeros(SHAPE, np.uint8))
     assert info.value.problem == "`resize` returned the right shape but the wrong pixel values."
-    return info.value
+    return teaches(info.value)                      # seen: the error in grey levels
 
 
 @pytest.mark.parametrize("offsets", [{}, first(75, +1), first(75, -1)],
@@ -129,7 +130,7 @@ def normalize_failure(out, ref=None) -> ExerciseFailed:
     ref = reference_batch().float() if ref is None else ref
     with pytest.raises(ExerciseFailed) as info:
         G._check_normalized(out, ref, HALF)
-    return info.value
+    return teaches(info.value)
 
 
 def test_normalize_within_tolerance_returns_the_difference():
@@ -219,7 +220,8 @@ IMAGE = (np.arange(6 * 5 * 3) * 7 % 251).astype(np.uint8).reshape(6, 5, 3)   # n
 def stage_failure(stage, out, shape) -> ExerciseFailed:
     with pytest.raises(ExerciseFailed) as info:
         G._check_image_stage(stage, out, shape)
-    return info.value
+    assert info.value.expected == f"NumPy uint8 array of shape {shape}", info.value.expected
+    return teaches(info.value, out)
 
 
 def test_an_image_stage_returns_its_uint8_array_of_the_right_shape():
@@ -271,6 +273,7 @@ def test_crop_must_be_the_centre_square():
     with pytest.raises(ExerciseFailed) as info:
         G._check_crop(resized[2:6, 2:6], resized, 4)          # one column off
     assert "top-left" not in info.value.hint and "starting at" in info.value.hint
+    assert teaches(info.value, resized[2:6, 2:6]).expected == "the centre 4x4 pixels"
 
 
 class Flipper:
@@ -300,6 +303,9 @@ def test_wrong_flips_are_named(answer, problem):
     with pytest.raises(ExerciseFailed) as info:
         G._check_flip(answer, IMAGE.copy(), IMAGE.shape, True)
     assert problem in info.value.problem, str(info.value)
+    asked = "False" not in problem                           # the flip the failure is about
+    teaches(info.value, answer.flip(IMAGE.copy(), asked))
+    assert info.value.expected == ("the same image mirrored left-right" if asked else "the image unchanged")
 
 
 def test_a_flip_that_writes_into_its_input_fails():
@@ -324,6 +330,7 @@ def test_to_tensor_is_the_same_pixels_channels_first():
         with pytest.raises(ExerciseFailed) as info:
             G._check_to_tensor(out, flipped, 4)
         assert problem in info.value.problem, (problem, str(info.value))
+        teaches(info.value, out)
 
 
 # ---- the run "in workers", with a DataLoader that runs in this process -----------------------------
