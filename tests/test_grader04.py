@@ -12,6 +12,7 @@ from course_utils.device import move_to_device
 from course_utils.grading import ex04_prefetcher as G
 from course_utils.grading.checker import CheckResult, ExerciseFailed, check, exercise_ids
 from course_utils.prefetch import DevicePrefetcher
+from _helpers import teaches
 
 pytestmark = pytest.mark.timeout(120)
 CUDA = torch.cuda.is_available()
@@ -197,12 +198,44 @@ class NoWaitStream(Base):
 def test_wrong_answers_fail_with_a_lesson(answer, message):
     with pytest.raises(ExerciseFailed, match=message) as info:
         check("04.prefetcher", answer)
-    assert info.value.hint
+    assert teaches(info.value).exercise == "04.prefetcher"
+
+
+def _batches_in_order(order, batch_size=3):
+    """The batches a prefetcher handed out, as loader batch numbers (labels k*3 .. k*3+2)."""
+    return [(torch.zeros(batch_size, 1), torch.arange(k * batch_size, (k + 1) * batch_size))
+            for k in order]
+
+
+@pytest.mark.parametrize("order, problem", [
+    ([1, 2, 3], "the first batch is missing."), ([0, 1, 2], "the last batch is missing."),
+    ([1, 0, 2, 3], "the batches came out in the wrong order."),
+    ([0, 1, 1, 2], "some batches came out more than once."),
+    ([0, 1, 2, 3, 3], "some batches came out more than once."),
+    ([0, 2, 3], "some batches are missing.")])
+def test_each_kind_of_wrong_order_is_named_with_the_batches_seen(order, problem):
+    # 4 batches of 3: a batch's number is its first label // 3 (not the label, not a float)
+    loader = G._RecordingLoader(4, batch_size=3)
+    with pytest.raises(ExerciseFailed) as info:
+        G._check_order(_batches_in_order(order), loader, torch.device("cpu"))
+    assert info.value.problem == problem
+    assert (info.value.expected, info.value.seen) == ("batches [0, 1, 2, 3]", f"batches {order}")
+    G._check_order(_batches_in_order([0, 1, 2, 3]), loader, torch.device("cpu"))    # right: passes
+
+
+def test_on_the_meta_device_only_the_count_is_checked():
+    loader = G._RecordingLoader(4, batch_size=3)
+    with pytest.raises(ExerciseFailed) as info:
+        G._check_order(_batches_in_order([0, 1, 2]), loader, torch.device("meta"))
+    assert teaches(info.value).problem == "the prefetcher yielded 3 batches for a loader of 4."
+    assert (info.value.expected, info.value.seen) == ("4 batches", "3")
 
 
 def test_an_instance_or_a_wrong_signature_is_explained():
-    with pytest.raises(ExerciseFailed, match="not the class"):
-        check("04.prefetcher", Reference([], "cpu"))
+    instance = Reference([], "cpu")
+    with pytest.raises(ExerciseFailed, match="not the class") as info:
+        check("04.prefetcher", instance)
+    teaches(info.value, instance)
 
     class OneArg:
         def __init__(self, loader):
@@ -211,8 +244,9 @@ def test_an_instance_or_a_wrong_signature_is_explained():
         def __iter__(self):
             return iter(self.loader)
 
-    with pytest.raises(ExerciseFailed, match=r"calling Prefetcher\(loader, device\) failed"):
+    with pytest.raises(ExerciseFailed, match=r"calling Prefetcher\(loader, device\) failed") as info:
         check("04.prefetcher", OneArg)
+    assert info.value.hint and info.value.exercise == "04.prefetcher"   # the error is the seen
 
 
 def test_a_stub_is_not_done_yet():
