@@ -212,7 +212,8 @@ def _batches_in_order(order, batch_size=3):
     ([1, 0, 2, 3], "the batches came out in the wrong order."),
     ([0, 1, 1, 2], "some batches came out more than once."),
     ([0, 1, 2, 3, 3], "some batches came out more than once."),
-    ([0, 2, 3], "some batches are missing.")])
+    ([0, 2, 3], "some batches are missing."),
+    ([0, 1, 2, 5], "some batches are missing.")])          # as many as the loader's, none twice
 def test_each_kind_of_wrong_order_is_named_with_the_batches_seen(order, problem):
     # 4 batches of 3: a batch's number is its first label // 3 (not the label, not a float)
     loader = G._RecordingLoader(4, batch_size=3)
