@@ -12,6 +12,8 @@ import torch
 from course_utils.grading import ex05_augment as ex05
 from course_utils.grading.checker import ExerciseFailed
 from course_utils.grading.ex05_augment import make_test_batch
+from _helpers import teaches
+from course_utils.grading.checker import describe
 
 CPU = torch.device("cpu")
 
@@ -46,6 +48,7 @@ def values(answer, n=64):
 def problem(answer, n=64):
     with pytest.raises(ExerciseFailed) as info:
         values(answer, n)
+    assert info.value.expected and info.value.hint, str(info.value)     # seen: where it is shown
     return info.value
 
 
@@ -213,6 +216,7 @@ def test_analyse_names_what_was_done_instead():
         with pytest.raises(ExerciseFailed) as info:
             ex05._analyse(out, x, 2e-4, "here")
         assert words in info.value.problem, (words, info.value.problem)
+        assert teaches(info.value).exercise == "05.batched_flip_brightness"
 
 
 # ---- _basic ------------------------------------------------------------------------------------
@@ -224,8 +228,9 @@ def test_values_may_exceed_zero_to_one_by_a_thousandth_only():
     assert torch.equal(ex05._basic(ok, x, x.clone(), "here"), ok)
     high = x.clone()
     high[0, 0, 0, 0] = 1.0011
-    with pytest.raises(ExerciseFailed, match="values go up to 1.001, above 1"):
+    with pytest.raises(ExerciseFailed, match="values go up to 1.001, above 1") as info:
         ex05._basic(high, x, x.clone(), "here")
+    assert teaches(info.value).seen == f"min {float(high.min()):.3f}, max 1.001"
     low = x.clone()
     low[1, 2, 3, 0] = -0.0011
     with pytest.raises(ExerciseFailed, match="values go down to -0.001, below 0"):
@@ -236,10 +241,14 @@ def test_basic_checks_type_input_dtype_shape_and_finiteness():
     x = make_test_batch(2, 4)
     for out, words in ((None, "must return a tensor"), (x.double(), "float64"),
                        (x[:1], "wrong shape"), (x.clone().fill_(float("nan")), "NaN or inf")):
-        with pytest.raises(ExerciseFailed, match=words):
+        with pytest.raises(ExerciseFailed, match=f"here: .*{words}") as info:
             ex05._basic(out, x, x.clone(), "here")
-    with pytest.raises(ExerciseFailed, match="in place"):
+        assert info.value.seen == describe(out)
+        if words != "NaN or inf":                          # a NaN is its own explanation
+            teaches(info.value, out)
+    with pytest.raises(ExerciseFailed, match="in place") as info:
         ex05._basic(x.clone(), x, x * 0.5, "here")
+    assert info.value.expected and info.value.hint
     half = x.half()
     with pytest.raises(ExerciseFailed) as info:
         ex05._basic(half.float(), half, half.clone(), "here")
@@ -291,6 +300,7 @@ def test_meta_errors_map_to_their_teaching_messages():
         with pytest.raises(ExerciseFailed) as info:
             ex05._check_meta(raising(exc), n=4, side=4)
         assert words in info.value.problem, (words, info.value.problem)
+        assert info.value.hint and info.value.exercise == "05.batched_flip_brightness"
     with pytest.raises(NotImplementedError):                          # the stub itself
         ex05._check_meta(raising(NotImplementedError("Exercise")), n=4, side=4)
     note = ex05._check_meta(raising(RuntimeError("aten::nonzero: data-dependent output")), n=4, side=4)
@@ -305,5 +315,6 @@ def test_meta_output_must_stay_on_meta_with_its_dtype_and_shape():
     for fn, words in ((lambda b, **k: torch.zeros(4, 3, 4, 4), "did not return a tensor on it"),
                       (lambda b, **k: b.half(), "dtype or shape changed"),
                       (lambda b, **k: b[:2], "dtype or shape changed")):
-        with pytest.raises(ExerciseFailed, match=words):
+        with pytest.raises(ExerciseFailed, match=words) as info:
             ex05._check_meta(fn, n=4, side=4)
+        assert info.value.expected and info.value.seen and info.value.exercise == "05.batched_flip_brightness"
