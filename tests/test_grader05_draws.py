@@ -318,3 +318,35 @@ def test_meta_output_must_stay_on_meta_with_its_dtype_and_shape():
         with pytest.raises(ExerciseFailed, match=words) as info:
             ex05._check_meta(fn, n=4, side=4)
         assert info.value.expected and info.value.seen and info.value.exercise == "05.batched_flip_brightness"
+
+
+def at_brightness(b2, factors_at_b2):
+    """The scripted right answer, except that at brightness ``b2`` it scales by the factors given."""
+    inner = scripted()
+
+    def answer(batch, flip_p=0.5, brightness=0.4, generator=None):
+        if brightness != b2:
+            return inner(batch, flip_p, brightness, generator)
+        seed = generator.initial_seed() if generator is not None else 0
+        f = torch.tensor(factors_at_b2, dtype=batch.dtype).roll(seed).view(-1, 1, 1, 1)
+        flip = (torch.arange(batch.shape[0]) < batch.shape[0] // 2).roll(seed).view(-1, 1, 1, 1)
+        return (torch.where(flip, batch.flip(3), batch) * f).clamp(0, 1)
+    return answer
+
+
+@pytest.mark.parametrize("b2, low, high, ok", [
+    (0.0, 0.9981, 1.0, True), (0.0, 0.9979, 1.0, False),       # the low side alone, by 2e-3
+    (0.0, 1.0, 1.0019, True), (0.0, 1.0, 1.0021, False),       # the high side alone
+    (0.8, 0.1981, 1.6, True), (0.8, 0.1979, 1.6, False),
+    (0.8, 0.6, 1.8019, True), (0.8, 0.6, 1.8021, False),
+    (0.8, 0.6, 1.01, True), (0.8, 0.6, 0.99, False)],          # at least b2 / 2 = 0.4 wide
+    ids=lambda v: str(v))
+def test_each_bound_of_the_range_at_another_brightness_on_its_own(b2, low, high, ok):
+    n = 64
+    answer = at_brightness(b2, spread(n, low, high, (low + high) / 2))
+    if ok:
+        assert values(answer)["n"] == n
+    else:
+        err = problem(answer)
+        assert err.problem == f"on cpu: with brightness={b2} the factors ran from {low:.3f} to {high:.3f}."
+        assert err.seen == f"{low:.3f} .. {high:.3f}"
