@@ -459,3 +459,20 @@ def test_a_not_done_stage_in_the_workers_is_not_done_not_a_failure(monkeypatch):
     Failing.error = NotImplementedError("Exercise: replace this line")
     with pytest.raises(NotImplementedError):
         run_small(SmallPipeline())
+
+
+def test_a_stage_that_raises_or_returns_floats_is_named_with_its_hint():
+    def raising(image):
+        raise ValueError("size mismatch in my flip")
+    with pytest.raises(ExerciseFailed) as info:
+        G._check_flip(Flipper(raising, raising), IMAGE.copy(), IMAGE.shape, True)
+    err = info.value
+    assert err.exercise == "01.uint8_pipeline" and "`flip` raised ValueError" in err.problem, str(err)
+    assert err.hint == "run the stage on one image in a cell of its own and read the traceback."
+    with pytest.raises(ExerciseFailed) as info:
+        G._check_flip(Flipper(lambda im: im[:, ::-1].astype(np.float32), lambda im: im.astype(np.float32)),
+                      IMAGE.copy(), IMAGE.shape, True)
+    assert info.value.problem.startswith("`flip` returned float32"), str(info.value)
+    # "size" in the error is the normalize stage's broadcasting hint, and only that stage's
+    assert "(1, 3, 1, 1)" in G._hint_for("normalize", ValueError("size mismatch"))
+    assert "(1, 3, 1, 1)" not in G._hint_for("flip", ValueError("size mismatch"))
