@@ -390,3 +390,58 @@ def test_hints_name_the_tools_without_printing_the_solution_lines():
             check("04.prefetcher", answer)
         assert "copy batch 0, then in the loop" not in info.value.hint
         assert "before the loop, copy batch 0" not in info.value.hint
+
+
+# ---- what the prefetcher's iteration can get wrong, one failure each -----------------------------
+
+class NotAnIterator(Reference):
+    def __iter__(self):
+        return [1, 2]                                          # iter() refuses a list
+
+
+class RaisesInTheLoop(Reference):
+    def __iter__(self):
+        yield from ()
+        raise KeyError("cuda stream missing")
+
+
+class NeverStops(Reference):
+    def __iter__(self):
+        batch = next(iter(self.loader))
+        while True:
+            yield batch
+
+
+class YieldsDicts(Reference):
+    def __iter__(self):
+        for images, labels in super().__iter__():
+            yield {"images": images, "labels": labels}
+
+
+@pytest.mark.parametrize("answer, problem, hint", [
+    (NotAnIterator, "iter(prefetcher) raised TypeError", "__iter__ should return an iterator"),
+    (RaisesInTheLoop, "iterating raised KeyError",
+     "CUDA calls (streams, record_stream) only on a CUDA device"),
+    (NeverStops, "the prefetcher yields more batches than the loader has.", "stop when the loader is exhausted"),
+    (YieldsDicts, "batch 0", "yield the moved batch itself")], ids=lambda v: getattr(v, "__name__", ""))
+def test_each_way_an_iteration_goes_wrong_is_named_with_its_hint(answer, problem, hint):
+    with pytest.raises(ExerciseFailed) as info:
+        check("04.prefetcher", answer)
+    err = info.value
+    assert problem in err.problem and hint in err.hint, str(err)
+    assert err.exercise == "04.prefetcher"
+
+
+def test_the_iteration_hint_follows_the_error_and_the_device():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert "leave pinning to the DataLoader" in G._iteration_hint(RuntimeError("cannot pin memory"), cpu)
+    assert "only on a CUDA device" in G._iteration_hint(RuntimeError("CUDA error"), cpu)
+    assert "read the traceback" in G._iteration_hint(RuntimeError("CUDA error"), cuda)
+    assert "read the traceback" in G._iteration_hint(RuntimeError("pin failed"), cuda)
+
+
+def test_a_number_is_not_a_prefetcher_class():
+    with pytest.raises(ExerciseFailed) as info:
+        check("04.prefetcher", 5)
+    teaches(info.value, 5)
+    assert info.value.expected == 'check("04.prefetcher", Prefetcher)'
