@@ -350,3 +350,42 @@ def test_each_bound_of_the_range_at_another_brightness_on_its_own(b2, low, high,
         err = problem(answer)
         assert err.problem == f"on cpu: with brightness={b2} the factors ran from {low:.3f} to {high:.3f}."
         assert err.seen == f"{low:.3f} .. {high:.3f}"
+
+
+# ---- _call: the generator handed to the answer, and the hint for a generator on another device ---
+
+def test_the_answer_gets_a_generator_on_the_batch_s_device_seeded_as_asked():
+    seen = []
+
+    def answer(batch, flip_p=0.5, brightness=0.4, generator=None):
+        seen.append((flip_p, brightness, generator and (generator.initial_seed(), generator.device.type)))
+        return batch
+    x = make_test_batch(2, 4)
+    ex05._call(answer, x)                                  # default seed 0
+    ex05._call(answer, x, 7, 0.25, 0.8)
+    ex05._call(answer, x, None)
+    assert seen == [(0.5, 0.4, (0, "cpu")), (0.25, 0.8, (7, "cpu")), (0.5, 0.4, None)]
+
+
+@pytest.mark.parametrize("message, hinted", [
+    ("Expected a 'cuda' device type for generator but found 'cpu'", True),
+    ("generator: bad seed", False), ("tensors on different device", False)])
+def test_a_generator_on_another_device_gets_its_own_hint(message, hinted):
+    with pytest.raises(ExerciseFailed) as info:
+        ex05._call(raising(RuntimeError(message)), make_test_batch(2, 4))
+    err = info.value
+    assert err.exercise == "05.batched_flip_brightness" and err.seen == f"input {describe(make_test_batch(2, 4))}"
+    assert ("the generator lives on the batch's device" in err.hint) is hinted, err.hint
+
+
+def test_an_output_on_another_device_or_below_zero_says_where_and_why():
+    x = make_test_batch(2, 4)
+    with pytest.raises(ExerciseFailed) as info:
+        ex05._basic(torch.empty(2, 3, 4, 4, device="meta"), x, x.clone(), "here")
+    err = teaches(info.value, torch.empty(2, 3, 4, 4, device="meta"))
+    assert err.problem == "here: the output is on meta, the input was on cpu." and err.expected == "the output on cpu"
+    low = x.clone()
+    low[1, 2, 3, 0] = -0.0011
+    with pytest.raises(ExerciseFailed) as info:
+        ex05._basic(low, x, x.clone(), "here")
+    assert teaches(info.value).expected == "values in [0, 1]" and "clamp" in info.value.hint
