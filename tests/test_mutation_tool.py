@@ -2,6 +2,8 @@
 and which survivors change only a message's text (the run itself takes minutes: `make mutation`)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from _helpers import ROOT, load_tool
@@ -159,3 +161,16 @@ def test_every_line_of_the_survivors_file_names_a_mutant_of_a_group_and_a_reason
     for name, reason in mutation.explained().items():
         assert name.rpartition(".")[0] in groups, f"{name}: not a module of any group"
         assert len(reason.split(":", 1)[-1].split()) >= 3, f"{name}: say why it is left alive"
+
+
+def test_report_prints_the_saved_runs_again_and_names_a_group_never_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(mutation, "WORK", tmp_path)
+    survivors = [{"name": "course_utils.timing.x_f__mutmut_3", "status": "survived", "function": "timing.f",
+                  "text_only": False, "diff": '--- a\n+++ b\n-    x = get("pid")\n+    x = get("XXpidXX")\n'}]
+    (tmp_path / "timing.json").write_text(json.dumps({
+        "group": "timing", "modules": ["course_utils/timing.py"], "survivors": survivors,
+        "stats": {"total": 5, "killed": 4, "survived": 1}}))
+    assert mutation.main(["--report", "timing", "scaling"]) == 0
+    out, err = capsys.readouterr()
+    assert "| timing | timing.py | 5 | 0 | 4 | 0 | 1 | 0 | 80% | 80% |" in out      # a key is code
+    assert "- timing.f (survived): 1" in out and "scaling: no saved run" in err

@@ -457,6 +457,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [g for g in args.groups if g not in GROUPS]
     if unknown:
         parser.error(f"GROUP {unknown[0]!r} is not one of {', '.join(GROUPS)}")
+    if args.report:                                        # no mutmut needed: the saved runs
+        saved = {g: WORK / f"{g}.json" for g in args.groups}
+        for group in (g for g, path in saved.items() if not path.is_file()):
+            print(f"mutation: {group}: no saved run in {WORK}", file=sys.stderr)
+        print(report([json.loads(p.read_text()) for p in saved.values() if p.is_file()]))
+        return 0
     try:
         import mutmut
         del mutmut                                         # installed by make mutation
@@ -464,10 +470,6 @@ def main(argv: list[str] | None = None) -> int:
         print("mutation: mutmut is not installed; run make mutation (it installs .[mutation])",
               file=sys.stderr)
         return 2
-    if args.report:
-        saved = [WORK / f"{g}.json" for g in args.groups]
-        print(report([json.loads(p.read_text()) for p in saved if p.is_file()]))
-        return 0
     WORK.mkdir(parents=True, exist_ok=True)
     results = []
     for group in args.groups:
