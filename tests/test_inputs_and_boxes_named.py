@@ -29,7 +29,7 @@ def test_brightness_and_contrast_are_kept_as_floats():
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    (dict(n=0, height=8, width=8), "draw_batch: n"), (dict(n=2, height=0, width=8), "draw_batch: height"),
+    (dict(n=0, height=8, width=8), r"draw_batch: n\b"), (dict(n=2, height=0, width=8), "draw_batch: height"),
     (dict(n=2, height=8, width=0), "draw_batch: width"),
     (dict(n=2, height=8, width=8, generator="seed 3"), "got str")])
 def test_draw_batch_names_what_it_refuses(kwargs, words):
@@ -49,9 +49,9 @@ def test_the_pipeline_settings_say_what_a_size_is_and_allow_a_negative_mean():
 
 
 def test_bad_input_names_the_function():
-    with pytest.raises(ValueError, match="pipeline_stages"):
+    with pytest.raises(ValueError, match=r"\bpipeline_stages\b"):
         pipeline_stages("matlab")
-    with pytest.raises((ValueError, TypeError), match="numpy_to_chw"):
+    with pytest.raises((ValueError, TypeError), match=r"\bnumpy_to_chw\b"):
         numpy_to_chw(np.zeros((4, 4), np.uint8))
 
 
