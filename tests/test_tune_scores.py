@@ -233,6 +233,7 @@ def test_the_json_names_the_best_trial_and_the_scores():
     assert d["scores"]["common recipe"] == pytest.approx(266.0)
     assert len(d["trials"]) == 4 and d["budget_s"] == 40.0
     assert d["code_course"] == hand_result().code_course()         # the code to paste, in the JSON
+    assert d["trials"][0]["settings"]["num_workers"] == 0 and d["trials"][0]["index"] == 1   # each trial a dict
 
 
 def test_the_code_for_the_course_pipeline():
