@@ -476,3 +476,14 @@ def test_a_stage_that_raises_or_returns_floats_is_named_with_its_hint():
     # "size" in the error is the normalize stage's broadcasting hint, and only that stage's
     assert "(1, 3, 1, 1)" in G._hint_for("normalize", ValueError("size mismatch"))
     assert "(1, 3, 1, 1)" not in G._hint_for("flip", ValueError("size mismatch"))
+
+
+@pytest.mark.parametrize("stage, message, hint", [
+    ("normalize", "The size of tensor a (3) must match", "(1, 3, 1, 1)"),
+    ("to_tensor", "tensors with negative strides are not currently supported", "negative strides")])
+def test_a_stage_called_through_the_grader_gets_the_hint_for_its_stage_and_error(stage, message, hint):
+    def raising(*args):
+        raise ValueError(message)
+    with pytest.raises(ExerciseFailed) as info:
+        G._call(stage, raising, IMAGE)
+    assert hint in info.value.hint and f"`{stage}` raised ValueError" in info.value.problem
