@@ -418,7 +418,27 @@ class YieldsDicts(Reference):
             yield {"images": images, "labels": labels}
 
 
+class YieldsNone(Reference):
+    def __iter__(self):
+        yield None
+
+
+class YieldsTriples(Reference):
+    def __iter__(self):
+        for images, labels in super().__iter__():
+            yield images, labels, labels
+
+
+class ReshapesLabels(Reference):
+    def __iter__(self):
+        for images, labels in super().__iter__():
+            yield images, labels.view(1, -1)
+
+
 @pytest.mark.parametrize("answer, problem, hint", [
+    (YieldsNone, "batch 0", "yield the moved batch itself"),          # None is a batch, not the end
+    (YieldsTriples, "batch 0", "yield the moved batch itself"),
+    (ReshapesLabels, "batch 0 changed shape.", "move the tensors as they are."),
     (NotAnIterator, "iter(prefetcher) raised TypeError", "__iter__ should return an iterator"),
     (RaisesInTheLoop, "iterating raised KeyError",
      "CUDA calls (streams, record_stream) only on a CUDA device"),
@@ -430,6 +450,8 @@ def test_each_way_an_iteration_goes_wrong_is_named_with_its_hint(answer, problem
     err = info.value
     assert problem in err.problem and hint in err.hint, str(err)
     assert err.exercise == "04.prefetcher"
+    if answer is ReshapesLabels:
+        assert teaches(err).seen == "images (4, 3, 8, 8), labels (1, 4)", err.seen
 
 
 def test_the_iteration_hint_follows_the_error_and_the_device():
