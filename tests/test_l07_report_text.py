@@ -22,8 +22,7 @@ def test_each_call_is_one_line_compared_with_the_epoch_before_and_its_replay():
     text = str(sharding_report(records(rank0, rank1), 14))
     lines = text.split("\n")
     assert lines[0] == "2 ranks, 14 samples, 4 epoch(s) recorded" and len(lines) == 5
-    assert lines[1].startswith("  epoch 0: counts [7, 7]; every index exactly once; rank 0 starts "
-                               "[9, 2, 7, 4, 1, 3, ...]") and "|" not in lines[1]
+    assert lines[1] == "  epoch 0: counts [7, 7]; every index exactly once; rank 0 starts [9, 2, 7, 4, 1, 3, ...]"
     assert lines[2].endswith("rank 0 starts [3, 8, 1, 9, 2, 4, ...] | vs epoch 0: order changed")
     assert lines[3].endswith(" | replay: DIFFERENT order")          # rank 1 drew epoch 1 otherwise
     assert lines[4].endswith(" | vs epoch 1: same order on ranks [0]")
