@@ -136,9 +136,11 @@ def test_the_report_leaves_out_survivors_the_survivors_file_explains(tmp_path):
                          "not a line: `m.x_f__mutmut_9`\n")
     reasons = mutation.explained(survivors)
     assert reasons == {"m.x_f__mutmut_2": "(f): `<` vs `<=` where equality cannot happen"}
-    missed = [{"name": f"m.x_f__mutmut_{k}", "status": "survived", "function": "m.f", "text_only": False}
+    code = '--- a\n+++ b\n-    if n < 10:\n+    if n <= 10:\n'
+    words = '--- a\n+++ b\n-    raise ValueError("too few")\n+    raise ValueError("XXtoo fewXX")\n'
+    missed = [{"name": f"m.x_f__mutmut_{k}", "status": "survived", "function": "m.f", "diff": code}
               for k in (2, 9)] + [{"name": "m.x_g__mutmut_1", "status": "survived", "function": "m.g",
-                                   "text_only": True}]
+                                   "diff": words}]
     text = mutation.report([{"group": "g", "modules": ["course_utils/m.py"], "survivors": missed,
                              "stats": {"total": 10, "killed": 7, "survived": 3}}], reasons)
     assert "## g: 2 missed mutants that change code, 1 of them explained in mutation_survivors.md" in text
@@ -166,7 +168,7 @@ def test_every_line_of_the_survivors_file_names_a_mutant_of_a_group_and_a_reason
 def test_report_prints_the_saved_runs_again_and_names_a_group_never_run(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(mutation, "WORK", tmp_path)
     survivors = [{"name": "course_utils.timing.x_f__mutmut_3", "status": "survived", "function": "timing.f",
-                  "text_only": False, "diff": '--- a\n+++ b\n-    x = get("pid")\n+    x = get("XXpidXX")\n'}]
+                  "diff": '--- a\n+++ b\n-    x = get("pid")\n+    x = get("XXpidXX")\n'}]
     (tmp_path / "timing.json").write_text(json.dumps({
         "group": "timing", "modules": ["course_utils/timing.py"], "survivors": survivors,
         "stats": {"total": 5, "killed": 4, "survived": 1}}))

@@ -2,8 +2,7 @@
 """``make mutation``: how many small bugs put into the code that computes figures and verdicts
 do the tests catch? Runs mutmut (3.x) group by group: each group is a few modules and every test
 file that imports one of them (tools/mutation_groups.py), run in a scratch copy of this checkout
-(``build/mutation/``),
-so the working tree is never mutated. Prints, per group, the mutants killed / survived / timed
+(``build/mutation/``), so the working tree is never mutated. Prints, per group, the mutants killed / survived / timed
 out and the score, and for the survivors which function they are in, and how many change only
 the text of a message (a string literal): those are left to the wording tests, the rest are the
 ones to kill. The report is also written to ``build/mutation/report.md``. ``--rerun`` runs again
@@ -183,8 +182,8 @@ def _prose(literal: str) -> bool:
 
 def text_only(diff: str) -> bool:
     """True when a mutant's diff changes nothing but the words of messages: every line differs
-    only inside string literals, and each literal it changes holds a space (a key or a name
-    such as "pid" or "fetch" changed is code: it is not counted apart)."""
+    only inside string literals, and each literal it changes reads as words (:func:`_prose`; a
+    key or a name such as "pid" or "fetch" changed is code: it is not counted apart)."""
     minus = [line[1:] for line in diff.splitlines() if line.startswith("-") and not line.startswith("---")]
     plus = [line[1:] for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
     if not minus or len(minus) != len(plus):
@@ -245,7 +244,7 @@ def _collect(group: str, dest: Path, modules: list[str], tests: list[str], t0: f
     with ThreadPoolExecutor(4) as pool:          # `mutmut show` starts Python each time: ~1 s
         diffs = list(pool.map(lambda m: _mutmut(dest, "show", m.group("name")), listed))
     survivors = [{"name": m.group("name"), "status": m.group("status"),
-                  "function": _function_of(m.group("name")), "text_only": text_only(diff), "diff": diff}
+                  "function": _function_of(m.group("name")), "diff": diff}
                  for m, diff in zip(listed, diffs)]
     return {"group": group, "modules": modules, "tests": tests, "stats": stats,
             "seconds": time.perf_counter() - t0, "survivors": survivors}
@@ -403,13 +402,13 @@ def report(results: list[dict], reasons: dict[str, str] | None = None) -> str:
              "| group | modules | mutants | not run | killed | timeout | survived | no tests | score "
              "| score without text-only |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    def words_only(x: dict) -> bool:                  # a saved run is judged by today's rule
-        return text_only(x["diff"]) if "diff" in x else x["text_only"]
-    for r in results:
+    for r in results:                                 # a saved run is judged by today's rule
         missed = [x for x in r["survivors"] if x["status"] in ("survived", "no tests")]
-        lines.append(score_line(r["group"], r["modules"], r["stats"], sum(map(words_only, missed))))
+        lines.append(score_line(r["group"], r["modules"], r["stats"],
+                                sum(text_only(x["diff"]) for x in missed)))
     for r in results:
-        code = [x for x in r["survivors"] if x["status"] in ("survived", "no tests") and not words_only(x)]
+        code = [x for x in r["survivors"] if x["status"] in ("survived", "no tests")
+                and not text_only(x["diff"])]
         left = [x for x in code if x["name"] not in reasons]
         if not code:
             continue
