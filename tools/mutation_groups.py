@@ -27,7 +27,7 @@ VERDICT_NOTEBOOKS = {
     "00": "00_measure_first.ipynb", "01": "01_numpy_torch_opencv.ipynb", "02": "02_threads.ipynb",
     "03": "03_num_workers.ipynb", "04": "04_host_to_device.ipynb",
     "05": "05_gpu_augmentation.ipynb", "06": "06_tune_your_pipeline.ipynb",
-    "07": "07_scaling_out.ipynb", "08": "08_find_the_stall.ipynb",
+    "07": "07_scaling_out.ipynb", "08": "08_find_the_stall.ipynb", "09": "09_when_the_loader_breaks.ipynb",
 }
 
 _CU = "course_utils/"
