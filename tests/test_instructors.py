@@ -58,7 +58,7 @@ def test_guide_minutes_match_the_notebooks():
 
 SECOND_AFTERNOON = "A second afternoon (3 hours, for people who already did 00–03)"
 THREE_HOURS = "A 3-hour plan (with two 10-minute breaks)"
-ONE_DAY = "A one-day plan (6½ hours, all nine core paths)"
+ONE_DAY = "A one-day plan (6½ hours, the nine core paths of 00–08)"
 SKIPPING = re.compile(r"(\d\d) core path without sections? ([\d ,and–-]+?) \((\d+)\)")
 
 
