@@ -36,7 +36,7 @@ def _run(loader: DataLoader, fd_spare: int) -> tuple[list, bool]:
     limited = "file_descriptor" in torch_mp.get_all_sharing_strategies()   # Linux
     it, kept = iter(loader), []
     if limited:     # after the workers started: only this process runs short, as in lesson 09
-        import resource
+        import resource     # POSIX only: Windows has no resource module
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         open_now = len(os.listdir("/proc/self/fd"))
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(open_now + fd_spare, hard % 2**62), hard))
