@@ -64,6 +64,7 @@ GROUPS: dict[str, list[str]] = {
     "grader06": [_GRADING + "ex06_tune_pipeline.py"],
     "grader07": [_GRADING + "ex07_fix_sharding.py"],
     "grader08": [_GRADING + "ex08_find_the_stall.py"],
+    "grader09": [_GRADING + "ex09_survive_the_limits.py"],
     # the lessons' "common advice, checked" verdicts, written from the notebooks
     "verdicts": [f"{VERDICTS_DIR}/lesson{n}_verdicts.py" for n in VERDICT_NOTEBOOKS],
 }

@@ -26,38 +26,33 @@ class Detection(Dataset):
         return N_SAMPLES
 
     def __getitem__(self, i: int) -> tuple:
-        k = 1 + i % 3
         return (torch.full((3, SIDE, SIDE), i, dtype=torch.uint8),
-                {"boxes": torch.rand(k, 4), "labels": torch.full((k,), i)})
+                {"boxes": torch.rand(1 + i % 3, 4), "labels": torch.full((1 + i % 3,), i)})
 
 
 def _run(loader: DataLoader, fd_spare: int) -> tuple[list, bool]:
-    """Every batch, kept; whether the descriptor limit was applied (Linux, file_descriptor)."""
-    limited = "file_descriptor" in torch_mp.get_all_sharing_strategies()   # Linux
-    it, kept = iter(loader), []
+    """Every batch, kept; whether the descriptor limit applied (Linux: file_descriptor sharing)."""
+    limited, it = "file_descriptor" in torch_mp.get_all_sharing_strategies(), iter(loader)
     if limited:     # after the workers started: only this process runs short, as in lesson 09
         import resource     # POSIX only: Windows has no resource module
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        open_now = len(os.listdir("/proc/self/fd"))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(open_now + fd_spare, hard % 2**62), hard))
+        resource.setrlimit(resource.RLIMIT_NOFILE,
+                           (min(len(os.listdir("/proc/self/fd")) + fd_spare, hard % 2**62), hard))
     try:
-        kept.extend(it)
+        return list(it), limited
     finally:
         if limited:
             resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         stop_workers(it)
-    return kept, limited
 
 
 @grader(LIMITS)
 def grade_limits(fixed_loader: object, *, fd_spare: int = 64,
                  shm_budget: int = 256 * 1024) -> CheckResult:
     """Grade ``fixed_loader(dataset) -> DataLoader`` against the descriptor and shm limits."""
-    if not (isinstance(fd_spare, int) and fd_spare > 0 and isinstance(shm_budget, int)
-            and shm_budget > 0):
-        raise ValueError(f"check({LIMITS!r}): fd_spare={fd_spare!r} and shm_budget="
-                         f"{shm_budget!r} must be positive whole numbers; leave them out for "
-                         f"the exercise's own (64 descriptors, 256 KiB).")
+    if not all(isinstance(x, int) and x > 0 for x in (fd_spare, shm_budget)):
+        raise ValueError(f"check({LIMITS!r}): fd_spare={fd_spare!r} and shm_budget={shm_budget!r}"
+                         f" must be positive whole numbers; leave them out for the exercise's.")
     expected = "fixed_loader(dataset) -> a torch.utils.data.DataLoader over dataset"
     require_signature(LIMITS, fixed_loader, "fixed_loader does not take 1 argument.", expected, 0)
     before = torch_mp.get_sharing_strategy()
@@ -71,40 +66,36 @@ def grade_limits(fixed_loader: object, *, fd_spare: int = 64,
                              expected=expected + ", num_workers >= 1", seen=describe(loader),
                              hint="return the DataLoader itself (do not iterate it); the limits "
                                   "are about what workers send the main process.")
-    if not loader.timeout:
-        loader.timeout = worker_timeout(30, loader.multiprocessing_context)
-    section3 = "lesson 09, section 3 (Too many open files)"
+    loader.timeout = loader.timeout or worker_timeout(30, loader.multiprocessing_context)
     try:
         batches, limited = _run(loader, fd_spare)
     except Exception as exc:        # the learner's loader can raise anything
         emfile = any(s in str(exc) for s in ("open files", "ancdata", "Errno 24"))
-        raise ExerciseFailed(LIMITS, f"the loader failed: {str(exc).splitlines()[0][:200]}",
-                             expected=f"every batch kept with {fd_spare} spare descriptors",
-                             seen="file_system sharing set in this process only, the workers "
-                                  "sharing by descriptor" if main_only else type(exc).__name__,
-                             hint=(f"{section3}: the workers share the tensors, so they must set "
-                                   f"file_system themselves (a worker_init_fn)." if main_only else
-                                   f"{section3}: each tensor kept holds a descriptor; collate "
-                                   f"into few tensors a batch, or share by file name in the "
-                                   f"workers.") if emfile else "run the loader yourself and read "
-                                                               "the traceback.") from exc
-    ids = []
-    for b in batches:
-        images = b[0] if isinstance(b, (list, tuple)) and b else b
-        images = torch.stack(list(images)) if isinstance(images, (list, tuple)) else images
-        if not isinstance(images, torch.Tensor) or images.shape[1:] != (3, SIDE, SIDE):
-            raise ExerciseFailed(LIMITS, "a batch does not start with its images.",
-                                 expected=f"(images, ...): images (B, 3, {SIDE}, {SIDE}) or B "
-                                          f"tensors", seen=describe(images),
-                                 hint="keep the images first; join the targets behind them.")
-        ids += images[:, 0, 0, 0].tolist()
+        raise ExerciseFailed(
+            LIMITS, f"the loader failed: {str(exc).splitlines()[0][:200]}",
+            expected=f"every batch kept with {fd_spare} spare descriptors",
+            seen="file_system sharing set in this process only, the workers sharing by "
+                 "descriptor" if main_only else type(exc).__name__,
+            hint="run the loader yourself and read the traceback." if not emfile else
+            "lesson 09, section 3 (Too many open files): " + (
+                "the workers share the tensors, so they must set file_system themselves (a "
+                "worker_init_fn)." if main_only else "each tensor kept holds a descriptor; "
+                "collate into few tensors a batch, or share by file name in the workers.")) from exc
+    firsts = [b[0] if isinstance(b, (list, tuple)) and b else b for b in batches]
+    images = [torch.stack(list(x)) if isinstance(x, (list, tuple)) else x for x in firsts]
+    if not all(isinstance(x, torch.Tensor) and x.shape[1:] == (3, SIDE, SIDE) for x in images):
+        raise ExerciseFailed(LIMITS, "a batch does not start with its images.",
+                             expected=f"(images, ...): images (B, 3, {SIDE}, {SIDE}) or B tensors",
+                             seen=describe(firsts[0]), hint="keep the images first, the targets "
+                                                            "after them.")
+    ids = [i for x in images for i in x[:, 0, 0, 0].tolist()]
     if sorted(ids) != list(range(N_SAMPLES)):
-        lost = sorted(set(range(N_SAMPLES)) - set(ids))
-        raise ExerciseFailed(LIMITS, f"{N_SAMPLES - len(set(ids))} sample(s) never arrived or "
-                             f"some came twice.", expected=f"each of {N_SAMPLES} samples once",
-                             seen=f"missing {lost[:10]}, {len(ids)} delivered",
+        raise ExerciseFailed(LIMITS, "some samples never arrived, or came twice.",
+                             expected=f"each of {N_SAMPLES} samples once", seen=f"{len(ids)} "
+                             f"delivered, missing {sorted(set(range(N_SAMPLES)) - set(ids))[:10]}",
                              hint="keep every sample: no drop_last, no filtering in collate_fn.")
-    batch_bytes = max(sum(t.nbytes for t in tree_leaves(b) if isinstance(t, torch.Tensor)) for b in batches)
+    batch_bytes = max(sum(t.nbytes for t in tree_leaves(b) if isinstance(t, torch.Tensor))
+                      for b in batches)
     in_flight = loader.num_workers * loader.prefetch_factor * batch_bytes
     if in_flight > shm_budget:
         raise ExerciseFailed(LIMITS, "the shared memory in flight exceeds the budget.",
@@ -113,8 +104,8 @@ def grade_limits(fixed_loader: object, *, fd_spare: int = 64,
                                   f"{batch_bytes:,} = {in_flight:,} bytes",
                              hint="lesson 09, section 1 (Shared memory in flight): fewer workers "
                                   "or a smaller prefetch_factor shrink it.")
-    where = (f"under a limit of {fd_spare} spare descriptors" if limited else
-             "(the descriptor limit needs Linux and file_descriptor sharing: not applied here)")
-    return CheckResult(LIMITS, f"{N_SAMPLES} samples in {len(batches)} batches, all kept, "
-                       f"{where}; {in_flight:,} bytes in flight <= {shm_budget:,}.",
+    where = (f"with {fd_spare} spare descriptors" if limited else "(the descriptor limit needs "
+             "Linux's file_descriptor sharing: not applied here)")
+    return CheckResult(LIMITS, f"{N_SAMPLES} samples in {len(batches)} batches, all kept {where}; "
+                       f"{in_flight:,} bytes in flight <= {shm_budget:,}.",
                        {"in_flight": in_flight, "batch_bytes": batch_bytes, "limited": limited})
