@@ -87,7 +87,7 @@ lab: install
 # make test runs three stages, each with all the CPUs. 1. The quick suite (make quick): every test
 # file and the solutions under nbval, within 5 minutes on 2 cores. 2. The lessons
 # (tests/test_rerun.py): each top to bottom, then every code cell again in the same kernel; about
-# 530 CPU-seconds on 2 cores, its own stage so that the quick suite stays quick. 3. The GPU
+# 560 CPU-seconds on 2 cores, its own stage so that the quick suite stays quick. 3. The GPU
 # check's rehearsal (every step of tools/device_gpu_check.sh on this CPU), on its own: its step
 # timeouts are the GPU run's, so it must not share the CPUs with other tests.
 SUITE := COURSE_QUICK=1 MPLBACKEND=Agg $(BYTECODE) $(FORCE_START) $(PY) -m pytest --nbval-lax \

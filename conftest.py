@@ -1,10 +1,11 @@
 """pytest hooks for this repository's own suite (``make test``).
 
 Each stage of ``make test`` runs in three pytest processes (``-n 3 --dist loadscope``): each
-notebook and each test file goes whole to one process, in collection order (``--no-loadscope-reorder``: pytest-xdist would
-otherwise put the scopes with the most tests first, and a 5-test file that takes 45 s last). A
-long scope near the end leaves the other process idle until it ends, so the longest lessons and
-test files go to the front. The order within a scope is unchanged.
+notebook and each test file goes whole to one process, in collection order
+(``--no-loadscope-reorder``: pytest-xdist would otherwise put the scopes with the most tests
+first, and a 5-test file that takes 45 s last). A long scope near the end leaves the other
+process idle until it ends, so the longest lessons and test files go to the front. The order
+within a scope is unchanged.
 """
 from __future__ import annotations
 

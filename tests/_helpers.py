@@ -34,3 +34,14 @@ def load_tool(name: str) -> ModuleType:
     sys.modules[spec.name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
+
+
+def teaches(err, output=None):
+    """A grader's failure teaches (ARCHITECTURE.md): it says what was expected, what was seen and
+    a hint, all three; with ``output``, what it says was seen is that output described (a
+    failure that dropped a part, or described something else, fails here). Returns ``err``."""
+    from course_utils.grading.checker import describe   # only the grader tests need it
+    assert err.expected and err.seen and err.hint, f"a failure without expected, seen or hint:\n{err}"
+    if output is not None:
+        assert err.seen == describe(output), (err.seen, describe(output))
+    return err

@@ -90,7 +90,7 @@ def test_a_fix_is_applied_where_the_loader_is_made_and_measured(plain):
     assert train.raw["workers_seen"] == 2 and train.raw["epochs"] > 1       # kept across epochs
     # the fix's figure is measured (no wall-clock speed asserted: on a shared 2-core machine
     # the samples' 3 ms sleeps do not guarantee a margin; the gain's arithmetic is pinned in
-    # tests/test_diagnose_fix_plan.py on hand-made figures)
+    # tests/test_diagnose_cli.py on hand-made figures)
     gain = ScriptDiagnosis("plain", plain, "data-bound", [], fixes=[fixed]).gain(fixed)
     assert gain is not None and gain > 0
 

@@ -11,6 +11,7 @@ import torch
 
 import course_utils.grading.ex01_uint8_pipeline as G
 from course_utils.grading.checker import ExerciseFailed
+from _helpers import teaches
 from course_utils.transforms import PipelineParams
 
 pytestmark = pytest.mark.timeout(60)
@@ -45,7 +46,7 @@ def resize_failure(out: np.ndarray) -> ExerciseFailed:
     with pytest.raises(ExerciseFailed) as info:
         G._check_resize_values(out, np.zeros(SHAPE, np.uint8))
     assert info.value.problem == "`resize` returned the right shape but the wrong pixel values."
-    return info.value
+    return teaches(info.value)                      # seen: the error in grey levels
 
 
 @pytest.mark.parametrize("offsets", [{}, first(75, +1), first(75, -1)],
@@ -129,7 +130,7 @@ def normalize_failure(out, ref=None) -> ExerciseFailed:
     ref = reference_batch().float() if ref is None else ref
     with pytest.raises(ExerciseFailed) as info:
         G._check_normalized(out, ref, HALF)
-    return info.value
+    return teaches(info.value)
 
 
 def test_normalize_within_tolerance_returns_the_difference():
@@ -219,7 +220,8 @@ IMAGE = (np.arange(6 * 5 * 3) * 7 % 251).astype(np.uint8).reshape(6, 5, 3)   # n
 def stage_failure(stage, out, shape) -> ExerciseFailed:
     with pytest.raises(ExerciseFailed) as info:
         G._check_image_stage(stage, out, shape)
-    return info.value
+    assert info.value.expected == f"NumPy uint8 array of shape {shape}", info.value.expected
+    return teaches(info.value, out)
 
 
 def test_an_image_stage_returns_its_uint8_array_of_the_right_shape():
@@ -271,6 +273,7 @@ def test_crop_must_be_the_centre_square():
     with pytest.raises(ExerciseFailed) as info:
         G._check_crop(resized[2:6, 2:6], resized, 4)          # one column off
     assert "top-left" not in info.value.hint and "starting at" in info.value.hint
+    assert teaches(info.value, resized[2:6, 2:6]).expected == "the centre 4x4 pixels"
 
 
 class Flipper:
@@ -300,6 +303,9 @@ def test_wrong_flips_are_named(answer, problem):
     with pytest.raises(ExerciseFailed) as info:
         G._check_flip(answer, IMAGE.copy(), IMAGE.shape, True)
     assert problem in info.value.problem, str(info.value)
+    asked = "False" not in problem                           # the flip the failure is about
+    teaches(info.value, answer.flip(IMAGE.copy(), asked))
+    assert info.value.expected == ("the same image mirrored left-right" if asked else "the image unchanged")
 
 
 def test_a_flip_that_writes_into_its_input_fails():
@@ -324,6 +330,7 @@ def test_to_tensor_is_the_same_pixels_channels_first():
         with pytest.raises(ExerciseFailed) as info:
             G._check_to_tensor(out, flipped, 4)
         assert problem in info.value.problem, (problem, str(info.value))
+        teaches(info.value, out)
 
 
 # ---- the run "in workers", with a DataLoader that runs in this process -----------------------------
@@ -452,3 +459,31 @@ def test_a_not_done_stage_in_the_workers_is_not_done_not_a_failure(monkeypatch):
     Failing.error = NotImplementedError("Exercise: replace this line")
     with pytest.raises(NotImplementedError):
         run_small(SmallPipeline())
+
+
+def test_a_stage_that_raises_or_returns_floats_is_named_with_its_hint():
+    def raising(image):
+        raise ValueError("size mismatch in my flip")
+    with pytest.raises(ExerciseFailed) as info:
+        G._check_flip(Flipper(raising, raising), IMAGE.copy(), IMAGE.shape, True)
+    err = info.value
+    assert err.exercise == "01.uint8_pipeline" and "`flip` raised ValueError" in err.problem, str(err)
+    assert err.hint == "run the stage on one image in a cell of its own and read the traceback."
+    with pytest.raises(ExerciseFailed) as info:
+        G._check_flip(Flipper(lambda im: im[:, ::-1].astype(np.float32), lambda im: im.astype(np.float32)),
+                      IMAGE.copy(), IMAGE.shape, True)
+    assert info.value.problem.startswith("`flip` returned float32"), str(info.value)
+    # "size" in the error is the normalize stage's broadcasting hint, and only that stage's
+    assert "(1, 3, 1, 1)" in G._hint_for("normalize", ValueError("size mismatch"))
+    assert "(1, 3, 1, 1)" not in G._hint_for("flip", ValueError("size mismatch"))
+
+
+@pytest.mark.parametrize("stage, message, hint", [
+    ("normalize", "The size of tensor a (3) must match", "(1, 3, 1, 1)"),
+    ("to_tensor", "tensors with negative strides are not currently supported", "negative strides")])
+def test_a_stage_called_through_the_grader_gets_the_hint_for_its_stage_and_error(stage, message, hint):
+    def raising(*args):
+        raise ValueError(message)
+    with pytest.raises(ExerciseFailed) as info:
+        G._call(stage, raising, IMAGE)
+    assert hint in info.value.hint and f"`{stage}` raised ValueError" in info.value.problem

@@ -228,6 +228,7 @@ def test_choose_workers_just_short_of_enough_is_too_few():
     curve = rising_to(G.ENOUGH_FRACTION * BEST / JUST)
     with pytest.raises(ExerciseFailed, match="too few workers") as info:
         G.judge_choice(curve, 2, "made-up")
+    assert info.value.exercise == "03.choose_workers"
     assert f"reach only {G.ENOUGH_FRACTION / JUST:.0%} of the best" in info.value.problem
     assert info.value.expected == f"one of {acceptable(curve['workers'], curve['truth'])}"
     assert "within about 10 %" in info.value.hint

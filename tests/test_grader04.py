@@ -12,6 +12,7 @@ from course_utils.device import move_to_device
 from course_utils.grading import ex04_prefetcher as G
 from course_utils.grading.checker import CheckResult, ExerciseFailed, check, exercise_ids
 from course_utils.prefetch import DevicePrefetcher
+from _helpers import teaches
 
 pytestmark = pytest.mark.timeout(120)
 CUDA = torch.cuda.is_available()
@@ -197,12 +198,45 @@ class NoWaitStream(Base):
 def test_wrong_answers_fail_with_a_lesson(answer, message):
     with pytest.raises(ExerciseFailed, match=message) as info:
         check("04.prefetcher", answer)
-    assert info.value.hint
+    assert teaches(info.value).exercise == "04.prefetcher"
+
+
+def _batches_in_order(order, batch_size=3):
+    """The batches a prefetcher handed out, as loader batch numbers (labels k*3 .. k*3+2)."""
+    return [(torch.zeros(batch_size, 1), torch.arange(k * batch_size, (k + 1) * batch_size))
+            for k in order]
+
+
+@pytest.mark.parametrize("order, problem", [
+    ([1, 2, 3], "the first batch is missing."), ([0, 1, 2], "the last batch is missing."),
+    ([1, 0, 2, 3], "the batches came out in the wrong order."),
+    ([0, 1, 1, 2], "some batches came out more than once."),
+    ([0, 1, 2, 3, 3], "some batches came out more than once."),
+    ([0, 2, 3], "some batches are missing."),
+    ([0, 1, 2, 5], "some batches are missing.")])          # as many as the loader's, none twice
+def test_each_kind_of_wrong_order_is_named_with_the_batches_seen(order, problem):
+    # 4 batches of 3: a batch's number is its first label // 3 (not the label, not a float)
+    loader = G._RecordingLoader(4, batch_size=3)
+    with pytest.raises(ExerciseFailed) as info:
+        G._check_order(_batches_in_order(order), loader, torch.device("cpu"))
+    assert info.value.problem == problem
+    assert (info.value.expected, info.value.seen) == ("batches [0, 1, 2, 3]", f"batches {order}")
+    G._check_order(_batches_in_order([0, 1, 2, 3]), loader, torch.device("cpu"))    # right: passes
+
+
+def test_on_the_meta_device_only_the_count_is_checked():
+    loader = G._RecordingLoader(4, batch_size=3)
+    with pytest.raises(ExerciseFailed) as info:
+        G._check_order(_batches_in_order([0, 1, 2]), loader, torch.device("meta"))
+    assert teaches(info.value).problem == "the prefetcher yielded 3 batches for a loader of 4."
+    assert (info.value.expected, info.value.seen) == ("4 batches", "3")
 
 
 def test_an_instance_or_a_wrong_signature_is_explained():
-    with pytest.raises(ExerciseFailed, match="not the class"):
-        check("04.prefetcher", Reference([], "cpu"))
+    instance = Reference([], "cpu")
+    with pytest.raises(ExerciseFailed, match="not the class") as info:
+        check("04.prefetcher", instance)
+    teaches(info.value, instance)
 
     class OneArg:
         def __init__(self, loader):
@@ -211,8 +245,9 @@ def test_an_instance_or_a_wrong_signature_is_explained():
         def __iter__(self):
             return iter(self.loader)
 
-    with pytest.raises(ExerciseFailed, match=r"calling Prefetcher\(loader, device\) failed"):
+    with pytest.raises(ExerciseFailed, match=r"calling Prefetcher\(loader, device\) failed") as info:
         check("04.prefetcher", OneArg)
+    assert info.value.hint and info.value.exercise == "04.prefetcher"   # the error is the seen
 
 
 def test_a_stub_is_not_done_yet():
@@ -355,3 +390,80 @@ def test_hints_name_the_tools_without_printing_the_solution_lines():
             check("04.prefetcher", answer)
         assert "copy batch 0, then in the loop" not in info.value.hint
         assert "before the loop, copy batch 0" not in info.value.hint
+
+
+# ---- what the prefetcher's iteration can get wrong, one failure each -----------------------------
+
+class NotAnIterator(Reference):
+    def __iter__(self):
+        return [1, 2]                                          # iter() refuses a list
+
+
+class RaisesInTheLoop(Reference):
+    def __iter__(self):
+        yield from ()
+        raise KeyError("cuda stream missing")
+
+
+class NeverStops(Reference):
+    def __iter__(self):
+        batch = next(iter(self.loader))
+        while True:
+            yield batch
+
+
+class YieldsDicts(Reference):
+    def __iter__(self):
+        for images, labels in super().__iter__():
+            yield {"images": images, "labels": labels}
+
+
+class YieldsNone(Reference):
+    def __iter__(self):
+        yield None
+
+
+class YieldsTriples(Reference):
+    def __iter__(self):
+        for images, labels in super().__iter__():
+            yield images, labels, labels
+
+
+class ReshapesLabels(Reference):
+    def __iter__(self):
+        for images, labels in super().__iter__():
+            yield images, labels.view(1, -1)
+
+
+@pytest.mark.parametrize("answer, problem, hint", [
+    (YieldsNone, "batch 0", "yield the moved batch itself"),          # None is a batch, not the end
+    (YieldsTriples, "batch 0", "yield the moved batch itself"),
+    (ReshapesLabels, "batch 0 changed shape.", "move the tensors as they are."),
+    (NotAnIterator, "iter(prefetcher) raised TypeError", "__iter__ should return an iterator"),
+    (RaisesInTheLoop, "iterating raised KeyError",
+     "CUDA calls (streams, record_stream) only on a CUDA device"),
+    (NeverStops, "the prefetcher yields more batches than the loader has.", "stop when the loader is exhausted"),
+    (YieldsDicts, "batch 0", "yield the moved batch itself")], ids=lambda v: getattr(v, "__name__", ""))
+def test_each_way_an_iteration_goes_wrong_is_named_with_its_hint(answer, problem, hint):
+    with pytest.raises(ExerciseFailed) as info:
+        check("04.prefetcher", answer)
+    err = info.value
+    assert problem in err.problem and hint in err.hint, str(err)
+    assert err.exercise == "04.prefetcher"
+    if answer is ReshapesLabels:
+        assert teaches(err).seen == "images (4, 3, 8, 8), labels (1, 4)", err.seen
+
+
+def test_the_iteration_hint_follows_the_error_and_the_device():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert "leave pinning to the DataLoader" in G._iteration_hint(RuntimeError("cannot pin memory"), cpu)
+    assert "only on a CUDA device" in G._iteration_hint(RuntimeError("CUDA error"), cpu)
+    assert "read the traceback" in G._iteration_hint(RuntimeError("CUDA error"), cuda)
+    assert "read the traceback" in G._iteration_hint(RuntimeError("pin failed"), cuda)
+
+
+def test_a_number_is_not_a_prefetcher_class():
+    with pytest.raises(ExerciseFailed) as info:
+        check("04.prefetcher", 5)
+    teaches(info.value, 5)
+    assert info.value.expected == 'check("04.prefetcher", Prefetcher)'

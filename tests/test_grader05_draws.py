@@ -12,6 +12,8 @@ import torch
 from course_utils.grading import ex05_augment as ex05
 from course_utils.grading.checker import ExerciseFailed
 from course_utils.grading.ex05_augment import make_test_batch
+from _helpers import teaches
+from course_utils.grading.checker import describe
 
 CPU = torch.device("cpu")
 
@@ -46,6 +48,7 @@ def values(answer, n=64):
 def problem(answer, n=64):
     with pytest.raises(ExerciseFailed) as info:
         values(answer, n)
+    assert info.value.expected and info.value.hint, str(info.value)     # seen: where it is shown
     return info.value
 
 
@@ -213,6 +216,7 @@ def test_analyse_names_what_was_done_instead():
         with pytest.raises(ExerciseFailed) as info:
             ex05._analyse(out, x, 2e-4, "here")
         assert words in info.value.problem, (words, info.value.problem)
+        assert teaches(info.value).exercise == "05.batched_flip_brightness"
 
 
 # ---- _basic ------------------------------------------------------------------------------------
@@ -224,8 +228,9 @@ def test_values_may_exceed_zero_to_one_by_a_thousandth_only():
     assert torch.equal(ex05._basic(ok, x, x.clone(), "here"), ok)
     high = x.clone()
     high[0, 0, 0, 0] = 1.0011
-    with pytest.raises(ExerciseFailed, match="values go up to 1.001, above 1"):
+    with pytest.raises(ExerciseFailed, match="values go up to 1.001, above 1") as info:
         ex05._basic(high, x, x.clone(), "here")
+    assert teaches(info.value).seen == f"min {float(high.min()):.3f}, max 1.001"
     low = x.clone()
     low[1, 2, 3, 0] = -0.0011
     with pytest.raises(ExerciseFailed, match="values go down to -0.001, below 0"):
@@ -236,10 +241,14 @@ def test_basic_checks_type_input_dtype_shape_and_finiteness():
     x = make_test_batch(2, 4)
     for out, words in ((None, "must return a tensor"), (x.double(), "float64"),
                        (x[:1], "wrong shape"), (x.clone().fill_(float("nan")), "NaN or inf")):
-        with pytest.raises(ExerciseFailed, match=words):
+        with pytest.raises(ExerciseFailed, match=f"here: .*{words}") as info:
             ex05._basic(out, x, x.clone(), "here")
-    with pytest.raises(ExerciseFailed, match="in place"):
+        assert info.value.seen == describe(out)
+        if words != "NaN or inf":                          # a NaN is its own explanation
+            teaches(info.value, out)
+    with pytest.raises(ExerciseFailed, match="in place") as info:
         ex05._basic(x.clone(), x, x * 0.5, "here")
+    assert info.value.expected and info.value.hint
     half = x.half()
     with pytest.raises(ExerciseFailed) as info:
         ex05._basic(half.float(), half, half.clone(), "here")
@@ -291,6 +300,7 @@ def test_meta_errors_map_to_their_teaching_messages():
         with pytest.raises(ExerciseFailed) as info:
             ex05._check_meta(raising(exc), n=4, side=4)
         assert words in info.value.problem, (words, info.value.problem)
+        assert info.value.hint and info.value.exercise == "05.batched_flip_brightness"
     with pytest.raises(NotImplementedError):                          # the stub itself
         ex05._check_meta(raising(NotImplementedError("Exercise")), n=4, side=4)
     note = ex05._check_meta(raising(RuntimeError("aten::nonzero: data-dependent output")), n=4, side=4)
@@ -305,5 +315,77 @@ def test_meta_output_must_stay_on_meta_with_its_dtype_and_shape():
     for fn, words in ((lambda b, **k: torch.zeros(4, 3, 4, 4), "did not return a tensor on it"),
                       (lambda b, **k: b.half(), "dtype or shape changed"),
                       (lambda b, **k: b[:2], "dtype or shape changed")):
-        with pytest.raises(ExerciseFailed, match=words):
+        with pytest.raises(ExerciseFailed, match=words) as info:
             ex05._check_meta(fn, n=4, side=4)
+        assert info.value.expected and info.value.seen and info.value.exercise == "05.batched_flip_brightness"
+
+
+def at_brightness(b2, factors_at_b2):
+    """The scripted right answer, except that at brightness ``b2`` it scales by the factors given."""
+    inner = scripted()
+
+    def answer(batch, flip_p=0.5, brightness=0.4, generator=None):
+        if brightness != b2:
+            return inner(batch, flip_p, brightness, generator)
+        seed = generator.initial_seed() if generator is not None else 0
+        f = torch.tensor(factors_at_b2, dtype=batch.dtype).roll(seed).view(-1, 1, 1, 1)
+        flip = (torch.arange(batch.shape[0]) < batch.shape[0] // 2).roll(seed).view(-1, 1, 1, 1)
+        return (torch.where(flip, batch.flip(3), batch) * f).clamp(0, 1)
+    return answer
+
+
+@pytest.mark.parametrize("b2, low, high, ok", [
+    (0.0, 0.9981, 1.0, True), (0.0, 0.9979, 1.0, False),       # the low side alone, by 2e-3
+    (0.0, 1.0, 1.0019, True), (0.0, 1.0, 1.0021, False),       # the high side alone
+    (0.8, 0.1981, 1.6, True), (0.8, 0.1979, 1.6, False),
+    (0.8, 0.6, 1.8019, True), (0.8, 0.6, 1.8021, False),
+    (0.8, 0.6, 1.01, True), (0.8, 0.6, 0.99, False)],          # at least b2 / 2 = 0.4 wide
+    ids=lambda v: str(v))
+def test_each_bound_of_the_range_at_another_brightness_on_its_own(b2, low, high, ok):
+    n = 64
+    answer = at_brightness(b2, spread(n, low, high, (low + high) / 2))
+    if ok:
+        assert values(answer)["n"] == n
+    else:
+        err = problem(answer)
+        assert err.problem == f"on cpu: with brightness={b2} the factors ran from {low:.3f} to {high:.3f}."
+        assert err.seen == f"{low:.3f} .. {high:.3f}"
+
+
+# ---- _call: the generator handed to the answer, and the hint for a generator on another device ---
+
+def test_the_answer_gets_a_generator_on_the_batch_s_device_seeded_as_asked():
+    seen = []
+
+    def answer(batch, flip_p=0.5, brightness=0.4, generator=None):
+        seen.append((flip_p, brightness, generator and (generator.initial_seed(), generator.device.type)))
+        return batch
+    x = make_test_batch(2, 4)
+    ex05._call(answer, x)                                  # default seed 0
+    ex05._call(answer, x, 7, 0.25, 0.8)
+    ex05._call(answer, x, None)
+    assert seen == [(0.5, 0.4, (0, "cpu")), (0.25, 0.8, (7, "cpu")), (0.5, 0.4, None)]
+
+
+@pytest.mark.parametrize("message, hinted", [
+    ("Expected a 'cuda' device type for generator but found 'cpu'", True),
+    ("generator: bad seed", False), ("tensors on different device", False)])
+def test_a_generator_on_another_device_gets_its_own_hint(message, hinted):
+    with pytest.raises(ExerciseFailed) as info:
+        ex05._call(raising(RuntimeError(message)), make_test_batch(2, 4))
+    err = info.value
+    assert err.exercise == "05.batched_flip_brightness" and err.seen == f"input {describe(make_test_batch(2, 4))}"
+    assert ("the generator lives on the batch's device" in err.hint) is hinted, err.hint
+
+
+def test_an_output_on_another_device_or_below_zero_says_where_and_why():
+    x = make_test_batch(2, 4)
+    with pytest.raises(ExerciseFailed) as info:
+        ex05._basic(torch.empty(2, 3, 4, 4, device="meta"), x, x.clone(), "here")
+    err = teaches(info.value, torch.empty(2, 3, 4, 4, device="meta"))
+    assert err.problem == "here: the output is on meta, the input was on cpu." and err.expected == "the output on cpu"
+    low = x.clone()
+    low[1, 2, 3, 0] = -0.0011
+    with pytest.raises(ExerciseFailed) as info:
+        ex05._basic(low, x, x.clone(), "here")
+    assert teaches(info.value).expected == "values in [0, 1]" and "clamp" in info.value.hint

@@ -5,7 +5,8 @@ import pytest
 
 from course_utils.grading.checker import CheckResult, ExerciseFailed, check, exercise_ids
 from course_utils.grading.ex08_find_the_stall import (NEXT_NAME, STALL, WAIT, _reference_fraction,
-                                                      real_traces, synthetic_cases, synthetic_trace)
+                                                      profile_loop, real_traces, synthetic_cases,
+                                                      synthetic_trace)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -74,6 +75,48 @@ def test_the_real_loops_have_the_answers_they_were_built_for(traces):
     assert len(steps) == 9                                 # 8 steps + the one with the start-up
     assert any("DataLoader" in e.get("name", "") and e["name"].endswith("__next__")
                for e in data["events"])
+
+
+@pytest.mark.parametrize("delay_s, step_s", [(0.03, 0.0), (0.0, 0.05)], ids=["data", "compute"])
+def test_a_profiled_loop_marks_every_step_s_fetch_copy_and_step(delay_s, step_s):
+    # profile_loop itself, not the cached traces the checks share: 3 steps + the start-up's
+    events = profile_loop(delay_s, step_s, 3)
+    spans = [e for e in events if e.get("ph") == "X"]
+    steps = sorted((e for e in spans if e["name"].startswith("ProfilerStep#")), key=lambda e: e["ts"])
+    assert len(steps) == 4
+    for name in ("fetch", "h2d copy", "step"):
+        marked = [e for e in spans if e["name"] == name]
+        assert len(marked) == 4, name
+        assert all(any(s["ts"] <= e["ts"] < s["ts"] + s["dur"] for s in steps) for e in marked), name
+    # lower bounds only (a sleep never ends early): the worker's 30 ms sleep is waited for in
+    # each fetch after the start-up; the step's 50 ms sleep is in each step
+    counted = [e for e in spans if e["name"] == ("fetch" if delay_s else "step")][1:]
+    assert all(e["dur"] >= 0.8e6 * max(delay_s, step_s) for e in counted), [e["dur"] for e in counted]
+    fraction = _reference_fraction(events, 1)
+    assert fraction > 0.5 if delay_s else fraction < 0.5, fraction
+
+
+def test_a_held_back_trace_has_the_kinds_keys_and_names_of_a_real_profile(traces):
+    # what a learner's code meets in the held-back traces is what the profiler writes: each
+    # event kind (ph) with a real event's keys (args included), the metadata and instant events
+    # a real CPU profile names, instants scoped as a real one's; the spans on one thread
+    real = traces[0]["events"]
+    def kinds(events):
+        out = {}
+        for e in events:
+            out.setdefault(e["ph"], set()).add(frozenset(e))
+        return out
+    real_kinds, fake = kinds(real), synthetic_cases()[0]["events"]
+    for ph, keys in kinds(fake).items():
+        assert ph in real_kinds and keys <= real_kinds[ph], (ph, keys, real_kinds.get(ph))
+    real_names = {(e["ph"], e["name"]) for e in real if e["ph"] in "Mi"}
+    for e in (e for e in fake if e["ph"] in "Mi"):
+        assert (e["ph"], e["name"]) in real_names, e
+        twin = next(r for r in real if (r["ph"], r["name"]) == (e["ph"], e["name"]))
+        assert set(e.get("args", {})) == set(twin.get("args", {})) and e.get("s") == twin.get("s"), e
+    for e in (e for e in fake if e["ph"] == "X"):
+        assert set(e["args"]) <= {k for r in real if r["ph"] == "X" for k in r.get("args", {})}, e
+    assert len({(e["pid"], e["tid"]) for e in fake if e["ph"] == "X"}) == 1
 
 
 def test_synthetic_traces_look_like_real_ones_and_have_distinct_mistakes():

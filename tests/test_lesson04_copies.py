@@ -169,3 +169,36 @@ def test_formatting_helpers():
         "512 B", "1 KiB", "1.5 KiB", "16 MiB", "1 GiB"]
     assert [fmt_time(s) for s in (2.5, 0.0125, 3e-6, None, float("nan"))] == [
         "2.5 s", "12.5 ms", "3 us", "n/a", "n/a"]
+
+
+def test_the_reference_summary_says_every_part_a_gpu_run_measured():
+    KIB_, MIB_ = 1024, 1024 * 1024
+    sweep = BandwidthSweep("cuda:0", [KIB_, MIB_], {
+        "pageable": [0.5, 10.0], "pinned_blocking": [0.4, 20.0], "pinned_non_blocking": [0.8, 24.0],
+        "device": [None, None]}, labels={"pageable": "pageable -> GPU"})
+    doc = {"measured_at": "2026-12-01", "machine": {"gpu_name": "H9", "torch_version": "2.9",
+                                                     "cuda_version": "12.8"},
+           "results": {"mode": "quick", "sweep": sweep.to_dict(),
+                       "mismeasure": {"nbytes": MIB_, "naive_s": 2e-5, "honest_s": 1e-3},
+                       "overlap": {"overlap": {"pinned_non_blocking": 0.75}},
+                       "dtype": {"batch_shape": [8, 3, 4, 4], "times_s": {
+                           "float32 copy": 0.004, "uint8 copy + normalise on device": 0.001}},
+                       "prefetch": {"prefetch_s_per_step": 0.002, "plain_s_per_step": 0.003},
+                       "forked_worker": {"worker_error": "Cannot re-initialize CUDA"},
+                       "skipped": {"streams": "one stream only"}}}
+    lines = R.reference_summary(doc).split("\n")
+    assert lines[0] == "Reference results: H9 (torch 2.9, CUDA 12.8), measured 2026-12-01 by gpu-check in quick mode."
+    assert "  best pageable -> GPU: 10.0 GB/s at 1 MiB" in lines
+    assert "  best pinned_non_blocking: 24.0 GB/s at 1 MiB" in lines       # no label: the mode
+    assert R.copy_mode_lines(sweep)[0] in lines and R.copy_mode_lines(sweep)[1] in lines
+    assert "  best pinned copy = 100% of the best host-to-device copy" in lines
+    assert any(l.startswith("  unsynchronised non_blocking copy of 1 MiB: naive") and l.endswith("(50x too short)")
+               for l in lines)
+    assert "  overlap, pinned_non_blocking: 75%" in lines
+    assert "  batch (8, 3, 4, 4): float32 copy 4 ms, uint8 copy + normalise 1 ms" in lines
+    assert "  DevicePrefetcher: 2 ms/step vs plain loop 3 ms/step" in lines
+    assert "  a forked DataLoader worker touching CUDA raised: Cannot re-initialize CUDA" in lines
+    assert lines[-1] == "  (not measured: streams: one stream only)"
+    assert "gpu-check" in R.reference_summary(None)
+    # a run that measured only some parts says only those
+    assert R.reference_summary({"results": {}, "machine": {}}).count("\n") == 0

@@ -159,6 +159,11 @@ def test_doctor_render_is_for_a_person(report):
     assert str(report) == text
     for section in ("CPUs", "Thread pools", "Accelerator", "Memory", "start method", "Advice"):
         assert section in text
+    lines = text.splitlines()
+    assert lines[:3] == ["course_utils doctor", "=" * 19, ""]
+    for heading in ("CPUs", "Accelerator", "Memory", "Processes", "Advice"):   # a blank line before each
+        assert lines[lines.index(heading) - 1] == "", heading
+    assert lines[lines.index(next(x for x in lines if x.startswith("Thread pools in this process"))) - 1] == ""
     assert f"os.cpu_count()      {os.cpu_count()}" in text
     assert "torch intra-op" in text and "OpenCV" in text
     for entry in report.pools.blas:

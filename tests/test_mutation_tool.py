@@ -2,6 +2,8 @@
 and which survivors change only a message's text (the run itself takes minutes: `make mutation`)."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from _helpers import ROOT, load_tool
@@ -74,6 +76,14 @@ def test_a_module_in_neither_place_stops_with_one_line(tmp_path):
     ('--- a\n+++ b\n-    x = "a"\n', False),
     ('--- a\n+++ b\n-    f("a b", "c",\n+    f("XXa bXX", "c",\n', True),          # an open bracket
     ('--- a\n+++ b\n-    f("a b", 1,\n+    f("a b", 2,\n', False),
+    # a key, a name or a flag is code, not a message's words
+    ('--- a\n+++ b\n-    {"pid": pid, "tid": 0}\n+    {"XXpidXX": pid, "tid": 0}\n', False),
+    ('--- a\n+++ b\n-    with record_function("fetch"):\n+    with record_function("FETCH"):\n', False),
+    ('--- a\n+++ b\n-    e.get("name", "")\n+    e.get("name", "XXXX")\n', False),
+    ('--- a\n+++ b\n-    open(p, encoding="utf-8")\n+    open(p, encoding="UTF-8")\n', False),
+    ('--- a\n+++ b\n-    return ("the trace has steps; print "\n+    return ("THE TRACE HAS STEPS; PRINT "\n', True),
+    ('--- a\n+++ b\n-    "subtract.") if v < 0 else\n+    "SUBTRACT.") if v < 0 else\n', True),  # a message's end
+    ('--- a\n+++ b\n-    p = join(tmp, "trace.json")\n+    p = join(tmp, "TRACE.JSON")\n', False),
 ])
 def test_a_survivor_that_changes_only_a_message_is_told_apart(diff, only_text):
     assert mutation.text_only(diff) is only_text
@@ -126,14 +136,25 @@ def test_the_report_leaves_out_survivors_the_survivors_file_explains(tmp_path):
                          "not a line: `m.x_f__mutmut_9`\n")
     reasons = mutation.explained(survivors)
     assert reasons == {"m.x_f__mutmut_2": "(f): `<` vs `<=` where equality cannot happen"}
-    missed = [{"name": f"m.x_f__mutmut_{k}", "status": "survived", "function": "m.f", "text_only": False}
+    code = '--- a\n+++ b\n-    if n < 10:\n+    if n <= 10:\n'
+    words = '--- a\n+++ b\n-    raise ValueError("too few")\n+    raise ValueError("XXtoo fewXX")\n'
+    missed = [{"name": f"m.x_f__mutmut_{k}", "status": "survived", "function": "m.f", "diff": code}
               for k in (2, 9)] + [{"name": "m.x_g__mutmut_1", "status": "survived", "function": "m.g",
-                                   "text_only": True}]
+                                   "diff": words}]
     text = mutation.report([{"group": "g", "modules": ["course_utils/m.py"], "survivors": missed,
                              "stats": {"total": 10, "killed": 7, "survived": 3}}], reasons)
     assert "## g: 2 missed mutants that change code, 1 of them explained in mutation_survivors.md" in text
     assert "- m.f (survived): 1" in text and "m.g" not in text        # the text-only one is apart
     assert mutation.explained(tmp_path / "absent.md") == {}
+
+
+def test_a_line_of_the_survivors_file_may_name_several_mutants_of_one_function(tmp_path):
+    survivors = tmp_path / "mutation_survivors.md"
+    survivors.write_text("- `m.x_f__mutmut_7`, `_8` / `m.x_f__mutmut_12` and `_30` (f): the same reason here\n"
+                         "- `m.x_g__mutmut_3` (g): `<` vs `<=` at a value never reached\n")
+    assert mutation.explained(survivors) == {
+        **{f"m.x_f__mutmut_{k}": "(f): the same reason here" for k in (7, 8, 12, 30)},
+        "m.x_g__mutmut_3": "(g): `<` vs `<=` at a value never reached"}
 
 
 def test_every_line_of_the_survivors_file_names_a_mutant_of_a_group_and_a_reason():
@@ -142,3 +163,16 @@ def test_every_line_of_the_survivors_file_names_a_mutant_of_a_group_and_a_reason
     for name, reason in mutation.explained().items():
         assert name.rpartition(".")[0] in groups, f"{name}: not a module of any group"
         assert len(reason.split(":", 1)[-1].split()) >= 3, f"{name}: say why it is left alive"
+
+
+def test_report_prints_the_saved_runs_again_and_names_a_group_never_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(mutation, "WORK", tmp_path)
+    survivors = [{"name": "course_utils.timing.x_f__mutmut_3", "status": "survived", "function": "timing.f",
+                  "diff": '--- a\n+++ b\n-    x = get("pid")\n+    x = get("XXpidXX")\n'}]
+    (tmp_path / "timing.json").write_text(json.dumps({
+        "group": "timing", "modules": ["course_utils/timing.py"], "survivors": survivors,
+        "stats": {"total": 5, "killed": 4, "survived": 1}}))
+    assert mutation.main(["--report", "timing", "scaling"]) == 0
+    out, err = capsys.readouterr()
+    assert "| timing | timing.py | 5 | 0 | 4 | 0 | 1 | 0 | 80% | 80% |" in out      # a key is code
+    assert "- timing.f (survived): 1" in out and "scaling: no saved run" in err

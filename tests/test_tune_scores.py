@@ -232,6 +232,8 @@ def test_the_json_names_the_best_trial_and_the_scores():
     assert d["best_trial"] == 2 and d["winner"] == "tuned" and d["machine"] == "test machine"
     assert d["scores"]["common recipe"] == pytest.approx(266.0)
     assert len(d["trials"]) == 4 and d["budget_s"] == 40.0
+    assert d["code_course"] == hand_result().code_course()         # the code to paste, in the JSON
+    assert d["trials"][0]["settings"]["num_workers"] == 0 and d["trials"][0]["index"] == 1   # each trial a dict
 
 
 def test_the_code_for_the_course_pipeline():
@@ -341,6 +343,8 @@ def test_the_plot_has_a_panel_per_table_sized_by_the_trials(monkeypatch):
         from matplotlib.text import Text
         title = " ".join(t.get_text() for t in fig.axes[0].findobj(Text))
         assert "c" * 40 in title and "c" * 41 not in title and "x" * 60 in title and "x" * 61 not in title
+        for name in ("best", "winner", "budget_s", "consumer", "data"):   # each setting named
+            assert f"{name}=" in title, name
         assert "Side by side, repeats interleaved" in " ".join(t.get_text() for t in fig.axes[1].findobj(Text))
     finally:
         plt.close(fig)

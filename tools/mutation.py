@@ -2,8 +2,7 @@
 """``make mutation``: how many small bugs put into the code that computes figures and verdicts
 do the tests catch? Runs mutmut (3.x) group by group: each group is a few modules and every test
 file that imports one of them (tools/mutation_groups.py), run in a scratch copy of this checkout
-(``build/mutation/``),
-so the working tree is never mutated. Prints, per group, the mutants killed / survived / timed
+(``build/mutation/``), so the working tree is never mutated. Prints, per group, the mutants killed / survived / timed
 out and the score, and for the survivors which function they are in, and how many change only
 the text of a message (a string literal): those are left to the wording tests, the rest are the
 ones to kill. The report is also written to ``build/mutation/report.md``. ``--rerun`` runs again
@@ -160,28 +159,43 @@ def _mutmut(dest: Path, *args: str, log: Path | None = None, timeout: float | No
     return ""
 
 
-def _code_tokens(line: str) -> list[str] | None:
-    """The line's tokens with every string literal's text blanked: a line cut out of a longer
-    statement (an open bracket) keeps the tokens read before the tokenizer gave up; None when
-    not even one token could be read."""
-    out: list[str] = []
+def _tokens(line: str) -> list[tuple[int, str]] | None:
+    """The line's tokens as (type, text); a line cut out of a longer statement (an open bracket)
+    keeps the tokens read before the tokenizer gave up; None when not even one could be read."""
+    out: list[tuple[int, str]] = []
     try:
         for t in tokenize.generate_tokens(io.StringIO(line.strip() + "\n").readline):
             if t.type not in (tokenize.NEWLINE, tokenize.NL, tokenize.COMMENT, tokenize.ENDMARKER):
-                out.append("STR" if t.type == tokenize.STRING else t.string)
+                out.append((t.type, t.string))
     except (tokenize.TokenError, IndentationError, SyntaxError):
         pass
     return out or None
 
 
+def _prose(literal: str) -> bool:
+    """Whether a string literal reads as words (it holds a space, or ends a sentence: the last
+    piece of a message split over lines, "subtract."): a message's text, not a key, a name or a
+    flag ("pid", "fetch", "trace.json", "utf-8", "")."""
+    body = re.sub(r"^[rbfuRBFU]*(\"\"\"|\'\'\'|\"|\')", "", literal)[:-1]
+    return bool(re.search(r"\s", body) or re.search(r"[A-Za-z][.!?:]['\"]*$", body))
+
+
 def text_only(diff: str) -> bool:
-    """True when a mutant's diff changes nothing but the text inside string literals."""
+    """True when a mutant's diff changes nothing but the words of messages: every line differs
+    only inside string literals, and each literal it changes reads as words (:func:`_prose`; a
+    key or a name such as "pid" or "fetch" changed is code: it is not counted apart)."""
     minus = [line[1:] for line in diff.splitlines() if line.startswith("-") and not line.startswith("---")]
     plus = [line[1:] for line in diff.splitlines() if line.startswith("+") and not line.startswith("+++")]
     if not minus or len(minus) != len(plus):
         return False
-    pairs = [(_code_tokens(a), _code_tokens(b)) for a, b in zip(minus, plus)]
-    return all(a is not None and a == b for a, b in pairs)
+    for a, b in zip(minus, plus):
+        ta, tb = _tokens(a), _tokens(b)
+        if ta is None or tb is None or len(ta) != len(tb):
+            return False
+        for (kind, x), (_, y) in zip(ta, tb):
+            if x != y and (kind != tokenize.STRING or not (_prose(x) or _prose(y))):
+                return False
+    return True
 
 
 def _function_of(name: str) -> str:
@@ -230,7 +244,7 @@ def _collect(group: str, dest: Path, modules: list[str], tests: list[str], t0: f
     with ThreadPoolExecutor(4) as pool:          # `mutmut show` starts Python each time: ~1 s
         diffs = list(pool.map(lambda m: _mutmut(dest, "show", m.group("name")), listed))
     survivors = [{"name": m.group("name"), "status": m.group("status"),
-                  "function": _function_of(m.group("name")), "text_only": text_only(diff), "diff": diff}
+                  "function": _function_of(m.group("name")), "diff": diff}
                  for m, diff in zip(listed, diffs)]
     return {"group": group, "modules": modules, "tests": tests, "stats": stats,
             "seconds": time.perf_counter() - t0, "survivors": survivors}
@@ -367,9 +381,17 @@ def score_line(group: str, modules: list[str], stats: dict, text_only: int) -> s
 
 
 def explained(path: Path = SURVIVORS) -> dict[str, str]:
-    """mutant name -> the reason :data:`SURVIVORS` gives for leaving it alive."""
+    """mutant name -> the reason :data:`SURVIVORS` gives for leaving it alive. A line may name
+    several mutants of one function: the first in full, the others in full or by their number
+    (`` `pkg.mod.x_f__mutmut_7`, `_8`, `_12` (f): reason``)."""
     text = path.read_text(encoding="utf-8") if path.is_file() else ""
-    return dict(re.findall(r"^- `([^`]+)` (.+)$", text, flags=re.MULTILINE))
+    out: dict[str, str] = {}
+    for names, reason in re.findall(r"^- ((?:`[^`]+`(?:,| /| and)? )+)(.+)$", text, flags=re.MULTILINE):
+        first, *more = re.findall(r"`([^`]+)`", names)
+        stem = re.sub(r"_\d+$", "", first)
+        for name in (first, *more):
+            out[stem + name if name.startswith("_") else name] = reason
+    return out
 
 
 def report(results: list[dict], reasons: dict[str, str] | None = None) -> str:
@@ -380,11 +402,13 @@ def report(results: list[dict], reasons: dict[str, str] | None = None) -> str:
              "| group | modules | mutants | not run | killed | timeout | survived | no tests | score "
              "| score without text-only |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in results:
+    for r in results:                                 # a saved run is judged by today's rule
         missed = [x for x in r["survivors"] if x["status"] in ("survived", "no tests")]
-        lines.append(score_line(r["group"], r["modules"], r["stats"], sum(x["text_only"] for x in missed)))
+        lines.append(score_line(r["group"], r["modules"], r["stats"],
+                                sum(text_only(x["diff"]) for x in missed)))
     for r in results:
-        code = [x for x in r["survivors"] if x["status"] in ("survived", "no tests") and not x["text_only"]]
+        code = [x for x in r["survivors"] if x["status"] in ("survived", "no tests")
+                and not text_only(x["diff"])]
         left = [x for x in code if x["name"] not in reasons]
         if not code:
             continue
@@ -413,6 +437,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hand", action="store_true",
                         help="instead: put in each of the hand mutations (HAND_MUTATIONS, the 13 "
                              "of issue 22) one at a time and say which test caught it")
+    parser.add_argument("--report", action="store_true",
+                        help="instead: print the report of each group's last run again (after "
+                             "editing mutation_survivors.md), without running anything")
     parser.add_argument("--list", action="store_true",
                         help="print each group's modules and the test files that import them, and stop")
     args = parser.parse_args(argv)
@@ -429,6 +456,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [g for g in args.groups if g not in GROUPS]
     if unknown:
         parser.error(f"GROUP {unknown[0]!r} is not one of {', '.join(GROUPS)}")
+    if args.report:                                        # no mutmut needed: the saved runs
+        saved = {g: WORK / f"{g}.json" for g in args.groups}
+        for group in (g for g, path in saved.items() if not path.is_file()):
+            print(f"mutation: {group}: no saved run in {WORK}", file=sys.stderr)
+        print(report([json.loads(p.read_text()) for p in saved.values() if p.is_file()]))
+        return 0
     try:
         import mutmut
         del mutmut                                         # installed by make mutation

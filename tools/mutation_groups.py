@@ -48,6 +48,10 @@ GROUPS: dict[str, list[str]] = {
     "transforms": [_CU + "transforms.py", _CU + "image_ops.py"],
     "device_copies": [_CU + "device.py", _CU + "lessons/l04_copies.py"],
     "datasets": [_CU + "lessons/l03_num_workers.py"],
+    # the lessons' harness that computes a verdict or a figure: lesson 07's sharding report,
+    # lesson 04's summed GPU reference and its calibrated compute stand-in
+    "lesson_harness": [_CU + "lessons/l07_scaling_out.py", _CU + "lessons/l04_reference.py",
+                       _CU + "lessons/l04_overlap.py"],
     # the tools
     "tune": [_TOOLS + "tune/search.py", _TOOLS + "tune/window.py", _TOOLS + "tune/result.py"],
     "diagnose": [_TOOLS + "diagnose/rules.py"],

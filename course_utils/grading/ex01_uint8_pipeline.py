@@ -164,7 +164,8 @@ def _check_to_tensor(out: Any, flipped: np.ndarray, c: int) -> torch.Tensor:
                     hint="models take channels first: reorder the axes of the (H, W, 3) tensor "
                          "to (3, H, W) (a reshape or view would scramble the pixels).")
     if tuple(out.shape) != (3, c, c):
-        raise _fail("`to_tensor` returned the wrong shape.", **shown)
+        raise _fail("`to_tensor` returned the wrong shape.", **shown,
+                    hint="keep every pixel: only move the channel axis to the front.")
     if not torch.equal(out, torch.from_numpy(np.ascontiguousarray(flipped)).permute(2, 0, 1)):
         raise _fail("`to_tensor` changed the pixel values.", seen=describe(out),
                     expected="the same uint8 pixels, laid out (3, H, W)",
@@ -177,7 +178,8 @@ def _check_normalized(out: Any, reference: torch.Tensor, params: PipelineParams,
     """Float32 and within tolerance of ``reference``, else the likely cause of the difference."""
     shown = dict(expected=f"torch.Tensor {tuple(reference.shape)} float32", seen=describe(out))
     if not isinstance(out, torch.Tensor):
-        raise _fail("`normalize` must return a torch tensor.", **shown)
+        raise _fail("`normalize` must return a torch tensor.", **shown,
+                    hint="the batch arrives as a uint8 torch tensor: do the arithmetic in torch.")
     if out.dtype != torch.float32:
         raise _fail(f"`normalize` returned {str(out.dtype)[6:]}.", **shown, hint=(
             "float64 doubles the bytes again: convert to float32, and keep mean/std float32 too."

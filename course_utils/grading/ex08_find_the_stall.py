@@ -52,14 +52,17 @@ def synthetic_trace(steps: Sequence[tuple[float, float, float, float]], *, first
                     shuffle_seed: int | None = None) -> list[dict]:
     """Chrome-trace events of steps taking ``(fetch, copy, step, other)`` ms: ``ProfilerStep#N``
     spans (N from ``first``) holding "fetch" (``__next__`` inside), "h2d copy", "step" and unmarked
-    time, with the events real traces have that have no ``dur``; ``shuffle_seed`` shuffles them."""
+    time, with the metadata and instant events (no ``dur``) a CPU profile has, each with a real
+    one's keys; ``shuffle_seed`` shuffles them."""
     pid = tid = 4242
     t = 1_700_000_000_000.0                                   # µs, like a real trace
     events: list[dict] = [
-        {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": "python"}},
-        {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": "MainThread"}},
-        {"ph": "i", "cat": "", "name": "Iteration Start: PyTorch Profiler", "pid": pid, "tid": tid,
-         "ts": t, "s": "g"}]
+        {"ph": "M", "name": "process_name", "ts": t, "pid": pid, "tid": 0,
+         "args": {"name": "python"}},
+        {"ph": "M", "name": "thread_name", "ts": t, "pid": pid, "tid": tid,
+         "args": {"name": f"thread {tid} (python)"}},
+        {"ph": "i", "s": "g", "name": "Iteration Start: PyTorch Profiler", "pid": pid, "tid": tid,
+         "ts": t}]
     start = t
 
     def span(name: str, cat: str, ts: float, dur_us: float) -> None:
@@ -75,14 +78,10 @@ def synthetic_trace(steps: Sequence[tuple[float, float, float, float]], *, first
         span("aten::copy_", "cpu_op", t + f + 0.5, max(c - 1.0, 0.0))
         span("step", "user_annotation", t + f + c, s)
         span("aten::convolution", "cpu_op", t + f + c + 1.0, max(s - 2.0, 0.0))
-        events.append({"ph": "s", "cat": "fwdbwd", "name": "fwdbwd", "id": k, "pid": pid,
-                       "tid": tid, "ts": t + f + c + 2.0})
-        events.append({"ph": "f", "cat": "fwdbwd", "name": "fwdbwd", "id": k, "pid": pid,
-                       "tid": tid, "ts": t + f + c + 3.0, "bp": "e"})
         t += f + c + s + o
     span("PyTorch Profiler (0)", "Trace", start, t - start)
-    events.append({"ph": "i", "cat": "", "name": "Record Window End", "pid": pid, "tid": tid,
-                   "ts": t, "s": "g"})
+    events.append({"ph": "i", "s": "g", "name": "Record Window End", "pid": pid, "tid": tid,
+                   "ts": t})
     if shuffle_seed is not None:
         random.Random(shuffle_seed).shuffle(events)
     return events
