@@ -29,8 +29,8 @@ _FIX = ("each library's own control over its running pool: threadpoolctl reaches
         "has a setting of its own, whose value for 'run sequentially' is not 1")
 
 
-def _pools_text(p: ThreadPools) -> str:
-    return ", ".join(f"{name} {n}" for name, n in p.pools.items())
+def _pools_text(pools: dict[str, int]) -> str:
+    return ", ".join(f"{name} {n}" for name, n in pools.items())
 
 
 def _hung_failure(hung: Hung, timeout_s: float, clamp: str) -> ExerciseFailed:
@@ -175,15 +175,15 @@ def _judge(answers: list[dict], method: str, budget: int, workers: int) -> dict:
     wrong = {k: v for k, v in pools.pools.items() if v != expect}
     if not wrong:
         return report
-    seen = (f"in worker {worst['worker']} ({method}), before your function: {_pools_text(before)}; "
-            f"while it loaded a sample: {_pools_text(pools)}")
+    seen = (f"in worker {worst['worker']} ({method}), before your function: {_pools_text(before.pools)}; "
+            f"while it loaded a sample: {_pools_text(pools.pools)}")
     if expect > 1:
         _share_failure(wrong, seen, budget, workers, expect, len(pools.pools))
     over = {name: k for name, k in pools.pools.items() if k > 1}
     env_set = sorted(v for v in THREAD_ENV_VARS if state["env_after"].get(v) != state["env_before"].get(v))
     changed = {k for k in before.pools if before.pools[k] != after.pools.get(k)}
     if env_set and not changed:
-        unchanged = ", ".join(f"{k} {v}" for k, v in over.items() if before.pools.get(k) == v)
+        unchanged = _pools_text({k: v for k, v in over.items() if before.pools.get(k) == v})
         raise ExerciseFailed(
             EXERCISE, "environment variables set inside a running process do not resize its "
                       "thread pools.",
@@ -218,8 +218,7 @@ def _judge(answers: list[dict], method: str, budget: int, workers: int) -> dict:
     if "torch intra-op" in over:
         hints.append("torch: the DataLoader sets 1 thread in every worker; do not raise it")
     raise ExerciseFailed(
-        EXERCISE, f"{len(over)} pool(s) still run more than 1 thread in the worker: "
-                  f"{', '.join(f'{k} {v}' for k, v in over.items())}.",
+        EXERCISE, f"{len(over)} pool(s) still run more than 1 thread in the worker: {_pools_text(over)}.",
         expected="every pool at 1 thread", seen=seen, hint="; ".join(hints) + ".")
 
 
@@ -247,7 +246,7 @@ def _share_failure(wrong: dict[str, int], seen: str, budget: int, workers: int, 
         if "torch intra-op" in wrong:
             hints.append("torch.set_num_threads sizes torch's pool")
     what = ("every pool ran fewer threads than" if low else "more threads than" if high else
-            f"{', '.join(f'{k} {v}' for k, v in wrong.items())}: not at")
+            f"{_pools_text(wrong)}: not at")
     raise ExerciseFailed(EXERCISE, f"{what} the worker's share: a budget of {budget} CPUs over "
                                    f"{workers} workers leaves each worker {expect}.",
                          expected=f"every pool at {expect} threads ({budget} // {workers})",
@@ -281,7 +280,7 @@ def grade_worker_init(answer: Callable[[int], Any], *, timeout_s: float = 20.0,
     summary = ("in real DataLoader workers (forked ones after this process had used OpenCV, BLAS "
                "and torch), " + "; ".join(
                    f"{r['start_method']}, budget {r['cpu_budget']} over {r['num_workers']} workers: "
-                   f"every pool at {r['expected']} ({_pools_text(ThreadPools.from_dict(r['pools']))})"
+                   f"every pool at {r['expected']} ({_pools_text(ThreadPools.from_dict(r['pools']).pools)})"
                    for r in reports) + ".")
     raised = sorted({p for r in reports if r["expected"] == 1 for p in r["raised"]})
     not_checked = sorted({f"{p} ({r['start_method']}, {r['expected']})" for r in reports
