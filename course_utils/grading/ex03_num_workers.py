@@ -42,7 +42,6 @@ GROWTH_FRACTION = 0.15
 
 
 # ---- 03.choose_workers -----------------------------------------------------------------------
-
 def synthetic_curves() -> list[dict]:
     """The curves the grader feeds (seeded noise: the same every run)."""
     plateau = [90, 100, 200, 300, 400, 500, 600, 700, 800, 798, 795, 793, 790, 788, 785, 782, 780]
@@ -222,7 +221,6 @@ def grade_choose_workers(choose_num_workers: Callable[..., Any], *,
 
 
 # ---- 03.copy_on_read -------------------------------------------------------------------------
-
 _LIST_BASELINE: dict[tuple, Any] = {}  # (n, seed, workers) -> WorkerMemory of the list version
 
 

@@ -208,7 +208,6 @@ def _check_lookahead(pulled: list[int], n: int) -> None:
 
 
 # ---- CUDA-only checks ----------------------------------------------------------------
-
 #: The race check's passes over 8 batches: False reads each batch the moment it arrives (a
 #: missing ``wait_stream`` reads a half-copied batch); True first keeps the current stream busy
 #: for about four copies (a missing ``record_stream`` lets the caching allocator give a batch's

@@ -1,7 +1,6 @@
 """Grader for exercise 06: ``build_loader``'s first batch (read as its fetcher reads it) equals
 the reference, made by one dataset call, within ``cpu_budget``, at :data:`PASS_RATIO` or more of
-``tuned_loader``'s samples/s (:func:`speed_verdict`). Step 1, ``06.batched_fetch``: the fetch
-alone."""
+``tuned_loader``'s samples/s (:func:`speed_verdict`). Step 1, ``06.batched_fetch``: the fetch alone."""
 from __future__ import annotations
 
 import functools

@@ -1,7 +1,6 @@
 """Grader for exercise 07: ``make_epoch_loader`` run for every rank in this process, then in 2
-torchrun ranks that import it from the exercise's ``%%writefile`` module. From what they drew:
-nothing dropped, nothing twice beyond padding, equal counts, a new order every epoch, a replayed
-epoch identical."""
+torchrun ranks that import it from the exercise's ``%%writefile`` module. From what they drew: nothing
+dropped, nothing twice beyond padding, equal counts, a new order every epoch, a replayed epoch identical."""
 from __future__ import annotations
 
 import math

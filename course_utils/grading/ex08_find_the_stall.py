@@ -28,8 +28,6 @@ WAIT_NAMES = ("fetch", "h2d copy")
 NEXT_NAME = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
 TOLERANCE = 1e-3          # synthetic traces: the answer is exact up to float rounding
 REAL_TOLERANCE = 0.01     # real traces: the same events, so only rounding differs
-
-
 #: On CUDA every annotation is recorded twice; this category is the GPU-side copy.
 GPU_COPY = "gpu_user_annotation"
 
@@ -47,13 +45,11 @@ def _reference_fraction(events: Sequence[dict], warmup_steps: int = 1) -> float:
 
 
 # ---- synthetic traces with known answers -----------------------------------------------------
-
 def synthetic_trace(steps: Sequence[tuple[float, float, float, float]], *, first: int = 2,
                     shuffle_seed: int | None = None) -> list[dict]:
-    """Chrome-trace events of steps taking ``(fetch, copy, step, other)`` ms: ``ProfilerStep#N``
-    spans (N from ``first``) holding "fetch" (``__next__`` inside), "h2d copy", "step" and unmarked
-    time, with the metadata and instant events (no ``dur``) a CPU profile has, each with a real
-    one's keys; ``shuffle_seed`` shuffles them."""
+    """Chrome-trace events of steps taking ``(fetch, copy, step, other)`` ms: ``ProfilerStep#N`` spans
+    (N from ``first``) holding "fetch" (``__next__`` inside), "h2d copy", "step" and unmarked time,
+    with the metadata and instant events (no ``dur``) a CPU profile has, each with a real one's keys."""
     pid = tid = 4242
     t = 1_700_000_000_000.0                                   # µs, like a real trace
     events: list[dict] = [
@@ -155,7 +151,6 @@ def synthetic_cases() -> list[dict]:
 
 
 # ---- loops profiled for real -----------------------------------------------------------------
-
 class SleepyBatches(Dataset):
     """Ready-made NumPy batches, each after ``delay_s`` seconds of sleep."""
 

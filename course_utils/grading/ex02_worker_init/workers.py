@@ -39,7 +39,6 @@ def _env() -> dict[str, str | None]:
     return {v: os.environ.get(v) for v in THREAD_ENV_VARS}
 
 
-
 def _raise_small_pools(forked: bool) -> list[str]:
     """Raise BLAS (and, unforked, OpenCV) pools to 2, so a do-nothing answer fails on 1 CPU."""
     start = thread_pools().pools
