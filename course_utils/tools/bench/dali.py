@@ -6,8 +6,7 @@ CPU threads (libjpeg-turbo decodes); ``"mixed"``: where the GPU has a hardware J
 ``hw_decoder_load`` of each batch's images (0.65 by default in DALI 2.4) decodes on it, the rest in
 nvJPEG's CUDA decoder (parsing and Huffman on the CPU threads, the rest on the GPU); then the GPU.
 DALI is an optional extra (``pip install .[dali]``, Linux x86_64 and aarch64 only): :func:`dali_missing`
-says why it cannot run here, and nothing imports it before then.
-"""
+says why it cannot run here, and nothing imports it before then."""
 from __future__ import annotations
 
 import importlib
@@ -91,8 +90,7 @@ class DaliLoader:
             return images, label
 
         return plugin.DALIGenericIterator(recipe(), ["images", "labels"], reader_name="reader",
-                                          last_batch_policy=plugin.LastBatchPolicy.PARTIAL,
-                                          auto_reset=True)
+                                          last_batch_policy=plugin.LastBatchPolicy.PARTIAL, auto_reset=True)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self._iterator is None:

@@ -5,10 +5,7 @@ files, repeats interleaved (a slow drift of a shared machine hits every row alik
 as written (:mod:`.recipes`), the tuned pipeline, a decode-only pass (the ceiling), the tuned
 batches sent with nothing decoded (what shipping the pixels costs alone) and, where NVIDIA DALI
 is installed, the ImageNet recipe as a DALI pipeline (:mod:`.dali`); then storage: JPEG bytes in
-RAM, warm and cold page cache, and a :class:`~.storage.PackedStore` through ``np.memmap`` vs RAM.
-The result is two core :class:`~course_utils.measurement.Comparison` tables and the ratios to
-:data:`TARGETS` (to the ImageNet training recipe; memmap: to RAM).
-"""
+RAM, warm and cold page cache, and a :class:`~.storage.PackedStore` through ``np.memmap`` vs RAM."""
 from __future__ import annotations
 
 import contextlib
@@ -34,8 +31,7 @@ from ..batch_buffers import ReusedSegments, shared_uint8, slot_batch
 from .dali import DaliLoader, dali_missing
 from .recipes import (DecodeOnlyFiles, files_loader, imagenet_recipe_loader, seed_recipe_loader,
                       tuned_files_loader)
-from .storage import (PackedStore, evict_from_page_cache, folder_files_and_labels,
-                      write_image_folder)
+from .storage import PackedStore, evict_from_page_cache, folder_files_and_labels, write_image_folder
 
 SEED = "seed recipe"
 IMAGENET = "ImageNet training recipe"
@@ -83,9 +79,8 @@ def min_batches() -> int:
     return default_warmup(busiest) + MIN_TIMED_BATCHES
 
 
-def benchmark_sizes(n: int | None = None, batch_size: int | None = None,
-                    repeats: int | None = None, *, names: tuple[str, str] = ("n=", "batch_size="),
-                    ) -> tuple[int, int, int]:
+def benchmark_sizes(n: int | None = None, batch_size: int | None = None, repeats: int | None = None,
+                    *, names: tuple[str, str] = ("n=", "batch_size=")) -> tuple[int, int, int]:
     """``(n, batch_size, repeats)`` with the quick/full defaults for None; a ValueError, spelling
     the first two as ``names``, when ``n`` images hold fewer than :func:`min_batches` batches."""
     batch_size = pick(full=64, quick=16) if batch_size is None else batch_size
@@ -103,12 +98,11 @@ def benchmark_sizes(n: int | None = None, batch_size: int | None = None,
 
 @dataclass
 class BenchmarkResult:
-    """The loaders and the storage variants side by side (two core Comparisons, samples/s and
-    CPU seconds per sample), and the ratios :data:`TARGETS` name: tuned / ImageNet recipe
-    samples/s (``speedup``) and CPU-s per sample (``cpu_ratio``), tuned / decode-only samples/s
-    (``decode_share``), memmap / RAM-gather samples/s (``memmap_share``; None without storage),
-    DALI / ImageNet recipe samples/s (``dali_speedup``; None without DALI), and shipping-only /
-    tuned CPU-s per sample (``shipping_share``; None where the CPU clock read nothing)."""
+    """The loaders and the storage variants side by side (two core Comparisons: samples/s, CPU-s
+    per sample) and their ratios: tuned / ImageNet recipe samples/s (``speedup``) and CPU-s per
+    sample (``cpu_ratio``), tuned / decode-only and memmap / RAM-gather samples/s
+    (``decode_share``, ``memmap_share``), DALI / ImageNet recipe samples/s (``dali_speedup``) and
+    shipping-only / tuned CPU-s per sample (``shipping_share``); None where not measured."""
 
     loaders: Comparison
     storage: Comparison | None
@@ -140,8 +134,7 @@ class BenchmarkResult:
 
     @property
     def memmap_share(self) -> float | None:
-        return None if self.storage is None else \
-            self.storage.ratio(MEMMAP) / self.storage.ratio(RAM_GATHER)
+        return None if self.storage is None else self.storage.ratio(MEMMAP) / self.storage.ratio(RAM_GATHER)
 
     @property
     def shipping_share(self) -> float | None:
@@ -183,9 +176,8 @@ class BenchmarkResult:
 
     def to_dict(self) -> dict:
         return jsonable({name: getattr(self, name) for name in (
-            "machine", "dataset", "folder", "cold_cache", "targets", "speedup", "cpu_ratio",
-            "decode_share", "memmap_share", "shipping_share", "dali", "dali_speedup", "loaders",
-            "storage")})
+            "machine", "dataset", "folder", "cold_cache", "targets", "speedup", "cpu_ratio", "decode_share",
+            "memmap_share", "shipping_share", "dali", "dali_speedup", "loaders", "storage")})
 
 
 def _packed_store(base: JpegDataset, folder: Path, size: int) -> PackedStore:
@@ -231,8 +223,7 @@ def run_benchmark(*, n: int, batch_size: int, repeats: int, size: int = 224,
     cold_cache = "not measured (--no-storage)"
     if storage:
         store = _packed_store(base, folder, size)
-        rows.append((RAM_BYTES, files_loader(ReusedJpegBatches(base, size), batch_size=batch_size),
-                     nothing))
+        rows.append((RAM_BYTES, files_loader(ReusedJpegBatches(base, size), batch_size=batch_size), nothing))
         if evict_from_page_cache(files[:1]):
             rows.append((COLD, tuned_files_loader(folder, batch_size=batch_size, size=size),
                          functools.partial(_cold, files)))
