@@ -2,8 +2,7 @@
 :mod:`.diagnose`, :mod:`.bench`), the torchrun launcher (:mod:`.ddp`) and the example scripts
 ``diagnose`` runs (:mod:`.examples`). Tools import the core, never :mod:`course_utils.grading`.
 ``from course_utils.tools import tune_loader`` (lesson 06) loads the tuner on first use; importing
-this package loads no tool.
-"""
+this package loads no tool."""
 from __future__ import annotations
 
 import importlib

@@ -12,8 +12,7 @@ on an error, its traceback to ``DIR/rank{RANK}.error.txt``, and exits 1. Tasks:
   :func:`~course_utils.timing.measure_data_wait` (lesson 07's ``measure_ddp``);
 * ``learner``: what ``make_loader(dataset, epoch, rank, world_size)``, named by ``module`` and
   ``name``, draws each epoch (exercise 07);
-* ``fail``: rank ``rank`` raises before joining the group (lesson 07 shows the error).
-"""
+* ``fail``: rank ``rank`` raises before joining the group (lesson 07 shows the error)."""
 from __future__ import annotations
 
 import argparse
@@ -69,8 +68,7 @@ def _sampler(cfg: dict, rank: int, world: int, local_rank: int, backend: str) ->
         drawn += sum(len(c["indices"]) for c in calls)
     total = torch.tensor([drawn], device=_device(backend, local_rank))
     dist.all_reduce(total)  # the process group works: every rank learns the sum over ranks
-    return {"n": len(dataset), "variants": variants, "drawn": drawn,
-            "all_reduce_total": int(total.item())}
+    return {"n": len(dataset), "variants": variants, "drawn": drawn, "all_reduce_total": int(total.item())}
 
 
 def _bench(cfg: dict, rank: int, world: int, local_rank: int, backend: str) -> dict:
@@ -114,8 +112,7 @@ def _bench(cfg: dict, rank: int, world: int, local_rank: int, backend: str) -> d
     wait = measure_data_wait(loader, step, device=device)   # the copy counts as waiting
     cpu_s, _ = monitor.window(start, monitor.snapshot(fresh=True))   # the workers are reaped
     return {"samples": sum(sizes[warm:]), "cpu_s": cpu_s, "wait_fraction": wait.wait_fraction,
-            "step_times": wait.iteration_s, "step_samples": sizes[warm:],
-            "pools": thread_pools().to_dict()}
+            "step_times": wait.iteration_s, "step_samples": sizes[warm:], "pools": thread_pools().to_dict()}
 
 
 def _learner(cfg: dict, rank: int, world: int, *_: object) -> dict:
