@@ -77,9 +77,7 @@ class ReusedSegments:
         images = flat.view(n, self.size, self.size, 3)
         return images, images.numpy(), slot
 
-    def finish_batch(self, items: tuple, slot: Any) -> tuple:
-        """The batch tuple to return, so that its slot comes back (:func:`slot_batch`)."""
-        return slot_batch(items, slot)
+    finish_batch = staticmethod(slot_batch)     # the batch tuple to return, so that its slot comes back
 
 
 class _SlotBatch(tuple):
