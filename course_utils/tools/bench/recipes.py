@@ -27,17 +27,17 @@ def _folder(root: PathLike) -> str:
 
 
 def seed_recipe_loader(root: PathLike, *, batch_size: int = 64, size: int = 224) -> DataLoader:
-    """The loader of the recipe this course started from, over the JPEG folder ``root`` (run it inside
-    :class:`recipe_process_settings`). Batches: float32 (N, 3, size, size) in [0, 1]."""
+    """The seed recipe's loader over the JPEG folder ``root`` (the recipe this course started
+    from; run it inside :class:`recipe_process_settings`). Batches: float32 (N, 3, size, size) in [0, 1]."""
     transform = transforms.Compose([transforms.Resize((size, size)), transforms.ToTensor()])
     dataset = datasets.ImageFolder(_folder(root), transform)
     return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=4, pin_memory=True)
 
 
 def imagenet_recipe_loader(root: PathLike, *, batch_size: int = 64, size: int = 224) -> DataLoader:
-    """pytorch/examples ``imagenet/main.py``'s *training* loader, as written (only its batch size of 256
-    is a parameter), over the JPEG folder ``root``. Batches: float32 (N, 3, size, size), normalised
-    with the ImageNet mean and std."""
+    """pytorch/examples' ImageNet training loader, as written, over the JPEG folder ``root``.
+    Only its batch size (256 in ``imagenet/main.py``) is a parameter. Batches: float32 (N, 3, size,
+    size), normalised with the ImageNet mean and std."""
     normalize = transforms.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD)
     train_dataset = datasets.ImageFolder(
         _folder(root),

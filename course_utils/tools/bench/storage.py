@@ -1,6 +1,7 @@
-"""Images as files on disk, the way learners keep them (the ``ImageFolder`` layout), read cold
-(:func:`evict_from_page_cache`) or packed: :class:`PackedStore`, the FFCV idea, every image decoded
-and resized once into one uint8 file read back through ``np.memmap`` (workers unpickle its dataset)."""
+"""Images as files on disk, the way learners keep them: :func:`write_image_folder` (the
+``ImageFolder`` layout), read cold (:func:`evict_from_page_cache`) or packed: :class:`PackedStore`,
+the FFCV idea, every image decoded and resized once into one uint8 file read back through
+``np.memmap`` (workers unpickle its dataset, so it lives in the package)."""
 from __future__ import annotations
 
 import json
