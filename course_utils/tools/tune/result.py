@@ -28,9 +28,8 @@ DEFAULTS_LABEL = "defaults"
 
 def epoch_score(samples_per_s: float, startup_s: float, batch_size: int, epoch_samples: int) -> float:
     """Samples per second over one epoch of ``epoch_samples`` samples,
-    ``epoch_samples / (startup_s + (epoch_samples - batch_size) / samples_per_s)``: the steady
-    rate with the consumer in the loop, plus the seconds an epoch waits for its first batch
-    (persistent workers: their restart)."""
+    ``epoch_samples / (startup_s + (epoch_samples - batch_size) / samples_per_s)``: the steady rate
+    with the consumer in the loop, plus the seconds to the first batch (persistent workers: their restart)."""
     rest = max(0, epoch_samples - batch_size)
     return epoch_samples / (startup_s + rest / samples_per_s) if samples_per_s > 0 else 0.0
 
@@ -133,10 +132,9 @@ def _call(first: str, args: list[str], width: int = 96) -> list[str]:
 
 @dataclass
 class Trial:
-    """One setting tried. ``status``: "full" (probe and full window), "stopped after probe" or
-    "failed: ..."; ``measurement``: its windows pooled (seconds per window, consumer included);
-    ``startup_s``: median seconds to the first batch; ``score``: :func:`epoch_score`;
-    ``seconds``: the trial's wall time."""
+    """One setting tried. ``status``: "full" (probe and full window), "stopped after probe" or "failed:
+    ..."; ``measurement``: its windows pooled (seconds per window, consumer included); ``startup_s``:
+    median seconds to the first batch; ``score``: :func:`epoch_score`; ``seconds``: the trial's wall time."""
 
     index: int
     stage: str
@@ -257,10 +255,9 @@ class TuningResult:
                       f"{self.ratio(other, 'cpu_s_per_sample'):.2f}x CPU-s/sample"
                       for other in (RECIPE_LABEL, DEFAULTS_LABEL) if other in self.candidates]
         lines += ["", "(quick mode) " * self.quick + self.verdict()]
-        if self.skipped:
-            lines += ["", "Skipped:"] + [f"  - {s}" for s in self.skipped]
-        if self.not_tried:
-            lines += ["", "Not tried (budget ran out):"] + [f"  - {s}" for s in self.not_tried]
+        for title, items in (("Skipped:", self.skipped), ("Not tried (budget ran out):", self.not_tried)):
+            if items:
+                lines += ["", title] + [f"  - {s}" for s in items]
         lines += [f"note: {note}" for note in self.notes]
         return "\n".join([QUICK_STAMP] * self.quick + lines + ["", "Code to paste:", self.code()])
 

@@ -112,9 +112,8 @@ def _pipeline(data: Any, size: int, n_images: int | None, progress: bool = True)
         folder_import = "from course_utils.image_folder import ImageFolderDataset"
         return _Pipeline(data.with_transform(ToTensorUint8(size)), None, data, data.describe(),
                          f"{folder}ToTensorUint8({size}){skip})",
-                         ["from course_utils import ToTensorUint8, make_worker_init", folder_import],
-                         size, notes, (f"{folder}CommonRecipeTransform({size}){skip})",
-                                       [recipe, folder_import]))
+                         ["from course_utils import ToTensorUint8, make_worker_init", folder_import], size,
+                         notes, (f"{folder}CommonRecipeTransform({size}){skip})", [recipe, folder_import]))
     if isinstance(data, Dataset) or (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
         describe = getattr(data, "describe", None)
         text = describe() if callable(describe) else f"{type(data).__name__} of {len(data)} items"
@@ -255,8 +254,7 @@ class _Search:
                 falls = 0
 
     def best_settings(self, fallback: LoaderSettings) -> LoaderSettings:
-        best = self.best_trial
-        return fallback if best is None else best.settings
+        return fallback if self.best_trial is None else self.best_trial.settings
 
     def stages(self, start: LoaderSettings, worker_counts: list[int], batch_sizes: list[int],
                usable: int) -> None:
@@ -404,8 +402,7 @@ def tune_loader(data: Any = None, *, budget_s: float = 60.0, batch_size: int | N
                                  f"warm-up, however slow they are")
     except KeyboardInterrupt:
         search.bar.leave = False
-        if search_elapsed is None:
-            search_elapsed = search.elapsed()
+        search_elapsed = search.elapsed() if search_elapsed is None else search_elapsed
         partial = _result(search, pipe, side, notes + [f"interrupted during the {stage}"], search_elapsed)
         raise TuningInterrupted(partial, search.elapsed(), stage) from None
     finally:

@@ -4,10 +4,9 @@ baselines measured with the same windows, consumer and score, rounds interleaved
 
 A window is a fresh epoch: its start-up (seconds from ``iter`` to the first batch), the warm-up
 untimed, then N timed batches. What the engine cannot do stays here: :class:`Timed` hands each
-batch to the consumer (the training step) before the next is pulled, copies it to the GPU and
-records each epoch's start-up; :class:`Draws` makes each epoch exactly the window's length, so
-nothing is left in flight; and Timed stops every epoch's workers itself, with Ctrl-C held back
-until they are gone (in an iterator's ``__del__`` it would be lost), its workers deaf to it."""
+batch to the consumer (the training step) before the next is pulled, copies it to the GPU, records
+each epoch's start-up and stops its workers itself; :class:`Draws` makes each epoch exactly the
+window's length, so nothing is left in flight."""
 from __future__ import annotations
 
 import gc
@@ -166,8 +165,7 @@ class Timed:
 
 def measure_window(timed: Timed, batches: int, label: str) -> tuple[Measurement, float]:
     """One window of ``batches`` timed batches: its Measurement (seconds per window, consumer
-    included) and start-up in seconds. Persistent workers are started once first, so that the
-    window sees their restart."""
+    included) and start-up in seconds. Persistent workers start once first: the window sees their restart."""
     warm = default_warmup(timed)
     if timed.persistent_workers and timed._iterator is None:
         timed.sampler.length = warm * timed.batch_size
@@ -237,9 +235,8 @@ class SideBySide:
         self.runs: dict[str, list[tuple[Measurement, float]]] = {k: [] for k in self.settings}
 
     def measure(self, search: Any, min_batches: int) -> None:
-        """Round 1 times ``min_batches`` batches per row (and its rate); later rounds give every
-        row a window of the same seconds, sized to fit the rounds (two at least) in what is left
-        of ``search``'s budget."""
+        """Round 1 times ``min_batches`` batches per row (and its rate); later rounds give every row
+        a window of the same seconds, sized to fit the rounds (two at least) in ``search``'s budget left."""
         rounds, t0 = pick(full=4, quick=3), search.elapsed()
         left_s, timed = max(0.0, search.budget_s - t0), {}
         try:
@@ -266,8 +263,7 @@ class SideBySide:
             gc.collect()
 
     def summary(self) -> tuple[Comparison, dict[str, float]] | None:
-        """(the rows' pooled windows, their median start-ups in seconds); None until every row
-        has a window."""
+        """(the rows' pooled windows, their median start-ups in seconds); None until each row has a window."""
         if not all(self.runs.values()):
             return None
         rows = {label: pooled(parts, label) for label, parts in self.runs.items()}
