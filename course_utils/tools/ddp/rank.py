@@ -1,10 +1,9 @@
 """The program every rank runs: ``python -m course_utils.tools.ddp.rank TASK --config F --out DIR``,
 started by torchrun from :func:`course_utils.tools.ddp.launch.launch`.
 
-Each rank joins the process group (gloo on CPU, nccl on GPU ``LOCAL_RANK``), runs its task on the
-config (a JSON dict) and writes its record, with its thread pools at start (torchrun sets
-``OMP_NUM_THREADS=1`` when ``--nproc-per-node`` > 1 and it is unset), to ``DIR/rank{RANK}.json``;
-on an error, its traceback to ``DIR/rank{RANK}.error.txt``, and exits 1. Tasks:
+Each rank joins the process group, runs its task on the JSON config and writes its record, with its
+thread pools at start (torchrun sets ``OMP_NUM_THREADS=1`` when ``--nproc-per-node`` > 1 and it is
+unset), to ``DIR/rank{RANK}.json``, or its traceback to ``DIR/rank{RANK}.error.txt``. Tasks:
 
 * ``sampler``: the indices each epoch of ``DistributedSampler`` drew over an ``IndexDataset``, in
   order, for each *variant* (shuffle, seed, drop_last, set_epoch, workers, start method; lesson 07);
