@@ -1,6 +1,5 @@
 """Lesson 07's launcher (its ``run_torchrun`` grown up): ``torchrun`` ranks running
-:mod:`course_utils.tools.ddp.rank`, a JSON result per rank, SIGTERM before SIGKILL and
-:class:`DistributedError`. Exercise 07's grader runs the learner's loader in real ranks with it."""
+:mod:`~course_utils.tools.ddp.rank`, a JSON result per rank, SIGTERM before SIGKILL, DistributedError."""
 from __future__ import annotations
 
 import contextlib
