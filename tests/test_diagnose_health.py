@@ -12,6 +12,7 @@ import torch
 
 from _helpers import DIAGNOSE_SCRIPTS as SCRIPTS, diagnose_cli as _cli
 
+import course_utils.tools.diagnose.script as ds
 from course_utils.tools.diagnose import health as H
 from course_utils.tools.diagnose.rules import FAILURES, FIXES, GROWTH_SHARE, HEALTH_SHARE, health, named_failure
 
@@ -72,7 +73,15 @@ def test_memory_growth_sums_each_workers_last_minus_first_sample():
 
 
 def test_the_lines_give_the_fix_only_where_at_risk():
-    text = "\n".join(H.health_lines(H.loader_health(raw(shm_free=10 * MIB))))
+    timed = {"index": 0, "where": "train.py:9", "startup_s": 0.5, "warmup_batches": 2, "batches": 12,
+             "epochs": 1, "samples": 80, "waits_s": [0.02] * 10, "steps_s": [0.01] * 10, "batch": "uint8",
+             "wait_busy_s": 0.0, "epoch_start_wait_s": 0.0, "worker_busy_s": 0.2, "worker_wall_s": 1.0,
+             "workers_seen": 3, "worker_threads": [2], "gpu_busy": None}
+    settings = {"batch_size": 8, "pin_memory": False, "persistent_workers": False, "start_method": "fork",
+                "dataset": "D", "transform": "None"}
+    record = raw(shm_free=10 * MIB)
+    record["settings"].update(settings)
+    text = "\n".join(ds._loader_lines(ds.LoaderStats({**timed, **record}), True))
     assert "shared memory in flight" in text and "AT RISK; fix: fewer workers" in text
     assert text.count("fix:") == 1 and "descriptors: 40 open + 6 batches x 7 tensors" in text
 
@@ -132,7 +141,7 @@ def test_a_script_out_of_descriptors_is_named_in_one_line_instead_of_a_traceback
                "--fault", "descriptors")
     assert run.returncode == 1, run.stdout + run.stderr
     assert "the script died of too many open files" in run.stdout
-    assert "fix: collate into fewer tensors" in run.stdout and "Traceback" not in run.stderr
+    assert "fix: fewer tensors a batch, file_system sharing" in run.stdout and "Traceback" not in run.stderr
     assert json.loads(out_json.read_text())["failure"][0] == "too many open files"
 
 

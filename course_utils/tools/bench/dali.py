@@ -39,11 +39,9 @@ def dali_missing() -> str | None:
 
 class DaliLoader:
     """Batches of the ImageNet recipe from DALI, iterated like a DataLoader: ``(images, labels)``,
-    float32 ``(N, 3, size, size)`` and int64 ``(N,)`` torch tensors (on the GPU for ``mixed``).
-
-    The pipeline is built on the first ``iter()`` and kept (like ``persistent_workers=True``):
-    each ``iter()`` yields ``len(self)`` batches, carrying on where the last one stopped, as DALI
-    cannot restart an epoch half-way."""
+    float32 ``(N, 3, size, size)`` and int64 ``(N,)`` torch tensors (on the GPU for ``mixed``). The
+    pipeline is built on the first ``iter()`` and kept (like ``persistent_workers=True``): each
+    ``iter()`` yields ``len(self)`` batches from where the last stopped (DALI cannot restart an epoch)."""
 
     def __init__(self, files: Sequence[str], labels: Sequence[int], *, batch_size: int = 64,
                  size: int = 224, num_threads: int = 2, device: str = "cpu", seed: int = 0) -> None:

@@ -29,10 +29,9 @@ _REDUCED = ((8, cv2.IMREAD_REDUCED_COLOR_8), (4, cv2.IMREAD_REDUCED_COLOR_4), (2
 
 
 def write_image_folder(base: JpegDataset, root: PathLike | None = None) -> Path:
-    """Write ``base``'s JPEG bytes as ``root/c<label>/<index:06d>.jpg``; return the folder.
-    ``root`` defaults to ``<temp dir>/feed-the-gpu/jpegs-<settings>``, reused when it holds the
-    same dataset. Files are fsynced (so their pages can be evicted) into a sibling folder renamed
-    into place: two notebooks writing the same folder never see half of it."""
+    """Write ``base``'s JPEG bytes as ``root/c<label>/<index:06d>.jpg``; return the folder (default
+    ``<temp dir>/feed-the-gpu/jpegs-<settings>``, reused when it holds the same dataset). Files are
+    fsynced (their pages can be evicted) into a sibling folder renamed into place: no half folders."""
     if not isinstance(base, JpegDataset):
         raise TypeError(f"base must be a course JpegDataset (its .encoded(i) bytes are written), "
                         f"got {type(base).__name__}.")

@@ -2,6 +2,7 @@
 measures (:func:`tensors_in`, :func:`open_fds`, :func:`shm_free`, :func:`limits`)."""
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -17,25 +18,21 @@ def tensors_in(batch: Any) -> tuple[int, int]:
     if torch.is_tensor(batch):
         return 1, batch.nbytes
     items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
-    counts = [tensors_in(x) for x in items]
-    return sum(c for c, _ in counts), sum(b for _, b in counts)
+    return tuple(map(sum, zip((0, 0), *map(tensors_in, items))))
 
 
 def open_fds() -> int | None:
     """Descriptors this process has open (Linux's /proc; None elsewhere)."""
-    try:
+    with contextlib.suppress(OSError):
         return len(os.listdir("/proc/self/fd"))
-    except OSError:
-        return None
+    return None
 
 
 def shm_free(path: str = "/dev/shm") -> int | None:
     """Bytes free in the shared-memory filesystem (None: there is none, as on macOS)."""
-    try:
-        found = os.statvfs(path)
-    except OSError:
-        return None
-    return found.f_bavail * found.f_frsize
+    with contextlib.suppress(OSError):
+        return os.statvfs(path).f_bavail * os.statvfs(path).f_frsize
+    return None
 
 
 def limits(cgroup: str = "/sys/fs/cgroup") -> dict:
@@ -57,31 +54,24 @@ def _mib(n: float | None) -> str:
 
 
 def loader_health(raw: dict) -> list[dict]:
-    """Rows (``what``, ``used``, ``limit``, ``verdict``, ``said``, ``fix``) from a probe record: shared
-    memory in flight (workers x prefetch_factor x batch bytes) against /dev/shm's free bytes; the
-    descriptors open (under file_descriptor sharing, one a tensor in flight) against the soft
-    RLIMIT_NOFILE; the workers' RSS growth, first sample to last, against the memory limit."""
+    """Rows (``what``, ``used``, ``limit``, ``verdict``, ``said``, ``fix``) of a probe record: shared
+    memory in flight, descriptors (one a tensor in flight under file_descriptor sharing), RSS growth."""
     s, lim, fds, rss = raw["settings"], raw["limits"], raw["fds"], raw["worker_rss"]
     batches = (s["num_workers"] or 0) * (s["prefetch_factor"] or 0)
     shm = None if raw["batch_bytes"] is None else batches * raw["batch_bytes"]
     by_fd = lim["sharing"] == "file_descriptor" and raw["batch_tensors"] is not None
     fd_used = (fds["at_start"] or 0) + batches * raw["batch_tensors"] if by_fd else fds["peak"]
     grew = sum(last - first for first, last in rss) if rss else None
-    nofile = float("inf") if lim["nofile"] is None else lim["nofile"]
+    nofile = "none" if lim["nofile"] is None else lim["nofile"]
     return [{"what": "shared memory in flight", "used": shm, "limit": raw["shm_free"], "fix": FIXES["shm"],
              "verdict": health(shm, raw["shm_free"]), "said": f"{batches} batches (workers x "
              f"prefetch_factor) of {_mib(raw['batch_bytes'])} = {_mib(shm)}; /dev/shm has "
              f"{_mib(raw['shm_free'])} free"},
             {"what": "descriptors", "used": fd_used, "limit": lim["nofile"], "fix": FIXES["fds"],
-             "verdict": health(fd_used, nofile), "said": (f"{fds['at_start']} open + {batches} batches x "
-             f"{raw['batch_tensors']} tensors (file_descriptor sharing) = {fd_used}" if by_fd else
-             f"{fd_used} open at most ({lim['sharing']} sharing)") + f"; soft limit {'none' if nofile == float('inf') else nofile}"},
+             "verdict": health(fd_used, float("inf") if nofile == "none" else nofile),
+             "said": (f"{fds['at_start']} open + {batches} batches x {raw['batch_tensors']} tensors "
+                      f"(file_descriptor sharing) = {fd_used}" if by_fd else
+                      f"{fd_used} open at most ({lim['sharing']} sharing)") + f"; soft limit {nofile}"},
             {"what": "workers' memory growth", "used": grew, "limit": lim["memory"], "fix": FIXES["memory"],
              "verdict": health(grew, lim["memory"], GROWTH_SHARE), "said": f"{_mib(grew)} over "
              f"{len(rss)} worker(s); {lim['memory_of']} {_mib(lim['memory'])}"}]
-
-
-def health_lines(rows: list[dict]) -> list[str]:
-    """The report's lines: each row's figures, its verdict and (at risk) its fix."""
-    return ["  health (lesson 09):"] + [f"    {r['what']}: {r['said']}: " + (
-        f"AT RISK; fix: {r['fix']}" if r["verdict"] == "at risk" else r["verdict"]) for r in rows]

@@ -76,8 +76,7 @@ def script_error(exc: BaseException) -> dict:
     ``traceback`` (without the tool's frames), ``usage`` (argparse's exit)."""
     found = traceback.TracebackException.from_exception(exc)
     usage = any(f.filename == argparse.__file__ and f.name == "error" for f in found.stack)
-    found.stack = traceback.StackSummary.from_list(
-        [f for f in found.stack if f.filename not in TOOL_FILES])
+    found.stack = traceback.StackSummary.from_list([f for f in found.stack if f.filename not in TOOL_FILES])
     first = (str(exc).splitlines() or [""])[0]
     return {"error": f"{type(exc).__name__}: {first}" if first else type(exc).__name__, "usage": usage,
             "where": _at(found.stack[::-1]), "traceback": "".join(found.format())}
@@ -183,8 +182,7 @@ class LoaderRecord:
     def epoch_starts(self, t: float) -> None:
         """``iter(loader)`` was called at ``t`` (workers start here unless they persist)."""
         self.t_iter, self.epochs, self.last, self.pending = t, self.epochs + 1, None, None
-        free = shm_free()
-        self.shm_free = free if self.shm_free is None or free is None else min(free, self.shm_free)
+        self.shm_free = min((x for x in (shm_free(), self.shm_free) if x is not None), default=None)
         self.fds["at_start"] = self.fds["at_start"] or open_fds()
 
     def step_ends(self, t: float) -> None:
@@ -209,8 +207,7 @@ class LoaderRecord:
             self.batch_tensors, self.batch_bytes = tensors_in(batch)
         if self.batches >= self.warmup:
             since_iter = first_of_epoch and self.t_iter is not None
-            self.pending = (t1 - (self.t_iter if since_iter else t0), batch_size_of(batch), busy,
-                            since_iter)
+            self.pending = (t1 - (self.t_iter if since_iter else t0), batch_size_of(batch), busy, since_iter)
             self.gpu_steps.started()
         self.batches += 1
         self.last = t1

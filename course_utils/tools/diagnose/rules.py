@@ -29,14 +29,11 @@ def runs_own_pools(worker_threads: list[int]) -> bool:
 
 
 
-#: what a loader keeps in flight (shared memory, descriptors) is at risk above this share of its limit
-HEALTH_SHARE = 0.5
-#: the workers' memory is at risk when it grew by more than this share of the memory limit in one run
-GROWTH_SHARE = 0.1
+#: at risk: shared memory or descriptors in flight above this share of their limit; workers' memory
+HEALTH_SHARE, GROWTH_SHARE = 0.5, 0.1   # grown by more than this share of the memory limit in one run
 #: how each of lesson 09's failures is fixed
 FIXES = {"shm": "fewer workers or a smaller prefetch_factor, uint8 batches, or a larger --shm-size",
-         "fds": "collate into fewer tensors a batch, share by file name (set_sharing_strategy("
-                "'file_system') in the workers too), or a larger ulimit -n",
+         "fds": "fewer tensors a batch, file_system sharing set in the workers too, or a larger ulimit -n",
          "memory": "keep samples in NumPy arrays or tensors, not Python lists and dicts (lesson 03)",
          "killed": "a signal or the out-of-memory killer (dmesg): watch the workers' memory growth",
          "hang": "dump the stuck worker's stack (py-spy dump --pid PID, or faulthandler)"}
@@ -48,11 +45,8 @@ FAILURES = ((("shared memory", "Bus error", "No space left on device"), "out of 
 
 
 def health(used: float | None, limit: float | None, share: float = HEALTH_SHARE) -> str:
-    """``"at risk"`` when ``used`` is more than ``share`` x ``limit`` (a limit of 0 included),
-    else ``"ok"``; ``"not measured"`` when either is unknown (None)."""
-    if used is None or limit is None:
-        return "not measured"
-    return "at risk" if used > share * limit else "ok"
+    """``"at risk"`` above ``share`` x ``limit`` (0 included), else ``"ok"``; unknown: ``"not measured"``."""
+    return "not measured" if used is None or limit is None else "at risk" if used > share * limit else "ok"
 
 
 def named_failure(error: str | None) -> tuple[str, str] | None:

@@ -25,7 +25,7 @@ from course_utils.machine import usable_cpus
 from course_utils.measurement import fmt_time, jsonable
 from course_utils.timing import MIN_TIMED_BATCHES
 
-from .health import health_lines, loader_health
+from .health import loader_health
 from .rules import (DATA_BOUND_FRACTION, LOAD_BUSY, MIN_GAIN, DiagnoseError, named_failure, runs_own_pools,
                     verdict)
 
@@ -172,8 +172,7 @@ def run_script(target: str, argv: list[str], *, module: bool, budget_s: float,
     with tempfile.TemporaryDirectory(prefix="course_diagnose_") as tmp:
         out = Path(tmp) / "probe.json"
         config = {"script" if not module else "module": target, "argv": list(argv),
-                  "budget_s": budget_s, "overrides": overrides or {}, "out": str(out),
-                  "grace_s": GRACE_S}
+                  "budget_s": budget_s, "overrides": overrides or {}, "out": str(out), "grace_s": GRACE_S}
         (Path(tmp) / "config.json").write_text(json.dumps(config))
         root = str(Path(__file__).resolve().parents[3])      # the course's package, wherever it is
         path = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
@@ -339,7 +338,9 @@ def _loader_lines(stats: LoaderStats, main: bool) -> list[str]:
               f"{raw['workers_seen']} seen, OS threads {raw['worker_threads'] or '-'}; GPU busy: " + (
                   "not measured (no CUDA steps)" if gpu is None else
                   f"{gpu:.0%} of the loop (CUDA events around each step)")]
-    return lines + health_lines(loader_health(raw))
+    rows = [f"    {r['what']}: {r['said']}: " + (f"AT RISK; fix: {r['fix']}" if r["verdict"] == "at risk"
+            else r["verdict"]) for r in loader_health(raw)]
+    return lines + ["  health (lesson 09):"] + rows
 
 
 def diagnose_script(target: str, argv: list[str] | None = None, *, module: bool = False,

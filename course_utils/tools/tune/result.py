@@ -1,10 +1,9 @@
 """What the tuner (lesson 06) returns: :class:`LoaderSettings`, one :class:`Trial` per setting
 tried, the run (:class:`TuningResult`), or :class:`TuningInterrupted` on Ctrl-C.
 
-Kept raw: each setting's windows pooled and its start-up (:class:`Trial`); derived: the score,
-:func:`epoch_score` (samples/s over one epoch, start-up included). Tables and plots are the core's
-:class:`~course_utils.measurement.Comparison` and :func:`~course_utils.plots.plot_measurements`
-over :func:`epoch_row` rows, whose samples/s is that score."""
+Kept raw: each setting's windows and start-up (:class:`Trial`); derived: :func:`epoch_score`
+(samples/s over one epoch, start-up included), the samples/s of the :func:`epoch_row` rows that
+the core's :class:`~course_utils.measurement.Comparison` and ``plot_measurements`` show."""
 from __future__ import annotations
 
 import dataclasses

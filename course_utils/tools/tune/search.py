@@ -1,17 +1,15 @@
 """Tune a DataLoader on this machine within a time budget (lesson 06): :func:`tune_loader`.
 
-A coordinate search of fixed structure, each stage starting from the best so far:
-
-1. ``num_workers`` 0, 1, 2, ... until the ladder falls (one worker is often slower than none);
-2. ``batch_size`` doublings up, then halvings down, each stopping at its first falling rung;
-3. ``prefetch_factor`` 1 and 4, and ``persistent_workers=True``;
-4. ``pin_memory=True`` only with CUDA; more threads per worker only where they fit the CPUs.
+A coordinate search, each stage from the best so far: ``num_workers`` 0, 1, 2, ... until the ladder
+falls; ``batch_size`` doublings up, then halvings down, each to its first falling rung;
+``prefetch_factor`` 1 and 4, ``persistent_workers=True``; ``pin_memory`` only with CUDA; more threads
+per worker only where they fit the CPUs.
 
 A trial is a probe window and, unless it scores clearly below the best, a full window
 (:mod:`.window`), scored by :func:`~.result.epoch_score` (the constants below: how much, when).
 The budget (wall seconds) covers everything, the side by side with the baselines included
-(:class:`~.window.SideBySide`: its winner is recommended); a trial starts only when its estimate
-fits (the rest: ``not_tried``). Ctrl-C stops every worker and raises :class:`TuningInterrupted`."""
+(:class:`~.window.SideBySide`: its winner is recommended); a trial starts only if its estimate fits
+(else ``not_tried``); Ctrl-C stops every worker, raises :class:`TuningInterrupted`."""
 from __future__ import annotations
 
 import gc

@@ -2,11 +2,9 @@
 :func:`~course_utils.timing.measure_loader` with its warm-up rule, and :class:`SideBySide`, the
 baselines measured with the same windows, consumer and score, rounds interleaved.
 
-A window is a fresh epoch: its start-up (seconds from ``iter`` to the first batch), the warm-up
-untimed, then N timed batches. What the engine cannot do stays here: :class:`Timed` hands each
-batch to the consumer (the training step) before the next is pulled, copies it to the GPU, records
-each epoch's start-up and stops its workers itself; :class:`Draws` makes each epoch exactly the
-window's length, so nothing is left in flight."""
+A window is a fresh epoch: its start-up (``iter`` to the first batch), the warm-up, N timed batches.
+:class:`Timed` feeds each batch to the consumer before the next, copies it to the GPU, records each
+start-up and stops its workers; :class:`Draws` makes an epoch the window's length (none in flight)."""
 from __future__ import annotations
 
 import gc
