@@ -54,7 +54,7 @@ GROUPS: dict[str, list[str]] = {
                        _CU + "lessons/l04_overlap.py"],
     # the tools
     "tune": [_TOOLS + "tune/search.py", _TOOLS + "tune/window.py", _TOOLS + "tune/result.py"],
-    "diagnose": [_TOOLS + "diagnose/rules.py"],
+    "diagnose": [_TOOLS + "diagnose/rules.py", _TOOLS + "diagnose/health.py"],
     "diagnose_script": [_TOOLS + "diagnose/script.py", _TOOLS + "diagnose/probe.py"],
     "bench": [_TOOLS + "bench/run.py", _TOOLS + "bench/recipes.py", _TOOLS + "bench/storage.py"],
     # every grader's judging code
