@@ -7,11 +7,11 @@ import os
 
 import torch
 import torch.multiprocessing as torch_mp
-from torch.utils._pytree import tree_leaves
 from torch.utils.data import DataLoader, Dataset
 
 from course_utils.process_tree import stop_workers
 from course_utils.start_methods import worker_timeout
+from course_utils.tools.diagnose.health import tensors_in
 
 from .checker import CheckResult, ExerciseFailed, call_answer, describe, grader, require_signature
 
@@ -94,8 +94,7 @@ def grade_limits(fixed_loader: object, *, fd_spare: int = 64,
                              expected=f"each of {N_SAMPLES} samples once", seen=f"{len(ids)} "
                              f"delivered, missing {sorted(set(range(N_SAMPLES)) - set(ids))[:10]}",
                              hint="keep every sample: no drop_last, no filtering in collate_fn.")
-    batch_bytes = max(sum(t.nbytes for t in tree_leaves(b) if isinstance(t, torch.Tensor))
-                      for b in batches)
+    batch_bytes = max(tensors_in(b)[1] for b in batches)
     in_flight = loader.num_workers * loader.prefetch_factor * batch_bytes
     if in_flight > shm_budget:
         raise ExerciseFailed(LIMITS, "the shared memory in flight exceeds the budget.",
