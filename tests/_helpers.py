@@ -3,6 +3,8 @@ them), and a loader for the scripts in tools/."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -45,3 +47,15 @@ def teaches(err, output=None):
     if output is not None:
         assert err.seen == describe(output), (err.seen, describe(output))
     return err
+
+
+#: the training scripts diagnose's tests run
+DIAGNOSE_SCRIPTS = ROOT / "tests" / "diagnose_scripts"
+
+
+def diagnose_cli(*args: str, path=(), timeout: float = 120):
+    """``python -m course_utils diagnose --no-progress ARGS``, with ``path`` on PYTHONPATH beside
+    the course (for ``-m MODULE``); the finished process, output captured as text."""
+    return subprocess.run([sys.executable, "-m", "course_utils", "diagnose", "--no-progress", *args],
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *path])})

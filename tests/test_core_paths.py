@@ -1,5 +1,5 @@
-"""Every lesson's core path: marked in the notebook, at most 35 minutes and the nine within a
-4-hour day, its stated minutes within 15 % of the reading estimate and the same in the notebook,
+"""Every lesson's core path: marked in the notebook, at most 35 minutes and the nine of the
+workshop day (00-08; lesson 09 is a second afternoon's) within 4 hours, its stated minutes within 15 % of the reading estimate and the same in the notebook,
 the exercise and the instructor guide; runnable with every deep dive skipped, naming no deep
 dive's section, and no deep dive leaning on another unless its heading says so."""
 from __future__ import annotations
@@ -18,7 +18,8 @@ from course_authoring.core_paths import (_referenced, core_only, deep_dive_needs
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 CORE_TARGET_MIN = 35      # a core path's most, stated
-COURSE_CORE_MAX = 240     # the nine core paths in one workshop day (4 hours), stated
+COURSE_CORE_MAX = 240     # the nine core paths of one workshop day (4 hours), stated
+ONE_DAY = [f"{n:02d}" for n in range(9)]   # the day's lessons; later ones are taught on a second afternoon
 
 
 def cells_of(path: Path) -> list[dict]:
@@ -70,9 +71,10 @@ def test_the_core_paths_report():
     print("\nlesson  core  deep dives  exercise (minutes)")
     for row in rows:
         print("  {}    {:>4}  {:>10}  {:>8}".format(*row))
-    assert len(rows) == 9 and all(core <= CORE_TARGET_MIN for _, core, _, _ in rows)
-    assert sum(core for _, core, _, _ in rows) <= COURSE_CORE_MAX, \
-        f"the nine core paths state {sum(core for _, core, _, _ in rows)} minutes; a day holds {COURSE_CORE_MAX}"
+    assert all(core <= CORE_TARGET_MIN for _, core, _, _ in rows)
+    day = [core for lesson, core, _, _ in rows if lesson in ONE_DAY]
+    assert len(day) == 9 and sum(day) <= COURSE_CORE_MAX, \
+        f"the nine core paths of the day (00-08) state {sum(day)} minutes; a day holds {COURSE_CORE_MAX}"
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.name[:2])

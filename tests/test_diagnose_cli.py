@@ -13,6 +13,7 @@ import psutil
 import pytest
 import torch
 
+from _helpers import DIAGNOSE_SCRIPTS as SCRIPTS, diagnose_cli
 from course_utils.tools.cli import script_exit_status, split_diagnose_argv
 from course_utils.tools.diagnose import DiagnoseError
 from course_utils.tools.diagnose import script as ds
@@ -20,15 +21,8 @@ from course_utils.tools.diagnose.rules import LOAD_BUSY
 from course_utils.tools.diagnose.script import OUT_OF_SCOPE
 from course_utils.timing import MIN_TIMED_BATCHES
 
-SCRIPTS = Path(__file__).parent / "diagnose_scripts"
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _cli(*args, path=(), timeout=120):
-    """The command, with ``path`` on PYTHONPATH beside the course (for ``-m MODULE``)."""
-    return subprocess.run([sys.executable, "-m", "course_utils", "diagnose", "--no-progress", *args],
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *path])})
+_cli = diagnose_cli
 
 
 # ---- the command line --------------------------------------------------------------------
@@ -85,7 +79,10 @@ def _stats(index=0, waits=(0.02,) * 10, steps=(0.01,) * 10, **settings):
                            "waits_s": list(waits), "steps_s": list(steps), "batch": "uint8 (8, 3)",
                            "wait_busy_s": 0.0, "epoch_start_wait_s": 0.0, "worker_busy_s": 0.2,
                            "worker_wall_s": 1.0, "workers_seen": 1, "worker_threads": [2],
-                           "gpu_busy": None})
+                           "gpu_busy": None, "batch_tensors": 1, "batch_bytes": 192,
+                           "shm_free": 2**30, "fds": {"at_start": 9, "peak": 11}, "worker_rss": [],
+                           "limits": {"nofile": 1024, "memory": 2**33, "memory_of": "the machine's RAM",
+                                      "sharing": "file_descriptor"}})
 
 
 def _run(*loaders, label="as it is", changes=None):

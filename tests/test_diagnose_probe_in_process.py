@@ -9,6 +9,7 @@ import json
 import sys
 import textwrap
 import types
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -188,12 +189,16 @@ def test_workers_are_sampled_each_half_second_and_summed_first_to_last(monkeypat
 
     class Proc:
         threads = {11: iter([2, 5, 3]), 12: iter([1, 1])}
+        rss = {11: iter([100, 150, 170]), 12: iter([50, 40])}
 
         def __init__(self, pid):
             self.pid = pid
 
         def num_threads(self):
             return next(Proc.threads[self.pid])
+
+        def memory_info(self):
+            return SimpleNamespace(rss=next(Proc.rss[self.pid]))
 
     monkeypatch.setattr(probe.psutil, "Process", Proc)
     r = LoaderRecord(0, DataLoader(TensorDataset(torch.zeros(8, 2)), batch_size=2), "t.py:1", {})
@@ -207,6 +212,7 @@ def test_workers_are_sampled_each_half_second_and_summed_first_to_last(monkeypat
     assert d["worker_busy_s"] == pytest.approx(1.0 + 0.1)
     assert d["worker_wall_s"] == pytest.approx(0.6 + 0.5)
     assert d["workers_seen"] == 2 and d["worker_threads"] == [1, 5]      # each worker's most
+    assert d["worker_rss"] == [[100, 170], [50, 40]]                     # first and last, not most
 
 
 # ---- why a run gave no figures ------------------------------------------------------------

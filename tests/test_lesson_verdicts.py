@@ -54,6 +54,11 @@ def l08():
     return notebook_module("08_find_the_stall.ipynb", "lesson08_verdicts")
 
 
+@pytest.fixture(scope="module")
+def l09():
+    return notebook_module("09_when_the_loader_breaks.ipynb", "lesson09_verdicts")
+
+
 def test_lesson00_the_ceiling_is_one_core_per_worker(l00):
     assert l00.ceiling(4, 2) == 2 and l00.ceiling(4, 16) == 4 and l00.ceiling(4, 4) == 4
 
@@ -225,3 +230,29 @@ def test_lesson07_verdicts(l07):
     assert l07.each_sample_once([]) and not l07.each_sample_once([3])
     assert l07.torchrun_limits_threads(1, "1")
     assert not l07.torchrun_limits_threads(2, "1") and not l07.torchrun_limits_threads(1, None)
+
+
+def test_lesson09_in_flight_is_workers_x_prefetch_then_the_main_process_s_share(l09):
+    batch, ahead, slack, main = 100, 2 * 4, l09.SLACK_BATCHES, l09.HELD_BY_MAIN
+    at = lambda batches: l09.in_flight(batches * batch, batch, 2, 4)          # noqa: E731
+    assert at(ahead) is True and at(ahead + slack) is True and at(ahead - slack) is True
+    assert at(ahead + slack + 0.01) == "half right" and at(ahead + main + slack) == "half right"
+    assert at(ahead + main + slack + 0.01) is False and at(ahead - slack - 0.01) is False
+
+
+def test_lesson09_shared_memory_thresholds(l09):
+    assert l09.shrinks(l09.SHRINK * 1000 - 1, 1000) and not l09.shrinks(l09.SHRINK * 1000, 1000)
+    assert l09.uint8_pays(l09.UINT8_GAIN * 100, 100) and not l09.uint8_pays(l09.UINT8_GAIN * 100 - 1, 100)
+    assert l09.all_predicted([True, True]) and not l09.all_predicted([True, False])
+
+
+def test_lesson09_descriptors_killed_workers_and_hangs(l09):
+    assert l09.only_ulimit([11, 29], 30) and l09.only_ulimit([], 30) and not l09.only_ulimit([11, 30], 30)
+    assert l09.nothing_left(0) and not l09.nothing_left(1)
+    assert l09.killed_worker_hangs(l09.NOTICE_S + 0.01) and not l09.killed_worker_hangs(l09.NOTICE_S)
+    assert l09.killed_worker_hangs(None)                             # never raised: that is the hang
+    assert l09.next_epoch_runs("ran all its batches") and not l09.next_epoch_runs("failed: DataLoader worker ...")
+    timeout = 3
+    assert l09.timeout_ends_a_hang(timeout + l09.TIMEOUT_SLACK_S, timeout)
+    assert not l09.timeout_ends_a_hang(timeout + l09.TIMEOUT_SLACK_S + 0.01, timeout)
+    assert not l09.timeout_ends_a_hang(None, timeout)                # no error: the timeout did nothing

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from test_lesson_verdicts import l00, l01, l02, l03, l04, l05, l06, l07, l08  # noqa: F401 - fixtures
+from test_lesson_verdicts import l00, l01, l02, l03, l04, l05, l06, l07, l08, l09  # noqa: F401 - fixtures
 
 
 # ---- lesson 00 ------------------------------------------------------------------------------
@@ -245,3 +245,27 @@ def test_lesson08_data_bound_above_a_tenth_and_spikes_over_half_a_step(l08):
     assert l08.bound(0.11) == "data-bound" and l08.bound(0.1) == "compute-bound"
     assert l08.average_tells_all(5.0, 10.0) and not l08.average_tells_all(5.01, 10.0)
     assert not l08.average_tells_all(10.0, 5.0)            # p99 over the step, not under it
+
+
+# ---- lesson 09 ------------------------------------------------------------------------------
+
+def test_lesson09_2_workers_x_prefetch_4_hold_8_batches_and_the_main_process_up_to_2_more(l09):
+    # batches of 1 MB: 8.5 and 7.5 are 8 within half a batch; 10.5 is 8 + 2 held by the main process + half
+    assert l09.in_flight(8_500_000, 1_000_000, 2, 4) is True and l09.in_flight(7_500_000, 1_000_000, 2, 4) is True
+    assert l09.in_flight(8_510_000, 1_000_000, 2, 4) == "half right"
+    assert l09.in_flight(10_500_000, 1_000_000, 2, 4) == "half right"
+    assert l09.in_flight(10_510_000, 1_000_000, 2, 4) is False and l09.in_flight(7_490_000, 1_000_000, 2, 4) is False
+    assert l09.in_flight(3_000_000, 1_000_000, 1, 2) == "half right"          # 1 worker x 2, and 1 held
+
+
+def test_lesson09_a_fix_must_keep_under_80_percent_and_uint8_3_times_less(l09):
+    assert l09.shrinks(799, 1000) and not l09.shrinks(800, 1000)
+    assert not l09.shrinks(1000, 800)                                # the ratio the right way up
+    assert l09.uint8_pays(300, 100) and not l09.uint8_pays(299, 100) and not l09.uint8_pays(100, 300)
+
+
+def test_lesson09_a_dead_worker_reported_within_10_s_is_no_hang_and_a_3_s_timeout_may_take_5(l09):
+    assert not l09.killed_worker_hangs(10.0) and l09.killed_worker_hangs(10.01)
+    assert not l09.killed_worker_hangs(0.01)                         # fork: at once
+    assert l09.timeout_ends_a_hang(5.0, 3) and not l09.timeout_ends_a_hang(5.01, 3)
+    assert l09.only_ulimit([12, 29], 30) and not l09.only_ulimit([29, 30], 30)

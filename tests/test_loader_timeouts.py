@@ -2,7 +2,9 @@
 spawn on Windows) the main process learns that a worker died only when the timeout runs out
 (torch checks every 5 s without one): a timeout of minutes delays a dead worker's error by as
 much (issue 38). Under fork the workers are its children, a SIGCHLD reports a death at once, and
-the timeout guards against the hangs fork's inherited locks cause. Static: read from the cells."""
+the timeout guards against the hangs fork's inherited locks cause. Lesson 09 hangs a loader on
+purpose, so its hang needs a timeout under every start method: there it is a few seconds at most,
+which delays a dead worker's error by as little. Static: read from the cells."""
 from __future__ import annotations
 
 import ast
@@ -94,3 +96,51 @@ def test_every_loader_timeout_of_lesson_05_is_fork_only():
                        "loop_batch, loop_steps, loop_side = pick(full=32, quick=16), pick(full=8, quick=5), "
                        "pick(full=224, quick=64)", "workers = usable_cpus()"]
     assert all(timeout_problems(s) == [] for s in sources)
+
+
+#: lesson 09's hang: a timeout under every start method, of at most this many seconds
+HANG_LESSON, SHORT_S = "09_when_the_loader_breaks", 10
+
+
+def seconds_at_most(expr: ast.expr, names: dict[str, ast.expr]) -> float | None:
+    """The most seconds a timeout expression can be: a number, or ``pick(full=..., quick=...)`` of
+    numbers, directly or through a name of the cell; None for anything else."""
+    if isinstance(expr, ast.Name) and expr.id in names:
+        expr = names[expr.id]
+    if isinstance(expr, ast.Constant) and isinstance(expr.value, (int, float)):
+        return expr.value
+    if isinstance(expr, ast.Call) and ast.unparse(expr.func) == "pick":
+        values = [seconds_at_most(a, names) for a in [*expr.args, *(k.value for k in expr.keywords)]]
+        return max(values) if values and None not in values else None
+    return None
+
+
+def timeouts_everywhere(source: str) -> list[float | None]:
+    """The most seconds of each DataLoader timeout of a cell that is not fork-only."""
+    tree = ast.parse(_code(source))
+    names = {t.id: node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
+             for t in node.targets if isinstance(t, ast.Name)}
+    return [seconds_at_most(kw.value, names) for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("DataLoader")
+            for kw in node.keywords if kw.arg == "timeout" and not _fork_only(kw.value, names)]
+
+
+@pytest.mark.parametrize("source, seconds", [
+    ("T = pick(full=5, quick=3)\nDataLoader(ds, timeout=T)", [5]),
+    ("DataLoader(ds, timeout=4)", [4]),
+    ("DataLoader(ds, timeout=120 if start_method() == 'fork' else 0)", []),    # fork-only: not counted
+    ("DataLoader(ds, timeout=t)", [None]),                                     # unknown: refused below
+    ("T = pick(full=600, quick=3)\nDataLoader(ds, timeout=T)", [600]),
+])
+def test_the_most_seconds_of_a_timeout_are_read(source, seconds):
+    assert timeouts_everywhere(source) == seconds
+
+
+def test_lesson_09_bounds_its_hang_with_a_short_timeout_under_every_start_method():
+    cells = json.loads((ROOT / "notebooks" / f"{HANG_LESSON}.ipynb").read_text(encoding="utf-8"))["cells"]
+    found = [t for c in cells if c["cell_type"] == "code"
+             for t in timeouts_everywhere(c["source"] if isinstance(c["source"], str) else "".join(c["source"]))]
+    assert found, f"{HANG_LESSON}: its hang has no DataLoader timeout"
+    assert all(t is not None and t <= SHORT_S for t in found), (
+        f"{HANG_LESSON}: loader timeouts set under every start method must be numbers of at most {SHORT_S} s "
+        f"(a longer one delays a dead worker's error under forkserver by as much): {found}")

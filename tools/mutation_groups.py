@@ -27,7 +27,7 @@ VERDICT_NOTEBOOKS = {
     "00": "00_measure_first.ipynb", "01": "01_numpy_torch_opencv.ipynb", "02": "02_threads.ipynb",
     "03": "03_num_workers.ipynb", "04": "04_host_to_device.ipynb",
     "05": "05_gpu_augmentation.ipynb", "06": "06_tune_your_pipeline.ipynb",
-    "07": "07_scaling_out.ipynb", "08": "08_find_the_stall.ipynb",
+    "07": "07_scaling_out.ipynb", "08": "08_find_the_stall.ipynb", "09": "09_when_the_loader_breaks.ipynb",
 }
 
 _CU = "course_utils/"
@@ -54,7 +54,7 @@ GROUPS: dict[str, list[str]] = {
                        _CU + "lessons/l04_overlap.py"],
     # the tools
     "tune": [_TOOLS + "tune/search.py", _TOOLS + "tune/window.py", _TOOLS + "tune/result.py"],
-    "diagnose": [_TOOLS + "diagnose/rules.py"],
+    "diagnose": [_TOOLS + "diagnose/rules.py", _TOOLS + "diagnose/health.py"],
     "diagnose_script": [_TOOLS + "diagnose/script.py", _TOOLS + "diagnose/probe.py"],
     "bench": [_TOOLS + "bench/run.py", _TOOLS + "bench/recipes.py", _TOOLS + "bench/storage.py"],
     # every grader's judging code
@@ -68,6 +68,7 @@ GROUPS: dict[str, list[str]] = {
     "grader06": [_GRADING + "ex06_tune_pipeline.py"],
     "grader07": [_GRADING + "ex07_fix_sharding.py"],
     "grader08": [_GRADING + "ex08_find_the_stall.py"],
+    "grader09": [_GRADING + "ex09_survive_the_limits.py"],
     # the lessons' "common advice, checked" verdicts, written from the notebooks
     "verdicts": [f"{VERDICTS_DIR}/lesson{n}_verdicts.py" for n in VERDICT_NOTEBOOKS],
 }

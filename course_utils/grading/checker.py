@@ -35,8 +35,7 @@ class ExerciseFailed(AssertionError):
 
     def as_exercise(self, exercise: str) -> "ExerciseFailed":
         """The same failure, reported for ``exercise`` (a step that reuses another's checks)."""
-        return ExerciseFailed(exercise, self.problem, expected=self.expected, seen=self.seen,
-                              hint=self.hint)
+        return ExerciseFailed(exercise, self.problem, expected=self.expected, seen=self.seen, hint=self.hint)
 
 
 @dataclass
@@ -138,8 +137,7 @@ def call_answer(exercise: str, fn: Callable[..., Any], *args: Any, what: str = "
                                  hint="keep the stub's signature: the check passes the keyword "
                                       "arguments by name.") from exc
         raise ExerciseFailed(exercise, f"{what} raised {type(exc).__name__}: {exc}",
-                             expected=expected, seen=seen,
-                             hint=(hint(exc) if callable(hint) else hint)
+                             expected=expected, seen=seen, hint=(hint(exc) if callable(hint) else hint)
                              or "run it in a cell of its own and read the traceback.") from exc
 
 

@@ -29,7 +29,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                        description="Run each notebook top to bottom in a fresh kernel with "
                                    "pytest --nbval-lax and print pass/fail per exercise. "
                                    "Exit status 0 only when every exercise passes.")
-    p.add_argument("notebooks", nargs="+", metavar="NOTEBOOK",
-                   help="e.g. exercises/00_measure_first.ipynb")
+    p.add_argument("notebooks", nargs="+", metavar="NOTEBOOK", help="e.g. exercises/00_measure_first.ipynb")
     p.add_argument("--cell-timeout", type=int, default=600, help="seconds per cell (default 600)")
     p.set_defaults(func=_cmd_grade)

@@ -53,8 +53,7 @@ def grade_time_loader(time_loader: Callable[..., Any], *, latency_s: float = 0.0
                       startup_s: float = 0.6, batch_size: int = 8, batches: int = 12,
                       warmup_batches: int = 2) -> CheckResult:
     """Check ``time_loader`` returns the loader's steady-state samples per second."""
-    require_callable(EXERCISE, time_loader, "a function time_loader(loader, batches, "
-                                            "warmup_batches=2)")
+    require_callable(EXERCISE, time_loader, "a function time_loader(loader, batches, warmup_batches=2)")
     dataset = LatencyDataset(n=batch_size * (warmup_batches + batches + 4), latency_s=latency_s,
                              startup_s=startup_s, item_shape=(3, 8, 8))
     loader = tud.DataLoader(dataset, batch_size=batch_size, num_workers=1)
@@ -64,8 +63,7 @@ def grade_time_loader(time_loader: Callable[..., Any], *, latency_s: float = 0.0
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ExerciseFailed(EXERCISE, "time_loader must return one number: samples per second.",
                              expected="a float such as 231.5", seen=describe(value),
-                             hint="return the rate as one plain float "
-                                  "(float(...) if you computed a tensor).")
+                             hint="return the rate as one plain float (float(...) if you computed a tensor).")
     value = float(value)
     if not math.isfinite(value) or value <= 0:
         raise ExerciseFailed(EXERCISE, "the rate must be a positive, finite number.",
@@ -85,8 +83,7 @@ def grade_time_loader(time_loader: Callable[..., Any], *, latency_s: float = 0.0
                "batches_per_iterator": recorder.batches_per_iterator}
     return CheckResult(EXERCISE, judge_rate(value, honest, batch_size=batch_size, batches=batches,
                                             warmup_batches=warmup_batches, startup_s=startup_s,
-                                            batches_per_iterator=recorder.batches_per_iterator),
-                       details)
+                                            batches_per_iterator=recorder.batches_per_iterator), details)
 
 
 def judge_rate(value: float, honest: float, *, batch_size: int, batches: int,
@@ -119,8 +116,7 @@ def judge_rate(value: float, honest: float, *, batch_size: int, batches: int,
             ("milliseconds per sample", 1000 / honest, inverted)):
         if near(value, target):
             raise ExerciseFailed(EXERCISE, f"wrong unit: this looks like {unit}.", seen=seen,
-                                 expected="samples per second (a rate: bigger is faster)",
-                                 hint=hint)
+                                 expected="samples per second (a rate: bigger is faster)", hint=hint)
     if value < honest:
         raise ExerciseFailed(EXERCISE, too_slow, expected=expected, seen=seen,
                              hint="start the clock after the warm-up batches and stop it right "

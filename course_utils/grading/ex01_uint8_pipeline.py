@@ -55,9 +55,8 @@ def _not_uint8(stage: str, out: Any, expected: str) -> ExerciseFailed:
                 "float conversion and normalisation in normalize(batch), once per batch (on the "
                 f"GPU in training). Why: {_WHY_UINT8}.")
     elif floaty:
-        hint = (f"keep the image uint8 here: {_WHY_UINT8}. cv2.resize, slicing and flipping all "
-                "work on uint8 directly (cv2.resize rounds for you); convert to float only in "
-                "normalize.")
+        hint = (f"keep the image uint8 here: {_WHY_UINT8}. cv2.resize, slicing and flipping all work on "
+                "uint8 directly (cv2.resize rounds for you); convert to float only in normalize.")
     else:
         hint = f"return uint8 pixels (0..255) from `{stage}`; only normalize returns float32."
     return _fail(f"`{stage}` returned {dtype}: every stage before normalize must stay uint8.",
@@ -111,8 +110,7 @@ def _check_crop(out: np.ndarray, resized: np.ndarray, c: int) -> None:
     if np.array_equal(out, center_crop(resized, c)):
         return
     where = ("that is the top-left corner. The centre crop starts at"
-             if np.array_equal(out, resized[:c, :c]) else
-             "slice `crop` rows and `crop` columns, starting at")
+             if np.array_equal(out, resized[:c, :c]) else "slice `crop` rows and `crop` columns, starting at")
     raise _fail("`crop` did not return the centre square of the resized image.",
                 expected=f"the centre {c}x{c} pixels", seen=describe(out),
                 hint=f"{where} the top row and left column params.crop_box(height, width) "
@@ -123,9 +121,8 @@ def _check_flip(pipeline: Any, cropped: np.ndarray, shape: tuple[int, ...], flip
     """``flip`` mirrors left-right exactly when asked, input untouched; its output for ``flip``."""
     cropped_copy, given = cropped.copy(), {}
     for do_flip in (False, True):
-        out = given[do_flip] = _check_image_stage("flip", _call("flip", pipeline.flip, cropped,
-                                                                do_flip), shape)
-        out = out.copy()
+        given[do_flip] = _check_image_stage("flip", _call("flip", pipeline.flip, cropped, do_flip), shape)
+        out = given[do_flip].copy()
         if not np.array_equal(cropped, cropped_copy):
             raise _fail("`flip` changed its input image in place.",
                         hint="return a new (or view) array; don't write into the input.")
@@ -142,8 +139,7 @@ def _check_flip(pipeline: Any, cropped: np.ndarray, shape: tuple[int, ...], flip
                                    "return the image unchanged when do_flip is False.")])
         problem, hint = next(((p, h) for want, p, h in known if np.array_equal(out, want)), (
             f"`flip(image, {do_flip})` changed the pixels in an unexpected way.",
-            "a flip only reorders pixels: the width reversed when do_flip, the image as it is "
-            "otherwise."))
+            "a flip only reorders pixels: the width reversed when do_flip, the image as it is otherwise."))
         raise _fail(problem, seen=describe(out), hint=hint, expected=(
             "the same image mirrored left-right" if do_flip else "the image unchanged"))
     return given[flip]
@@ -304,11 +300,9 @@ def grade_uint8_pipeline(pipeline: Any, *, n_images: int = 8, num_workers: int =
     where = (f"in {run['workers']} DataLoader workers (start method {run['start_method']})"
              if run["workers"] else f"in the {run['start_method']}")
     return CheckResult(EXERCISE, (
-        f"every stage stays uint8 until normalize, and the output is within "
-        f"{diff.max_abs_levels:.2f} grey levels (mean {diff.mean_levels:+.3f}) of the reference "
-        f"on {len(images)} real JPEGs. Run {where}, each batch of {batch_size} crossed to the main "
-        f"process as {per_batch / 1e6:.2f} MB of uint8 instead of {4 * per_batch / 1e6:.2f} MB of "
-        f"float32 (4x fewer bytes)."), {
+        f"every stage stays uint8 until normalize, and the output is within {diff.max_abs_levels:.2f} grey "
+        f"levels (mean {diff.mean_levels:+.3f}) of the reference on {len(images)} real JPEGs. Run {where}, "
+        f"each batch of {batch_size} crossed to the main process as {per_batch / 1e6:.2f} MB of uint8 "
+        f"instead of {4 * per_batch / 1e6:.2f} MB of float32 (4x fewer bytes)."), {
         "max_abs_levels": diff.max_abs_levels, "mean_levels": diff.mean_levels,
-        "images": len(images), **run, "bytes_per_batch": per_batch,
-        "float32_bytes_per_batch": 4 * per_batch})
+        "images": len(images), **run, "bytes_per_batch": per_batch, "float32_bytes_per_batch": 4 * per_batch})

@@ -42,7 +42,6 @@ GROWTH_FRACTION = 0.15
 
 
 # ---- 03.choose_workers -----------------------------------------------------------------------
-
 def synthetic_curves() -> list[dict]:
     """The curves the grader feeds (seeded noise: the same every run)."""
     plateau = [90, 100, 200, 300, 400, 500, 600, 700, 800, 798, 795, 793, 790, 788, 785, 782, 780]
@@ -56,10 +55,8 @@ def synthetic_curves() -> list[dict]:
         ("still rising", "latency-bound loading (network storage), measured on a doubling grid",
          [0, 1, 2, 4, 8, 16, 32], [100, 100, 198, 390, 760, 1450, 2600], 0.03, 3),
         ("workers do not help", "light in-memory data: sending batches between processes costs "
-         "more than making them", range(9), [10000, 3500, 4300, 4400, 4200, 4000, 3800, 3500,
-                                             3300], 0.03, 4),
-        ("noisy plateau", "a plateau measured on a busy machine (5 % noise)", range(17), noisy,
-         0.05, 16)]
+         "more than making them", range(9), [10000, 3500, 4300, 4400, 4200, 4000, 3800, 3500, 3300], 0.03, 4),
+        ("noisy plateau", "a plateau measured on a busy machine (5 % noise)", range(17), noisy, 0.05, 16)]
     out = []
     for name, story, workers, truth, noise, seed in curves:
         factors = 1.0 + np.random.default_rng(seed).uniform(-noise, noise, size=len(truth))
@@ -78,8 +75,7 @@ def shuffled(curve: dict, seed: int) -> dict:
     return {**curve, **{k: [curve[k][i] for i in order] for k in ("workers", "truth", "measured")}}
 
 
-def acceptable(workers: Sequence[int], truth: Sequence[float],
-               enough: float = ENOUGH_FRACTION,
+def acceptable(workers: Sequence[int], truth: Sequence[float], enough: float = ENOUGH_FRACTION,
                saturated: float = SATURATED_FRACTION) -> list[int]:
     """Worker counts a good choice may return for a curve whose true rates are ``truth``."""
     ws = list(workers)
@@ -97,8 +93,7 @@ def _call_choice(choose: Callable, curve: dict) -> Any:
     return call_answer(CHOOSE, choose, list(curve["workers"]), list(curve["measured"]))
 
 
-def judge_choice(curve: dict, answer: Any, label: str,
-                 saturated: float = SATURATED_FRACTION) -> None:
+def judge_choice(curve: dict, answer: Any, label: str, saturated: float = SATURATED_FRACTION) -> None:
     """Fail when ``answer`` is not a good choice for ``curve`` (see synthetic_curves)."""
     ws, truth = curve["workers"], curve["truth"]
     seen_curve = f"workers -> samples/s measured: {_fmt_curve(ws, curve['measured'])}"
@@ -179,16 +174,14 @@ def _measured_curve() -> dict:
                               repeats=1, progress=False, label="JPEG decode (measured now)",
                               worker_init_fn=make_worker_init(1))
     return {"name": "measured here", "story": "JPEG decoding measured on this machine just now",
-            "workers": sweep.workers, "measured": sweep.samples_per_s,
-            "truth": sweep.samples_per_s}
+            "workers": sweep.workers, "measured": sweep.samples_per_s, "truth": sweep.samples_per_s}
 
 
 @grader(CHOOSE)
 def grade_choose_workers(choose_num_workers: Callable[..., Any], *,
                          measure_real_curve: bool = True) -> CheckResult:
     """Check ``choose_num_workers(workers, samples_per_s)`` on synthetic curves and a real one."""
-    require_callable(CHOOSE, choose_num_workers,
-                     "a function choose_num_workers(workers, samples_per_s)")
+    require_callable(CHOOSE, choose_num_workers, "a function choose_num_workers(workers, samples_per_s)")
     curves = synthetic_curves()
     answers = [_call_choice(choose_num_workers, c) for c in curves]
     # the same answer whatever the curve: say so before judging any single curve
@@ -222,7 +215,6 @@ def grade_choose_workers(choose_num_workers: Callable[..., Any], *,
 
 
 # ---- 03.copy_on_read -------------------------------------------------------------------------
-
 _LIST_BASELINE: dict[tuple, Any] = {}  # (n, seed, workers) -> WorkerMemory of the list version
 
 
@@ -303,8 +295,7 @@ def grade_copy_on_read(make_safe: Callable[[list], Any], *, n_records: int = 60_
         raise ExerciseFailed(COPY, "the answer gives back the list (or the list dataset) itself.",
                              expected="a new dataset that keeps the records in NumPy arrays",
                              seen=type(safe).__name__,
-                             hint="pack the fields into arrays in __init__ and read them in "
-                                  "__getitem__.")
+                             hint="pack the fields into arrays in __init__ and read them in __getitem__.")
     refuse_course_code(COPY, safe)
     if not hasattr(safe, "__getitem__") or not hasattr(safe, "__len__"):
         raise ExerciseFailed(COPY, "the answer is not a dataset.", seen=describe(safe, 300),
@@ -325,10 +316,9 @@ def grade_copy_on_read(make_safe: Callable[[list], Any], *, n_records: int = 60_
             expected="only NumPy arrays of numbers or bytes (dtype int64, float32, uint8, fixed-"
                      "width strings) - no Python object per record",
             seen=", ".join(f"{w}: {k} of {s:,}" for w, k, s in holders),
-            hint="every forked worker that reads a Python object writes its reference count, "
-                 "which copies the memory page it lives on. Pack strings into one uint8 buffer "
-                 "plus an offsets array (or np.array(paths), a fixed-width string array); "
-                 "numbers into int64/float32 arrays.")
+            hint="every forked worker that reads a Python object writes its reference count, which copies "
+                 "the memory page it lives on. Pack strings into one uint8 buffer plus an offsets array (or "
+                 "np.array(paths), a fixed-width string array); numbers into int64/float32 arrays.")
 
     if "fork" not in multiprocessing.get_all_start_methods():
         return CheckResult(COPY, "items equal and no Python object per record (this platform has "
@@ -341,10 +331,8 @@ def grade_copy_on_read(make_safe: Callable[[list], Any], *, n_records: int = 60_
                                             label="list of dicts")
     baseline = _LIST_BASELINE[key]
     del reference, records
-    answer = worker_memory(safe, num_workers, multiprocessing_context="fork",
-                           label=type(safe).__name__)
-    details = {"list_growth_bytes": baseline.growth_bytes,
-               "answer_growth_bytes": answer.growth_bytes}
+    answer = worker_memory(safe, num_workers, multiprocessing_context="fork", label=type(safe).__name__)
+    details = {"list_growth_bytes": baseline.growth_bytes, "answer_growth_bytes": answer.growth_bytes}
     verdict = growth_verdict(baseline.growth_bytes, answer.growth_bytes)
     if verdict == "too little to compare":
         return CheckResult(COPY, f"items equal and no Python object per record; on this machine "
@@ -359,9 +347,7 @@ def grade_copy_on_read(make_safe: Callable[[list], Any], *, n_records: int = 60_
                      f"{GROWTH_FRACTION * baseline.mean_growth_bytes / 1e6:.1f} MB over an epoch "
                      f"({GROWTH_FRACTION:.0%} of the list version's growth)",
             seen=f"your dataset: {yours}; the list of dicts: {lists}",
-            hint="something __getitem__ reads is still a Python object per record (maybe held "
-                 "inside another object, a closure or a bound method). Read only from NumPy "
-                 "arrays made in __init__.")
-    return CheckResult(COPY, f"items equal; over one epoch in {num_workers} forked workers each "
-                             f"worker's private memory grew {yours}, vs {lists} for the list of "
-                             f"dicts.", details)
+            hint="something __getitem__ reads is still a Python object per record (maybe held inside another "
+                 "object, a closure or a bound method). Read only from NumPy arrays made in __init__.")
+    return CheckResult(COPY, f"items equal; over one epoch in {num_workers} forked workers each worker's "
+                             f"private memory grew {yours}, vs {lists} for the list of dicts.", details)

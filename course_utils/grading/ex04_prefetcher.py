@@ -69,8 +69,7 @@ def _iteration_hint(exc: Exception, device: torch.device) -> str:
     return "run a loop over your Prefetcher in a cell of its own and read the traceback."
 
 
-def _batches(prefetcher: Any, loader: _RecordingLoader,
-             device: torch.device) -> Iterator[tuple[Any, int]]:
+def _batches(prefetcher: Any, loader: _RecordingLoader, device: torch.device) -> Iterator[tuple[Any, int]]:
     """The prefetcher's batches, each with the number the loader had handed out by then."""
     it = call_answer(EXERCISE, iter, prefetcher, what="iter(prefetcher)",
                      hint="__iter__ should return an iterator (a generator: a function with "
@@ -85,8 +84,7 @@ def _batches(prefetcher: Any, loader: _RecordingLoader,
         yield batch, loader.pulled
 
 
-def _run_pass(prefetcher: Any, loader: _RecordingLoader,
-              device: torch.device) -> tuple[list, list[int]]:
+def _run_pass(prefetcher: Any, loader: _RecordingLoader, device: torch.device) -> tuple[list, list[int]]:
     """One pass: the batches, and how many the loader had handed out as each came."""
     out, pulled = [], []
     for batch, handed_out in _batches(prefetcher, loader, device):
@@ -168,9 +166,8 @@ def _check_batches(batches: list, loader: _RecordingLoader, device: torch.device
                         expected=f"images {want_images.dtype}, labels {want_labels.dtype} "
                                  f"(as the loader gave them)",
                         seen=f"images {images.dtype}, labels {labels.dtype}",
-                        hint="the prefetcher only moves: copying uint8 is 4x fewer bytes than "
-                             "float32; convert (and normalise) on the device after the copy, in "
-                             "the training step.")
+                        hint="the prefetcher only moves: copying uint8 is 4x fewer bytes than float32; "
+                             "convert (and normalise) on the device after the copy, in the training step.")
         if images.shape != want_images.shape or labels.shape != want_labels.shape:
             raise _fail(f"batch {k} changed shape.", hint="move the tensors as they are.",
                         expected=f"images {tuple(want_images.shape)}, labels {tuple(want_labels.shape)}",
@@ -179,8 +176,7 @@ def _check_batches(batches: list, loader: _RecordingLoader, device: torch.device
                                           and torch.equal(images.cpu(), want_images)):
             raise _fail(f"batch {k} arrived with the wrong values.",
                         expected="the loader's values, unchanged",
-                        seen=f"{int((images.cpu() != want_images).sum())} of {images.numel()} "
-                             f"pixels differ",
+                        seen=f"{int((images.cpu() != want_images).sum())} of {images.numel()} pixels differ",
                         hint="copy the tensors as they are; on CUDA make the current stream wait "
                              "for the copy stream before handing the batch out.")
 
@@ -201,14 +197,12 @@ def _check_lookahead(pulled: list[int], n: int) -> None:
     if pulled[0] >= n and n >= 4:
         raise _fail("the prefetcher read the whole epoch before handing out the first batch.",
                     expected="batch k+1 read (and copied) while batch k is used: two batches on "
-                             "the device at a time",
-                    seen=f"all {n} batches read before batch 0 was yielded",
+                             "the device at a time", seen=f"all {n} batches read before batch 0 was yielded",
                     hint="don't build a list of all batches: a real epoch does not fit in GPU "
                          "memory. Keep exactly one batch ahead.")
 
 
 # ---- CUDA-only checks ----------------------------------------------------------------
-
 #: The race check's passes over 8 batches: False reads each batch the moment it arrives (a
 #: missing ``wait_stream`` reads a half-copied batch); True first keeps the current stream busy
 #: for about four copies (a missing ``record_stream`` lets the caching allocator give a batch's
@@ -240,8 +234,7 @@ def _cuda_race_check(answer: Any, device: torch.device, mib: int,
     """Every batch read on the current stream as it arrives (:data:`_RACE_PASSES`)."""
     cuda, n = device.type == "cuda", _RACE_BATCHES
     loader = _big_loader(n, mib, pin=cuda)
-    busy = (calibrated_compute(device, 4 * _copy_s(loader, device, 3)) if cuda and any(passes)
-            else None)
+    busy = (calibrated_compute(device, 4 * _copy_s(loader, device, 3)) if cuda and any(passes) else None)
     bad: list[tuple[int, int]] = []
     for p, lagging in enumerate(passes):
         for k, (host_images, _) in enumerate(loader.batches):
@@ -290,8 +283,7 @@ def _cuda_overlap_check(answer: Any, device: torch.device, mib: int, threshold: 
         chain()
 
     def timed(batches: Callable[[], Any]) -> float:   # best of 3 passes, the device synchronised
-        return min(time_op(lambda: [step(b) for b in batches()], device=device, repeats=3,
-                           events=False))
+        return min(time_op(lambda: [step(b) for b in batches()], device=device, repeats=3, events=False))
 
     step_s = statistics.median(time_op(lambda: step((dst, None)), device=device, repeats=5))
     t_plain = timed(lambda: (move_to_device(b, device, non_blocking=True) for b in loader))
@@ -378,8 +370,7 @@ def grade_prefetcher(answer: Any, *, device: Any = None, n_batches: int = 6, bat
                         "missing wait_stream or record_stream only shows as a race on a GPU)"]
     details.update(checked=checked, not_checked=not_checked)
     return CheckResult(EXERCISE, "checked: " + "; ".join(checked) + "." + (
-        " NOT checked on this device: " + "; ".join(not_checked) + "." if not_checked else ""),
-        details)
+        " NOT checked on this device: " + "; ".join(not_checked) + "." if not_checked else ""), details)
 
 
 # ---- step 1: copy() alone ------------------------------------------------------------

@@ -55,8 +55,7 @@ def _basic(out: Any, batch: torch.Tensor, before: torch.Tensor, where: str) -> t
     fail = functools.partial(_fail, where)
     if not isinstance(out, torch.Tensor):
         raise fail("your function must return a tensor.", seen=describe(out),
-                   expected=f"a tensor like the input, {describe(batch)}",
-                   hint="did it forget a `return`?")
+                   expected=f"a tensor like the input, {describe(batch)}", hint="did it forget a `return`?")
     if not torch.equal(batch, before):
         raise fail("your function changed the input batch in place.",
                    expected="the input batch unchanged, a new tensor returned",
@@ -183,16 +182,14 @@ def _check_values(fn: Callable, device: torch.device, *, n: int, side: int, seed
     if k in (0, n):
         raise fail(f"{'all' if k else 'none'} of the {n} samples were mirrored: one flip "
                    f"decision for the whole batch.", seen=f"{k} of {n} mirrored",
-                   expected=f"each sample flipped with probability {p} on its own (about "
-                            f"{n // 2} of {n})",
+                   expected=f"each sample flipped with probability {p} on its own (about {n // 2} of {n})",
                    hint="torch.rand(1) < p (or random.random() < p) decides once per batch, so a "
                         "whole batch is flipped together. Draw one number per sample, compare "
                         "each with flip_p, and choose per sample between the image and its mirror.")
     lo, hi, mean = float(factor.min()), float(factor.max()), float(factor.mean())
     if hi - lo < 1e-4:
         raise fail(f"every sample got the same brightness factor ({float(factor[0]):.3f}): one "
-                   f"draw for the whole batch.", seen=f"all {n} factors within {hi - lo:.1e} of "
-                                                     f"each other",
+                   f"draw for the whole batch.", seen=f"all {n} factors within {hi - lo:.1e} of each other",
                    expected=f"{n} different factors in [{1 - b:.1f}, {1 + b:.1f}]",
                    hint="draw N factors, one per sample, and broadcast them over (N, 1, 1, 1).")
     if lo < 1 - b - 2e-3 or hi > 1 + b + 2e-3:
@@ -224,8 +221,7 @@ def _check_values(fn: Callable, device: torch.device, *, n: int, side: int, seed
                        expected=f"factors in [{1 - b2:.2f}, {1 + b2:.2f}]"
                                 + (" (exactly 1: no change)" if b2 == 0 else ""),
                        seen=f"{l2:.3f} .. {h2:.3f}",
-                       hint="use the brightness argument (not a constant) for the range of the "
-                            "factors.")
+                       hint="use the brightness argument (not a constant) for the range of the factors.")
     if not torch.equal(run(p, b), out):                 # reproducible with the generator
         raise fail("two calls with generators seeded alike gave different results.",
                    expected="the same output for the same seed (reproducible runs)",
@@ -234,9 +230,8 @@ def _check_values(fn: Callable, device: torch.device, *, n: int, side: int, seed
     if torch.equal(run(p, b, seed + 1), out):
         raise fail("a differently seeded generator gave exactly the same result.",
                    expected="different draws for a different seed",
-                   hint="don't call torch.manual_seed(...) inside the function: it resets the "
-                        "random stream, so every batch of every epoch would get the same "
-                        "augmentation.")
+                   hint="don't call torch.manual_seed(...) inside the function: it resets the random stream, "
+                        "so every batch of every epoch would get the same augmentation.")
     return {"flipped": k, "n": n, "factor_min": lo, "factor_max": hi, "factor_mean": mean}
 
 
@@ -249,8 +244,7 @@ def _check_half(fn: Callable, device: torch.device, *, n: int, side: int, seed: 
 
 def _check_batched(fn: Callable, *, side: int, seed: int) -> dict:
     """The number of torch calls must not grow with the batch size (no loop over samples)."""
-    c_small, c_big = (count_torch_calls(_call, fn, make_test_batch(n, side), seed)[1]
-                      for n in (8, 64))
+    c_small, c_big = (count_torch_calls(_call, fn, make_test_batch(n, side), seed)[1] for n in (8, 64))
     if c_big > c_small + 8 and c_big > 1.5 * c_small:
         raise ExerciseFailed(
             EXERCISE, "the values are right, but the work is not batched: a Python loop over the "
@@ -272,13 +266,11 @@ _META_FAILURES = (
     (("not on the expected device", "same device", "expected all tensors", "device type cpu",
       "found at least two devices"),
      "on another device, your function mixes in tensors made on the CPU.",
-     "every tensor created on batch.device", "torch.rand(n) and torch.tensor(...) create CPU "
-     "tensors; on a GPU batch this fails the same way. Pass device=batch.device (and "
-     "generator=generator)."),
+     "every tensor created on batch.device", "torch.rand(n) and torch.tensor(...) create CPU tensors; on a "
+     "GPU batch this fails the same way. Pass device=batch.device (and generator=generator)."),
     (_HOST_COPY, "your function copies the batch to the host (.cpu(), .numpy() or .tolist()).",
-     "all the work on batch.device, the result on batch.device", "on a GPU that is two copies "
-     "over PCIe per batch and CPU work in the training loop: do it all with torch ops on the "
-     "batch where it is."))
+     "all the work on batch.device, the result on batch.device", "on a GPU that is two copies over PCIe per "
+     "batch and CPU work in the training loop: do it all with torch ops on the batch where it is."))
 
 
 def _check_meta(fn: Callable, *, n: int, side: int) -> str:
@@ -294,14 +286,12 @@ def _check_meta(fn: Callable, *, n: int, side: int) -> str:
         seen = f"on the 'meta' device (a stand-in for a GPU): {type(exc).__name__}: {str(exc)[:160]}"
         for words, problem, expected, hint in _META_FAILURES:
             if any(w in low for w in words):
-                raise ExerciseFailed(EXERCISE, problem, expected=expected, seen=seen,
-                                     hint=hint) from exc
+                raise ExerciseFailed(EXERCISE, problem, expected=expected, seen=seen, hint=hint) from exc
         if any(s in low for s in _DATA_DEPENDENT):
-            return ("device check on 'meta' skipped: your function reads values back from the "
-                    "device (.item(), bool(...), or boolean-mask indexing such as batch[mask]). "
-                    "That is correct, but on a GPU each read waits for the GPU to finish its "
-                    "queue (a sync) every batch; torch.where(mask.view(-1, 1, 1, 1), a, b) needs "
-                    "none.")
+            return ("device check on 'meta' skipped: your function reads values back from the device "
+                    "(.item(), bool(...), or boolean-mask indexing such as batch[mask]). That is correct, "
+                    "but on a GPU each read waits for the GPU to finish its queue (a sync) every batch; "
+                    "torch.where(mask.view(-1, 1, 1, 1), a, b) needs none.")
         raise ExerciseFailed(EXERCISE, f"on the 'meta' device (a stand-in for a GPU) your "
                                        f"function raised {type(exc).__name__}: {str(exc)[:200]}",
                              hint="keep to torch operations on batch.device.") from exc
@@ -321,8 +311,7 @@ def grade_flip_brightness(fn: Callable[..., Any], *, n: int = 64, side: int = 12
                           accelerators: bool = True) -> CheckResult:
     """Check a batched random flip + brightness with per-sample randomness on every device here."""
     require_signature(EXERCISE, fn, "your function does not take the arguments batch, flip_p, "
-                      "brightness, generator.", _SIGNATURE, 0, flip_p=0.5, brightness=0.4,
-                      generator=None)
+                      "brightness, generator.", _SIGNATURE, 0, flip_p=0.5, brightness=0.4, generator=None)
     cpu = torch.device("cpu")
     found = _check_values(fn, cpu, n=n, side=side, seed=seed)
     _check_half(fn, cpu, n=n, side=side, seed=seed)

@@ -1,7 +1,6 @@
 """Grader for exercise 06: ``build_loader``'s first batch (read as its fetcher reads it) equals
 the reference, made by one dataset call, within ``cpu_budget``, at :data:`PASS_RATIO` or more of
-``tuned_loader``'s samples/s (:func:`speed_verdict`). Step 1, ``06.batched_fetch``: the fetch
-alone."""
+``tuned_loader``'s samples/s (:func:`speed_verdict`). Step 1, ``06.batched_fetch``: the fetch alone."""
 from __future__ import annotations
 
 import functools
@@ -77,9 +76,8 @@ def _fetch(loader: DataLoader, indices: list[int]) -> tuple[Any, Any]:
                     expected="a dataset method for the call this loader makes",
                     seen=f"{type(ds).__name__} defines "
                          f"{'__getitems__ only' if hasattr(ds, '__getitems__') else 'neither'}",
-                    hint="read _MapDatasetFetcher.fetch in torch/utils/data/_utils/fetch.py: "
-                         "which method does it call with batch_size=B, and which with "
-                         "batch_size=None?")
+                    hint="read _MapDatasetFetcher.fetch in torch/utils/data/_utils/fetch.py: which method "
+                         "does it call with batch_size=B, and which with batch_size=None?")
     fetched = _attempt("fetching the first batch from your dataset failed.", lambda: (
         getitems(indices) if getitems else [ds[i] for i in indices] if auto else ds[indices]),
         "call your dataset's fetch yourself on a few indices, e.g. ds.__getitems__([0, 1, 2]), "
@@ -90,8 +88,7 @@ def _fetch(loader: DataLoader, indices: list[int]) -> tuple[Any, Any]:
             if loader.collate_fn is default_collate and getitems else
             "call collate_fn on what your dataset returns, yourself, and fix what it says.")
     given = "what your __getitems__ returned" if getitems else "the fetched samples"
-    return fetched, _attempt(f"collate_fn failed on {given}.",
-                             lambda: loader.collate_fn(fetched), hint)
+    return fetched, _attempt(f"collate_fn failed on {given}.", lambda: loader.collate_fn(fetched), hint)
 
 
 def _check_batch(batch: Any, dataset: JpegDataset, indices: Sequence[int], size: int) -> None:
@@ -149,8 +146,7 @@ def _pointers(obj: Any) -> set[int]:
     return out
 
 
-def _check_one_fetch(loader: DataLoader, fetched: Any, images: torch.Tensor,
-                     batch_size: int) -> None:
+def _check_one_fetch(loader: DataLoader, fetched: Any, images: torch.Tensor, batch_size: int) -> None:
     """One dataset call made the whole batch, and collate_fn kept its memory."""
     if loader.batch_sampler is not None and not getattr(loader.dataset, "__getitems__", None):
         raise _fail("your loader fetches one sample at a time.",
@@ -169,8 +165,7 @@ def _check_one_fetch(loader: DataLoader, fetched: Any, images: torch.Tensor,
                          "batched fetch saves. Allocate the batch once, fill it image by image, "
                          "and ask what collate_fn must then do with it.")
     if images.data_ptr() not in _pointers(fetched):
-        raise _fail("the batch's images are not the memory your fetch filled: collate_fn "
-                    "made a copy.",
+        raise _fail("the batch's images are not the memory your fetch filled: collate_fn made a copy.",
                     expected="collate_fn returns the images your dataset made (same memory)",
                     seen=f"collate_fn={getattr(loader.collate_fn, '__name__', loader.collate_fn)}"
                          f" returned images at another address",
@@ -235,8 +230,7 @@ def _side_by_side(loader: DataLoader, reference: DataLoader, batch_size: int, wi
 
 
 def speed_verdict(answer_rates: Sequence[float], reference_rates: Sequence[float], *,
-                  pass_ratio: float = PASS_RATIO,
-                  slow_ratio: float = SLOW_RATIO) -> tuple[str, float]:
+                  pass_ratio: float = PASS_RATIO, slow_ratio: float = SLOW_RATIO) -> tuple[str, float]:
     """("pass" | "re-run" | "slow", the median of the per-round ratios answer / reference)."""
     ratio = float(np.median([a / r if r > 0 else math.nan
                              for a, r in zip(answer_rates, reference_rates)] or [math.nan]))
@@ -253,8 +247,7 @@ def over_cpu_budget(cores: float, budget: int) -> bool:
 @grader(FAST)
 def grade_fast_pipeline(build_loader: Callable[..., Any], *, cpu_budget: int | None = None,
                         batch_size: int = 32, size: int = 160, n_images: int | None = None,
-                        batches: int | None = None, rounds: int = ROUNDS,
-                        pass_ratio: float = PASS_RATIO,
+                        batches: int | None = None, rounds: int = ROUNDS, pass_ratio: float = PASS_RATIO,
                         slow_ratio: float = SLOW_RATIO) -> CheckResult:
     """``build_loader(dataset, batch_size=, size=, cpu_budget=)`` (default: half the CPUs)."""
     require_callable(FAST, build_loader, "a function build_loader(dataset, *, batch_size, size, "
@@ -291,14 +284,12 @@ def grade_fast_pipeline(build_loader: Callable[..., Any], *, cpu_budget: int | N
         raise _fail(f"your loader kept {cores:.2f} cores busy; the budget is {k}.",
                     expected=f"at most {k} + {CPU_ALLOWANCE} cores (CPU-seconds per wall-second "
                              f"of the main process and all workers)", seen=seen,
-                    hint="lesson 02: how many threads does OpenCV run in each worker, and in "
-                         "the main process when num_workers=0? Every busy thread counts "
-                         "against the budget.")
+                    hint="lesson 02: how many threads does OpenCV run in each worker, and in the main "
+                         "process when num_workers=0? Every busy thread counts against the budget.")
     expected = (f"at least {pass_ratio:.2f}x, measured side by side (the median of {rounds} "
                 f"interleaved rounds)")
-    faster = ("does every core of the budget work, with one thread each? Is any pixel work done "
-              "on the full-size image that could be done on the small one, or any copy made "
-              "twice?")
+    faster = ("does every core of the budget work, with one thread each? Is any pixel work done on the "
+              "full-size image that could be done on the small one, or any copy made twice?")
     if verdict == "slow":
         raise _fail(f"your loader reached {ratio:.2f}x the reference's samples/s: too slow.",
                     expected=expected, seen=seen, hint=faster)
@@ -339,7 +330,6 @@ def grade_batched_fetch(answer: Callable[..., Any], *, size: int = 96) -> CheckR
         _check_batch(batch, dataset, indices, size)
     except ExerciseFailed as exc:
         raise exc.as_exercise(BATCHED) from None
-    return CheckResult(BATCHED, f"__getitems__({indices}) gave those {len(indices)} samples, in "
-                                f"that order: uint8 images equal to the reference pipeline's, "
-                                f"int64 labels. Now the loader: check(\"06.fast_pipeline\", "
-                                f"build_loader).")
+    return CheckResult(BATCHED, f"__getitems__({indices}) gave those {len(indices)} samples, in that order: "
+                                "uint8 images equal to the reference pipeline's, int64 labels. Now the "
+                                "loader: check(\"06.fast_pipeline\", build_loader).")

@@ -1,7 +1,6 @@
 """Grader for exercise 07: ``make_epoch_loader`` run for every rank in this process, then in 2
-torchrun ranks that import it from the exercise's ``%%writefile`` module. From what they drew:
-nothing dropped, nothing twice beyond padding, equal counts, a new order every epoch, a replayed
-epoch identical."""
+torchrun ranks that import it from the exercise's ``%%writefile`` module. From what they drew: nothing
+dropped, nothing twice beyond padding, equal counts, a new order every epoch, a replayed epoch identical."""
 from __future__ import annotations
 
 import math
@@ -11,8 +10,7 @@ import sys
 import textwrap
 from typing import Any, Callable
 
-from course_utils.lessons.l07_scaling_out import (ShardingReport, sharding_report, shorten,
-                                               simulate_ranks)
+from course_utils.lessons.l07_scaling_out import (ShardingReport, sharding_report, shorten, simulate_ranks)
 from course_utils.tools.ddp.launch import DistributedError, launch
 
 from .checker import CheckResult, ExerciseFailed, describe, grader, require_signature
@@ -115,8 +113,7 @@ def judge(report: ShardingReport, where: str) -> str:
             raise fail(f"in epoch {e.epoch} the ranks drew different numbers of samples.",
                        expected=f"the same number on every rank ({math.ceil(n / world)})",
                        seen=f"samples per rank {e.counts}" + (
-                           f"; drawn more than once: {shorten(sorted(e.repeated))}"
-                           if e.repeated else ""),
+                           f"; drawn more than once: {shorten(sorted(e.repeated))}" if e.repeated else ""),
                        hint="under DDP every step all-reduces gradients: a rank with one more "
                             "batch makes an all-reduce the others do not; it waits for them at most "
                             "the process group's timeout, then fails (or meets their next one). "
@@ -146,8 +143,7 @@ def judge(report: ShardingReport, where: str) -> str:
             raise fail(f"epoch {e.epoch}, asked for a second time, gave a different order on "
                        f"rank {r}.", expected="the same order whenever the same epoch is asked "
                                               "for (a run resumed from a checkpoint replays it)",
-                       seen=f"first time {shorten(first.per_rank[r])}; second time "
-                            f"{shorten(e.per_rank[r])}",
+                       seen=f"first time {shorten(first.per_rank[r])}; second time {shorten(e.per_rank[r])}",
                        hint="derive the shuffle from a fixed seed and the epoch, not from the "
                             "global RNG or a call counter.")
     return (f"{n} samples over {world} ranks: every sample once per epoch ({pad} repeated as "
@@ -156,8 +152,7 @@ def judge(report: ShardingReport, where: str) -> str:
 
 
 @grader(SHARDING)
-def grade_sharding(make_epoch_loader: Any, *, torchrun: bool = True,
-                   timeout_s: float = 180) -> CheckResult:
+def grade_sharding(make_epoch_loader: Any, *, torchrun: bool = True, timeout_s: float = 180) -> CheckResult:
     """Grade ``make_epoch_loader``; ``torchrun=False``: the in-process simulation only."""
     expected = "make_epoch_loader(dataset, epoch, rank, world_size) -> loader"
     if isinstance(make_epoch_loader, type):        # a class such as DataLoader is callable too
@@ -179,12 +174,10 @@ def grade_sharding(make_epoch_loader: Any, *, torchrun: bool = True,
                 seen=str(exc), hint="return the DataLoader (do not iterate it yourself).") from exc
         # e.g. DistributedSampler(dataset) reading the rank from the process group: only real
         # ranks can run it, so the real run below decides
-        if not (torchrun and isinstance(exc, (RuntimeError, ValueError))
-                and "process group" in str(exc)):
+        if not (torchrun and isinstance(exc, (RuntimeError, ValueError)) and "process group" in str(exc)):
             raise ExerciseFailed(SHARDING, f"make_epoch_loader raised {type(exc).__name__}: {exc}",
                                  expected="a loader for (dataset, epoch, rank, world_size=2)",
-                                 hint="call it yourself with rank=0 and rank=1 and read the "
-                                      "error.") from exc
+                                 hint="call it yourself with rank=0 and rank=1 and read the error.") from exc
     details, where = {"simulated": records}, "in this process"
     if records is not None:
         summary = judge(sharding_report(records, N_SAMPLES),

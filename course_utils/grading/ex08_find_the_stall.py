@@ -28,8 +28,6 @@ WAIT_NAMES = ("fetch", "h2d copy")
 NEXT_NAME = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
 TOLERANCE = 1e-3          # synthetic traces: the answer is exact up to float rounding
 REAL_TOLERANCE = 0.01     # real traces: the same events, so only rounding differs
-
-
 #: On CUDA every annotation is recorded twice; this category is the GPU-side copy.
 GPU_COPY = "gpu_user_annotation"
 
@@ -47,22 +45,18 @@ def _reference_fraction(events: Sequence[dict], warmup_steps: int = 1) -> float:
 
 
 # ---- synthetic traces with known answers -----------------------------------------------------
-
 def synthetic_trace(steps: Sequence[tuple[float, float, float, float]], *, first: int = 2,
                     shuffle_seed: int | None = None) -> list[dict]:
-    """Chrome-trace events of steps taking ``(fetch, copy, step, other)`` ms: ``ProfilerStep#N``
-    spans (N from ``first``) holding "fetch" (``__next__`` inside), "h2d copy", "step" and unmarked
-    time, with the metadata and instant events (no ``dur``) a CPU profile has, each with a real
-    one's keys; ``shuffle_seed`` shuffles them."""
+    """Chrome-trace events of steps taking ``(fetch, copy, step, other)`` ms: ``ProfilerStep#N`` spans
+    (N from ``first``) holding "fetch" (``__next__`` inside), "h2d copy", "step" and unmarked time,
+    with the metadata and instant events (no ``dur``) a CPU profile has, each with a real one's keys."""
     pid = tid = 4242
     t = 1_700_000_000_000.0                                   # µs, like a real trace
     events: list[dict] = [
-        {"ph": "M", "name": "process_name", "ts": t, "pid": pid, "tid": 0,
-         "args": {"name": "python"}},
+        {"ph": "M", "name": "process_name", "ts": t, "pid": pid, "tid": 0, "args": {"name": "python"}},
         {"ph": "M", "name": "thread_name", "ts": t, "pid": pid, "tid": tid,
          "args": {"name": f"thread {tid} (python)"}},
-        {"ph": "i", "s": "g", "name": "Iteration Start: PyTorch Profiler", "pid": pid, "tid": tid,
-         "ts": t}]
+        {"ph": "i", "s": "g", "name": "Iteration Start: PyTorch Profiler", "pid": pid, "tid": tid, "ts": t}]
     start = t
 
     def span(name: str, cat: str, ts: float, dur_us: float) -> None:
@@ -80,8 +74,7 @@ def synthetic_trace(steps: Sequence[tuple[float, float, float, float]], *, first
         span("aten::convolution", "cpu_op", t + f + c + 1.0, max(s - 2.0, 0.0))
         t += f + c + s + o
     span("PyTorch Profiler (0)", "Trace", start, t - start)
-    events.append({"ph": "i", "s": "g", "name": "Record Window End", "pid": pid, "tid": tid,
-                   "ts": t})
+    events.append({"ph": "i", "s": "g", "name": "Record Window End", "pid": pid, "tid": tid, "ts": t})
     if shuffle_seed is not None:
         random.Random(shuffle_seed).shuffle(events)
     return events
@@ -89,8 +82,7 @@ def synthetic_trace(steps: Sequence[tuple[float, float, float, float]], *, first
 
 def _fraction(steps: Sequence[tuple], parts: str = "fc", over: str = "all") -> float:
     """From the spec: ``parts`` (f fetch, c copy, s step, n fetch + next) over the time."""
-    take = {"f": lambda r: r[0], "c": lambda r: r[1], "s": lambda r: r[2],
-            "n": lambda r: 2 * r[0] - 2e-3}
+    take = {"f": lambda r: r[0], "c": lambda r: r[1], "s": lambda r: r[2], "n": lambda r: 2 * r[0] - 2e-3}
     return (sum(take[p](r) for r in steps for p in parts)
             / sum((r[0] + r[1] + r[2]) if over == "marked" else sum(r) for r in steps))
 
@@ -108,9 +100,8 @@ MISTAKES = {
                 "a copy from pageable memory blocks the loop until it is done (lesson 04), and "
                 "lesson 00's data wait counts it: add the 'h2d copy' spans to the wait."),
     "marked": ("you divided by the marked spans only, not by the steps' whole time.",
-               "the loop's time is the ProfilerStep spans' durations: they also hold what no span "
-               "marks (the optimizer, logging, Python between the calls), and that time is not "
-               "wait either."),
+               "the loop's time is the ProfilerStep spans' durations: they also hold what no span marks (the "
+               "optimizer, logging, Python between the calls), and that time is not wait either."),
     "next twice": ("you counted the DataLoader's own __next__ span as well as 'fetch'.",
                    "spans nest: the loader's 'enumerate(DataLoader)#...__next__' span lies inside "
                    "your 'fetch' span, so adding both counts the same wait twice. Count only "
@@ -146,8 +137,7 @@ def synthetic_cases() -> list[dict]:
                     "no copy": _fraction(counted, "f"), "marked": _fraction(counted, over="marked"),
                     "next twice": _fraction(counted, "nc"),
                     "by name": _fraction([steps[k] for k in by_name[warmup:]]),
-                    "list order": _fraction([steps[k] for k in listed[warmup:]]),
-                    "percent": 100 * right}
+                    "list order": _fraction([steps[k] for k in listed[warmup:]]), "percent": 100 * right}
         mistakes = {k: v for k, v in mistakes.items() if abs(v - right) > 10 * TOLERANCE}
         out.append({"name": name, "steps": steps, "warmup_steps": warmup, "events": events,
                     "answer": right, "mistakes": mistakes})
@@ -155,7 +145,6 @@ def synthetic_cases() -> list[dict]:
 
 
 # ---- loops profiled for real -----------------------------------------------------------------
-
 class SleepyBatches(Dataset):
     """Ready-made NumPy batches, each after ``delay_s`` seconds of sleep."""
 
@@ -218,15 +207,13 @@ def _call(exercise: str, fn: Callable, events: list[dict], signature: str, **kwa
     """``fn`` on a copy of ``events``; an error fails with a hint for the common ones."""
     def hint(exc: Exception) -> str:
         if isinstance(exc, KeyError) and exc.args and exc.args[0] in ("dur", "ts"):
-            return (f"not every event has {exc.args[0]!r}: metadata ('ph': 'M'), instant ('i') "
-                    f"and flow ('s', 'f') events have no duration; keep the complete events, "
-                    f"ph == 'X'.")
+            return (f"not every event has {exc.args[0]!r}: metadata ('ph': 'M'), instant ('i') and flow "
+                    "('s', 'f') events have no duration; keep the complete events, ph == 'X'.")
         if isinstance(exc, (ValueError, IndexError, ZeroDivisionError)):
             return ("the trace has steps to count; print the ProfilerStep spans you found and "
                     "the ones left after the warm-up.")
         return "run it on the trace above in a cell of its own and read the traceback."
-    return call_answer(exercise, fn, copy.deepcopy(events), signature=signature, hint=hint,
-                       **kwargs)
+    return call_answer(exercise, fn, copy.deepcopy(events), signature=signature, hint=hint, **kwargs)
 
 
 def _judge(value: Any, answer: float, mistakes: dict[str, float], where: str, tol: float) -> float:
@@ -234,8 +221,7 @@ def _judge(value: Any, answer: float, mistakes: dict[str, float], where: str, to
     value = value.item() if isinstance(value, torch.Tensor) and value.numel() == 1 else value
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise ExerciseFailed(WAIT, f"{where}: data_wait_fraction must return one number.",
-                             expected="a finite float between 0 and 1, such as 0.42",
-                             seen=describe(value),
+                             expected="a finite float between 0 and 1, such as 0.42", seen=describe(value),
                              hint="return wait / time as a plain float (did it forget a `return`?); "
                                   "divide by the counted steps' total duration, which is > 0.")
     value = float(value)
@@ -302,8 +288,7 @@ def grade_bottleneck(bottleneck: Callable[..., Any], *, real: bool = True) -> Ch
                 expected=repr(expected), seen=describe(label),
                 hint="diagnose prints 'data-bound'; this function returns the short words, exactly "
                      "'data' or 'compute' (lower case)." if isinstance(label, str) and
-                label.lower().startswith(("data", "compute")) else
-                "return the string 'data' or 'compute'.")
+                label.lower().startswith(("data", "compute")) else "return the string 'data' or 'compute'.")
         if label != expected:
             raise ExerciseFailed(
                 STALL, f"on {what}: the wrong bottleneck.", expected=repr(expected),
@@ -311,9 +296,7 @@ def grade_bottleneck(bottleneck: Callable[..., Any], *, real: bool = True) -> Ch
                 hint=f"with the warm-up counted this loop looks data-bound, but after "
                      f"warmup_steps={warmup} it waited only {fraction:.0%}: skip the warm-up "
                      f"steps before you judge." if "start-up" in what else
-                     f"'data' when the wait fraction is more than threshold (here "
-                     f"{threshold:.2f}), else 'compute'; use the `threshold` argument, not a "
-                     f"number of your own.")
+                     f"'data' when the wait fraction is more than threshold (here {threshold:.2f}), else "
+                     "'compute'; use the `threshold` argument, not a number of your own.")
         labels.append(f"{what}: {label}")
-    return CheckResult(STALL, f"every loop named right ({'; '.join(labels)}).",
-                       {"labels": labels})
+    return CheckResult(STALL, f"every loop named right ({'; '.join(labels)}).", {"labels": labels})

@@ -30,8 +30,7 @@ def pytest_runtest_logreport(report):  # noqa: D103 - pytest hook
         return
     with open(target, "a", encoding="utf-8") as fh:
         fh.write(json.dumps({"nodeid": report.nodeid, "path": _PATHS.get(report.nodeid, ""),
-                             "outcome": report.outcome,
-                             "longrepr": str(report.longrepr or "")}) + "\n")
+                             "outcome": report.outcome, "longrepr": str(report.longrepr or "")}) + "\n")
 
 
 @dataclass
@@ -110,9 +109,8 @@ def read_notebook(path: str | os.PathLike) -> dict:
     try:   # an unreadable file raises its own OSError, naming the path
         notebook = json.loads(nb_path.read_bytes().decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{where} is not valid notebook JSON ({exc}); restore it, e.g. with "
-                         f"git checkout -- {nb_path.as_posix()} (this discards your edits) or "
-                         f"from a backup.") from None
+        raise ValueError(f"{where} is not valid notebook JSON ({exc}); restore it, e.g. with git checkout -- "
+                         f"{nb_path.as_posix()} (this discards your edits) or from a backup.") from None
     if not isinstance(notebook, dict) or not isinstance(notebook.get("cells"), list):
         raise ValueError(f"{where} is JSON but not a notebook (it has no list of cells); pass "
                          f"a notebook path like {_EXAMPLE}.")
@@ -128,16 +126,13 @@ def grade_notebooks(paths: list[str | os.PathLike], *, cell_timeout: int = 600) 
         report = Path(tmp) / "report.jsonl"
         env = dict(os.environ, COURSE_GRADE_REPORT=str(report))
         cmd = [sys.executable, "-m", "pytest", "-p", "course_utils.grading.grade",
-               "-p", "course_utils.grading._nbval_kernels", "-p",
-               "no:cacheprovider", "-q", "--nbval-lax", f"--nbval-cell-timeout={cell_timeout}",
-               *dict.fromkeys(real.values())]
-        subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       check=False)
+               "-p", "course_utils.grading._nbval_kernels", "-p", "no:cacheprovider", "-q", "--nbval-lax",
+               f"--nbval-cell-timeout={cell_timeout}", *dict.fromkeys(real.values())]
+        subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
         rows = [json.loads(line) for line in report.read_text().splitlines()] if report.exists() else []
     outcomes: dict[str, dict[int, dict]] = {}
     for row in rows:
-        m = _CELL_RE.search(row["nodeid"])
-        if m:
+        if m := _CELL_RE.search(row["nodeid"]):
             outcomes.setdefault(row["path"], {})[int(m.group(1))] = row
     return [_notebook_grade(p, checks[p], outcomes.get(real[p], {})) for p in nb_paths]
 

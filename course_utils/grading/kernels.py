@@ -22,8 +22,7 @@ def _socket_prefix() -> str:
 
 def ipc_available() -> bool:
     """True when zmq here can use ``ipc://`` sockets and their paths fit in a socket name."""
-    return (os.name == "posix" and bool(zmq.has("ipc"))
-            and len(_socket_prefix()) + 8 <= _MAX_SOCKET_PATH)
+    return (os.name == "posix" and bool(zmq.has("ipc")) and len(_socket_prefix()) + 8 <= _MAX_SOCKET_PATH)
 
 
 def _ipc_subclass(base: type) -> type:

@@ -1,9 +1,7 @@
 """The products built on the core: ``python -m course_utils tune | diagnose | bench`` (:mod:`.tune`,
 :mod:`.diagnose`, :mod:`.bench`), the torchrun launcher (:mod:`.ddp`) and the example scripts
-``diagnose`` runs (:mod:`.examples`). Tools import the core, never :mod:`course_utils.grading`.
-``from course_utils.tools import tune_loader`` (lesson 06) loads the tuner on first use; importing
-this package loads no tool.
-"""
+``diagnose`` runs (:mod:`.examples`). ``from course_utils.tools import tune_loader`` (lesson 06)
+loads the tuner on first use; importing this package loads no tool."""
 from __future__ import annotations
 
 import importlib

@@ -1,14 +1,11 @@
 """Shared-memory batches that DataLoader workers reuse once the main process has let go of them.
 
-A worker sends its batch in shared memory. The lessons' loader fills plain memory, which the
-DataLoader copies into a fresh segment, paying a page fault for every page each time; ``bench``'s
-loaders reuse segments instead (its "shipping only" row measures what sending costs): each worker
-keeps :data:`SLOTS` segments and writes its next batch into a free one (:class:`ReusedSegments`).
-Free is checked, never assumed: the main process watches each batch's storage through a weak
-reference (:func:`_received`) and frees its slot only once no tensor, view or array of it is
-left; with no free slot the worker allocates a fresh segment. It uses a private torch call
-(``UntypedStorage._new_shared``, as ``default_collate`` does), so it is a tool, not the lessons'.
-"""
+The DataLoader copies a batch in plain memory into a fresh shared segment, a page fault a page;
+``bench``'s loaders instead keep :data:`SLOTS` segments a worker and write each batch into a free
+one (:class:`ReusedSegments`). Free is checked, never assumed: the main process watches each
+batch's storage through a weak reference (:func:`_received`) and frees its slot once no tensor,
+view or array of it is left; with none free the worker allocates a fresh segment. It uses a private
+torch call (``UntypedStorage._new_shared``, as ``default_collate`` does): a tool, not the lessons'."""
 from __future__ import annotations
 
 import os
@@ -78,9 +75,7 @@ class ReusedSegments:
         images = flat.view(n, self.size, self.size, 3)
         return images, images.numpy(), slot
 
-    def finish_batch(self, items: tuple, slot: Any) -> tuple:
-        """The batch tuple to return, so that its slot comes back (:func:`slot_batch`)."""
-        return slot_batch(items, slot)
+    finish_batch = staticmethod(slot_batch)     # the batch tuple to return, so that its slot comes back
 
 
 class _SlotBatch(tuple):

@@ -13,6 +13,7 @@ from ..checks import check_folder
 from ..image_folder import ImageFolderDataset
 from ..measurement import jsonable
 from .diagnose import OUT_OF_SCOPE, DiagnoseError, diagnose_script, parse_try
+from .diagnose.rules import named_failure
 from .diagnose.script import VALUED_OPTIONS
 from .tune.search import MIN_BUDGET_S, TuningInterrupted, folder_for_tuning, tune_loader
 
@@ -58,48 +59,40 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         return _error("tune", f"--step-ms {args.step_ms:g} must be 0 or more (milliseconds your training "
                     f"step takes per batch); pass e.g. --step-ms 50.")
     try:
-        return _tune(args)
+        data, fail = None, lambda message: _error("tune", message)
+        if args.folder is not None:
+            try:
+                hint = "pass the folder that holds your images, or --course-data."
+                data = ImageFolderDataset(check_folder(args.folder, "FOLDER", hint), skip_damaged=True)
+            except OSError as e:                               # check_folder's
+                return fail(str(e))
+            except ValueError:                                 # the dataset's: nothing to read
+                return fail(f"FOLDER {args.folder!r} has no images (.jpg, .jpeg, .png, .bmp, .webp, "
+                            f"searched in sub-folders too); pass a folder with images.")
+            try:
+                data = folder_for_tuning(data, f"FOLDER {args.folder!r}")
+            except ValueError as exc:
+                return fail(str(exc))
+            if data.damaged:
+                print(f"python -m course_utils tune: warning: FOLDER {args.folder!r}: "
+                      f"{data.damaged_summary()}; tuning the {len(data)} others.", file=sys.stderr)
+        try:
+            result = tune_loader(data, budget_s=args.budget, batch_size=args.batch_size, size=args.size,
+                                 n_images=args.images, step_s=args.step_ms / 1e3 if args.step_ms else None,
+                                 epoch_samples=args.epoch_images, compare_with_baselines=not args.no_compare,
+                                 progress=not args.no_progress)
+        except (ValueError, TypeError, FileNotFoundError) as exc:
+            return fail(str(exc).splitlines()[0])
+        print_and_save(result, args.json)
+        if args.plot:
+            result.plot().savefig(args.plot, dpi=100)
+            print(f"wrote {args.plot}")
+        return 0
     except TuningInterrupted as exc:
         print(f"python -m course_utils tune: {exc}", file=sys.stderr)
     except KeyboardInterrupt:
         print("python -m course_utils tune: interrupted; no result to show.", file=sys.stderr)
     return 130
-
-
-def _tune(args: argparse.Namespace) -> int:
-    """The body of ``tune`` (Ctrl-C is handled by :func:`_cmd_tune`)."""
-    data, fail = None, lambda message: _error("tune", message)
-    if args.folder is not None:
-        try:
-            data = ImageFolderDataset(check_folder(args.folder, "FOLDER", "pass the folder that "
-                                                   "holds your images, or --course-data."),
-                                      skip_damaged=True)
-        except OSError as e:                               # check_folder's
-            return fail(str(e))
-        except ValueError:                                 # the dataset's: nothing to read
-            return fail(f"FOLDER {args.folder!r} has no images (.jpg, .jpeg, .png, .bmp, .webp, "
-                        f"searched in sub-folders too); pass a folder with images.")
-        try:
-            data = folder_for_tuning(data, f"FOLDER {args.folder!r}")
-        except ValueError as exc:
-            return fail(str(exc))
-        if data.damaged:
-            print(f"python -m course_utils tune: warning: FOLDER {args.folder!r}: "
-                  f"{data.damaged_summary()}; tuning the {len(data)} others.", file=sys.stderr)
-    try:
-        result = tune_loader(data, budget_s=args.budget, batch_size=args.batch_size,
-                             size=args.size, n_images=args.images,
-                             step_s=args.step_ms / 1e3 if args.step_ms else None,
-                             epoch_samples=args.epoch_images,
-                             compare_with_baselines=not args.no_compare,
-                             progress=not args.no_progress)
-    except (ValueError, TypeError, FileNotFoundError) as exc:
-        return fail(str(exc).splitlines()[0])
-    print_and_save(result, args.json)
-    if args.plot:
-        result.plot().savefig(args.plot, dpi=100)
-        print(f"wrote {args.plot}")
-    return 0
 
 
 def _cmd_diagnose(args: argparse.Namespace) -> int:
@@ -129,7 +122,7 @@ def script_exit_status(result: Any) -> int:
     if run.end == OUT_OF_SCOPE:
         print(f"python -m course_utils diagnose: {run.error}", file=sys.stderr)
         return 2
-    if run.error:
+    if run.error and not named_failure(run.error):   # a failure of lesson 09's: its line says it
         sys.stdout.flush()                     # the report first, then the script's traceback
         print(run.error, file=sys.stderr, end="")
     return run.status or (2 if result.verdict is None else 0)
@@ -207,8 +200,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-m", dest="module", metavar="MODULE", default=None,
                    help="run a module as a script (like python -m MODULE)")
-    p.add_argument("target", nargs="?", metavar="SCRIPT",
-                   help="your training script (train.py)")
+    p.add_argument("target", nargs="?", metavar="SCRIPT", help="your training script (train.py)")
     p.add_argument("args", nargs="*", metavar="ARGS", help="the script's own arguments")
     p.add_argument("--budget", type=float, default=60.0, metavar="SECONDS",
                    help="seconds of measuring (default 60): half runs the script as it is, the "

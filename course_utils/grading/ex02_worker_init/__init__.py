@@ -29,8 +29,8 @@ _FIX = ("each library's own control over its running pool: threadpoolctl reaches
         "has a setting of its own, whose value for 'run sequentially' is not 1")
 
 
-def _pools_text(p: ThreadPools) -> str:
-    return ", ".join(f"{name} {n}" for name, n in p.pools.items())
+def _pools_text(pools: dict[str, int]) -> str:
+    return ", ".join(f"{name} {n}" for name, n in pools.items())
 
 
 def _hung_failure(hung: Hung, timeout_s: float, clamp: str) -> ExerciseFailed:
@@ -64,22 +64,20 @@ def _hung_failure(hung: Hung, timeout_s: float, clamp: str) -> ExerciseFailed:
             EXERCISE, f"deadlock: cv2.setNumThreads({value}) hung in a forked worker.",
             expected=expected, seen=seen + (f"; your function had called cv2.setNumThreads("
                                             f"{', '.join(hung.calls)})" if hung.calls else ""),
-            hint=clamp + "This process had used OpenCV's thread pool before the workers were "
-                 "forked. fork copies only the calling thread, so the worker inherits the pool's "
-                 f"bookkeeping but not its threads; cv2.setNumThreads({value}) stops and joins "
-                 "those threads, which do not exist in the worker, and waits forever. "
-                 "cv2.setNumThreads(0) means 'run sequentially' without touching the pool, and "
-                 "is safe under fork, forkserver and spawn.")
+            hint=clamp + "This process had used OpenCV's thread pool before the workers were forked. fork "
+                 "copies only the calling thread, so the worker inherits the pool's bookkeeping but not its "
+                 f"threads; cv2.setNumThreads({value}) stops and joins those threads, which do not exist in "
+                 "the worker, and waits forever. cv2.setNumThreads(0) means 'run sequentially' without "
+                 "touching the pool, and is safe under fork, forkserver and spawn.")
     if hung.where == "fetch" and hung.after is not None and hung.after.torch_intra > 1:
         return ExerciseFailed(
             EXERCISE, f"the worker hung: torch at {hung.after.torch_intra} threads in a forked "
                       f"worker.", seen=seen,
             expected="every pool at 1 thread, and every worker delivering a sample",
             hint=clamp + "Your function raised torch's thread count (torch.set_num_threads, or a "
-                 "threadpoolctl limit above 1, which also sizes torch's OpenMP runtime). That "
-                 "runtime (GNU libgomp) is not fork-safe: in a forked worker whose parent had "
-                 "used it, the first parallel torch operation waits forever for threads fork did "
-                 "not copy.")
+                 "threadpoolctl limit above 1, which also sizes torch's OpenMP runtime). That runtime (GNU "
+                 "libgomp) is not fork-safe: in a forked worker whose parent had used it, the first parallel "
+                 "torch operation waits forever for threads fork did not copy.")
     return ExerciseFailed(
         EXERCISE, f"the worker hung ({hung.method} start method).", expected=expected, seen=seen,
         hint=clamp + "In a forked worker, resizing a thread pool the parent had used can wait "
@@ -175,25 +173,23 @@ def _judge(answers: list[dict], method: str, budget: int, workers: int) -> dict:
     wrong = {k: v for k, v in pools.pools.items() if v != expect}
     if not wrong:
         return report
-    seen = (f"in worker {worst['worker']} ({method}), before your function: {_pools_text(before)}; "
-            f"while it loaded a sample: {_pools_text(pools)}")
+    seen = (f"in worker {worst['worker']} ({method}), before your function: {_pools_text(before.pools)}; "
+            f"while it loaded a sample: {_pools_text(pools.pools)}")
     if expect > 1:
         _share_failure(wrong, seen, budget, workers, expect, len(pools.pools))
     over = {name: k for name, k in pools.pools.items() if k > 1}
     env_set = sorted(v for v in THREAD_ENV_VARS if state["env_after"].get(v) != state["env_before"].get(v))
     changed = {k for k in before.pools if before.pools[k] != after.pools.get(k)}
     if env_set and not changed:
-        unchanged = ", ".join(f"{k} {v}" for k, v in over.items() if before.pools.get(k) == v)
+        unchanged = _pools_text({k: v for k, v in over.items() if before.pools.get(k) == v})
         raise ExerciseFailed(
-            EXERCISE, "environment variables set inside a running process do not resize its "
-                      "thread pools.",
+            EXERCISE, "environment variables set inside a running process do not resize its thread pools.",
             expected="every pool at 1 thread", seen=seen + f"; your function set {', '.join(env_set)}",
-            hint="each library reads its variable once: BLAS and torch's OpenMP when they are "
-                 "loaded, OpenCV when its pool is first used. The worker already has them loaded "
-                 "and used (it is a copy of the notebook process, or imported them to unpickle "
-                 f"the dataset), so the pools stayed as they were: {unchanged}. Variables only "
-                 f"help before the libraries load (in the shell, or at the very top of a script). "
-                 f"Limit the running pools instead, with {_FIX}.")
+            hint="each library reads its variable once: BLAS and torch's OpenMP when they are loaded, OpenCV "
+                 "when its pool is first used. The worker already has them loaded and used (it is a copy of "
+                 "the notebook process, or imported them to unpickle the dataset), so the pools stayed as "
+                 f"they were: {unchanged}. Variables only help before the libraries load (in the shell, or "
+                 f"at the very top of a script). Limit the running pools instead, with {_FIX}.")
     if before.torch_intra == 1 and changed <= {"torch intra-op"} and "torch intra-op" not in over:
         raise ExerciseFailed(
             EXERCISE, "torch was already at 1 thread in the worker; OpenCV and BLAS are not.",
@@ -206,20 +202,17 @@ def _judge(answers: list[dict], method: str, budget: int, workers: int) -> dict:
                  f"a real pool of that size.) Limit those too, with {_FIX}.")
     hints = [clamp.strip()] if clamp else []
     if "OpenCV" in over:
-        hints.append("OpenCV is not a pool threadpoolctl can see: OpenCV has its own thread "
-                     "setting (look up which value means 'sequential': 1 can deadlock in a "
-                     "forked worker)")
+        hints.append("OpenCV is not a pool threadpoolctl can see: OpenCV has its own thread setting (look up "
+                     "which value means 'sequential': 1 can deadlock in a forked worker)")
     blas = [name for name in over if name not in ("OpenCV", "torch intra-op")]
     if blas:
-        hints.append(f"{', '.join(blas)}: threadpoolctl limits these, but the limit must "
-                     f"outlast your function, so call it without `with` (a with-block gives the "
-                     f"limit back when it ends, before the worker loads anything), and limit to "
-                     f"1 thread")
+        hints.append(f"{', '.join(blas)}: threadpoolctl limits these, but the limit must outlast your "
+                     "function, so call it without `with` (a with-block gives the limit back when it ends, "
+                     "before the worker loads anything), and limit to 1 thread")
     if "torch intra-op" in over:
         hints.append("torch: the DataLoader sets 1 thread in every worker; do not raise it")
     raise ExerciseFailed(
-        EXERCISE, f"{len(over)} pool(s) still run more than 1 thread in the worker: "
-                  f"{', '.join(f'{k} {v}' for k, v in over.items())}.",
+        EXERCISE, f"{len(over)} pool(s) still run more than 1 thread in the worker: {_pools_text(over)}.",
         expected="every pool at 1 thread", seen=seen, hint="; ".join(hints) + ".")
 
 
@@ -247,7 +240,7 @@ def _share_failure(wrong: dict[str, int], seen: str, budget: int, workers: int, 
         if "torch intra-op" in wrong:
             hints.append("torch.set_num_threads sizes torch's pool")
     what = ("every pool ran fewer threads than" if low else "more threads than" if high else
-            f"{', '.join(f'{k} {v}' for k, v in wrong.items())}: not at")
+            f"{_pools_text(wrong)}: not at")
     raise ExerciseFailed(EXERCISE, f"{what} the worker's share: a budget of {budget} CPUs over "
                                    f"{workers} workers leaves each worker {expect}.",
                          expected=f"every pool at {expect} threads ({budget} // {workers})",
@@ -281,19 +274,17 @@ def grade_worker_init(answer: Callable[[int], Any], *, timeout_s: float = 20.0,
     summary = ("in real DataLoader workers (forked ones after this process had used OpenCV, BLAS "
                "and torch), " + "; ".join(
                    f"{r['start_method']}, budget {r['cpu_budget']} over {r['num_workers']} workers: "
-                   f"every pool at {r['expected']} ({_pools_text(ThreadPools.from_dict(r['pools']))})"
+                   f"every pool at {r['expected']} ({_pools_text(ThreadPools.from_dict(r['pools']).pools)})"
                    for r in reports) + ".")
     raised = sorted({p for r in reports if r["expected"] == 1 for p in r["raised"]})
     not_checked = sorted({f"{p} ({r['start_method']}, {r['expected']})" for r in reports
                           for p in r["not_checked"]})
     if raised:
-        summary += (f" On this machine {', '.join(raised)} started at 1 thread (as on one CPU): the "
-                    f"grader raised them to 2 in each worker before your function, so that "
-                    f"limiting them shows.")
+        summary += (f" On this machine {', '.join(raised)} started at 1 thread (as on one CPU): the grader "
+                    "raised them to 2 in each worker before your function, so that limiting them shows.")
     if not_checked:
         summary += (f" NOT checked: {', '.join(not_checked)} already had the expected number of "
                     f"threads before your function, so this machine cannot show that it set them.")
     if skipped:
         summary += " This platform has no 'fork': the rule for forked workers was not checked."
-    return CheckResult(EXERCISE, summary, {"runs": reports, "raised": raised,
-                                           "not_checked": not_checked})
+    return CheckResult(EXERCISE, summary, {"runs": reports, "raised": raised, "not_checked": not_checked})

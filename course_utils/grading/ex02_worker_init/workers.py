@@ -39,7 +39,6 @@ def _env() -> dict[str, str | None]:
     return {v: os.environ.get(v) for v in THREAD_ENV_VARS}
 
 
-
 def _raise_small_pools(forked: bool) -> list[str]:
     """Raise BLAS (and, unforked, OpenCV) pools to 2, so a do-nothing answer fails on 1 CPU."""
     start = thread_pools().pools
@@ -54,8 +53,7 @@ def _raise_small_pools(forked: bool) -> list[str]:
 class _GradedInit:
     """The DataLoader's worker_init_fn: calls the answer and records what it did."""
 
-    def __init__(self, answer: Callable[[int], Any], folder: str, dump_after_s: float,
-                 forked: bool) -> None:
+    def __init__(self, answer: Callable[[int], Any], folder: str, dump_after_s: float, forked: bool) -> None:
         self.answer, self.folder, self.dump_after_s, self.forked = answer, folder, dump_after_s, forked
 
     def __call__(self, worker_id: int) -> None:
@@ -192,8 +190,7 @@ def _stop_workers(iterator: Any, kill: bool) -> None:
     getattr(iterator, "_shutdown_workers", lambda: None)()
 
 
-def run_in_workers(init: Callable[[int], Any], method: str, num_workers: int,
-                    timeout_s: float) -> list[dict]:
+def run_in_workers(init: Callable[[int], Any], method: str, num_workers: int, timeout_s: float) -> list[dict]:
     """Start a real DataLoader with ``init`` as worker_init_fn; one answer per worker."""
     folder = tempfile.mkdtemp(prefix="ex02_")
     dump_after = max(1.0, 0.75 * timeout_s)
@@ -216,8 +213,7 @@ def run_in_workers(init: Callable[[int], Any], method: str, num_workers: int,
             if "exited unexpectedly" in str(exc):
                 raise ExerciseFailed(
                     EXERCISE, f"a DataLoader worker ({method}) died while running your function.",
-                    expected="every worker to start, run it and deliver a sample",
-                    seen=str(exc),
+                    expected="every worker to start, run it and deliver a sample", seen=str(exc),
                     hint=("under spawn/forkserver a worker must import your function: it has "
                           "to live in a module (or a script's top level), not in a notebook "
                           "cell. Look at the worker's error printed above.")) from None

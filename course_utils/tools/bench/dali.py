@@ -1,13 +1,11 @@
 """NVIDIA DALI beside the DataLoader: the ImageNet recipe as a DALI pipeline (lesson 05's deep
 dive 11 writes it out; ``bench`` runs it as a row of its own), in this process on ``num_threads``
-C++ threads, on the recipes' ImageFolder JPEGs: the random resized crop given to the decoder as a
-region of interest, resize, random flip, normalise, channels first. ``device="cpu"``: all on the
-CPU threads (libjpeg-turbo decodes); ``"mixed"``: where the GPU has a hardware JPEG engine, a share
-``hw_decoder_load`` of each batch's images (0.65 by default in DALI 2.4) decodes on it, the rest in
-nvJPEG's CUDA decoder (parsing and Huffman on the CPU threads, the rest on the GPU); then the GPU.
-DALI is an optional extra (``pip install .[dali]``, Linux x86_64 and aarch64 only): :func:`dali_missing`
-says why it cannot run here, and nothing imports it before then.
-"""
+C++ threads, on the recipes' ImageFolder JPEGs, the random resized crop given to the decoder as a
+region of interest. ``device="cpu"``: all on the CPU threads (libjpeg-turbo decodes); ``"mixed"``:
+where the GPU has a hardware JPEG engine, a share ``hw_decoder_load`` of each batch's images (0.65
+by default in DALI 2.4) decodes on it, the rest in nvJPEG's CUDA decoder (parsing and Huffman on
+the CPU threads, the rest on the GPU); then the GPU. DALI is an optional extra (``pip install
+.[dali]``, Linux x86_64 and aarch64 only): :func:`dali_missing` says why it cannot run here."""
 from __future__ import annotations
 
 import importlib
@@ -41,11 +39,9 @@ def dali_missing() -> str | None:
 
 class DaliLoader:
     """Batches of the ImageNet recipe from DALI, iterated like a DataLoader: ``(images, labels)``,
-    float32 ``(N, 3, size, size)`` and int64 ``(N,)`` torch tensors (on the GPU for ``mixed``).
-
-    The pipeline is built on the first ``iter()`` and kept (like ``persistent_workers=True``):
-    each ``iter()`` yields ``len(self)`` batches, carrying on where the last one stopped, as DALI
-    cannot restart an epoch half-way."""
+    float32 ``(N, 3, size, size)`` and int64 ``(N,)`` torch tensors (on the GPU for ``mixed``). The
+    pipeline is built on the first ``iter()`` and kept (like ``persistent_workers=True``): each
+    ``iter()`` yields ``len(self)`` batches from where the last stopped (DALI cannot restart an epoch)."""
 
     def __init__(self, files: Sequence[str], labels: Sequence[int], *, batch_size: int = 64,
                  size: int = 224, num_threads: int = 2, device: str = "cpu", seed: int = 0) -> None:
@@ -91,8 +87,7 @@ class DaliLoader:
             return images, label
 
         return plugin.DALIGenericIterator(recipe(), ["images", "labels"], reader_name="reader",
-                                          last_batch_policy=plugin.LastBatchPolicy.PARTIAL,
-                                          auto_reset=True)
+                                          last_batch_policy=plugin.LastBatchPolicy.PARTIAL, auto_reset=True)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         if self._iterator is None:
@@ -102,8 +97,7 @@ class DaliLoader:
                 out = next(self._iterator)
             except StopIteration:                 # an epoch ended; auto_reset began the next
                 out = next(self._iterator)
-            batch = out[0]
-            yield batch["images"], batch["labels"].reshape(-1).long()
+            yield out[0]["images"], out[0]["labels"].reshape(-1).long()
 
     def __repr__(self) -> str:
         return (f"DaliLoader({len(self.files)} files, batch_size={self.batch_size}, size={self.size}, "

@@ -1,17 +1,6 @@
 """The loaders learners run, as they are written, and the course's, on the same JPEG files
-(``ImageFolder`` layout); workers unpickle these datasets, so they live in the package.
-
-Baselines: :func:`seed_recipe_loader` (the recipe this course started from; run it inside
-:class:`~course_utils.pipelines.recipe_process_settings`) and :func:`imagenet_recipe_loader`
-(pytorch/examples ``imagenet/main.py``'s *training* loader; only its batch size of 256 is a
-parameter). The course's: :func:`tuned_files_loader` (lessons 01-03: batched fetch,
-reduced-scale decode, uint8 batches; crops, flips and floats later, on the device) and
-:class:`DecodeOnlyFiles` (the decode ceiling).
-"""
+(``ImageFolder`` layout); workers unpickle these datasets, so they live in the package."""
 from __future__ import annotations
-
-import os
-from typing import Union
 
 import cv2
 import numpy as np
@@ -26,9 +15,8 @@ from course_utils.pipelines import BatchedDecode, keep_batch
 from course_utils.threads import make_worker_init
 
 from ..batch_buffers import ReusedSegments
-from .storage import FOLDER_HINT, folder_files_and_labels, reduced_decode_flag
+from .storage import FOLDER_HINT, PathLike, folder_files_and_labels, reduced_decode_flag
 
-PathLike = Union[str, os.PathLike]
 # IMREAD_COLOR_RGB (OpenCV >= 4.10) decodes straight to RGB: it replaces the IMREAD_COLOR bit
 # (both are an error) and keeps a reduced-scale bit (tests/test_recipes.py checks)
 _DECODE_RGB = cv2.IMREAD_COLOR_RGB if hasattr(cv2, "IMREAD_COLOR_RGB") else None
@@ -39,17 +27,17 @@ def _folder(root: PathLike) -> str:
 
 
 def seed_recipe_loader(root: PathLike, *, batch_size: int = 64, size: int = 224) -> DataLoader:
-    """The seed recipe's loader over the JPEG folder ``root`` (run it inside
-    :class:`recipe_process_settings`). Batches: float32 (N, 3, size, size) in [0, 1]."""
+    """The seed recipe's loader over the JPEG folder ``root`` (the recipe this course started
+    from; run it inside :class:`recipe_process_settings`). Batches: float32 (N, 3, size, size) in [0, 1]."""
     transform = transforms.Compose([transforms.Resize((size, size)), transforms.ToTensor()])
     dataset = datasets.ImageFolder(_folder(root), transform)
-    return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=4,
-                      pin_memory=True)
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=4, pin_memory=True)
 
 
 def imagenet_recipe_loader(root: PathLike, *, batch_size: int = 64, size: int = 224) -> DataLoader:
     """pytorch/examples' ImageNet training loader, as written, over the JPEG folder ``root``.
-    Batches: float32 (N, 3, size, size), normalised with the ImageNet mean and std."""
+    Only its batch size (256 in ``imagenet/main.py``) is a parameter. Batches: float32 (N, 3, size,
+    size), normalised with the ImageNet mean and std."""
     normalize = transforms.Normalize(mean=IMAGENET_MEAN, std=IMAGENET_STD)
     train_dataset = datasets.ImageFolder(
         _folder(root),
@@ -59,8 +47,7 @@ def imagenet_recipe_loader(root: PathLike, *, batch_size: int = 64, size: int = 
             transforms.ToTensor(),
             normalize,
         ]))
-    return DataLoader(train_dataset, batch_size=batch_size, shuffle=True, num_workers=4,
-                      pin_memory=True)
+    return DataLoader(train_dataset, batch_size=batch_size, shuffle=True, num_workers=4, pin_memory=True)
 
 
 class _JpegFiles(Dataset):
@@ -129,6 +116,6 @@ def files_loader(dataset: Dataset, *, batch_size: int = 64, num_workers: int | N
 
 def tuned_files_loader(root: PathLike, *, batch_size: int = 64, size: int = 224,
                        num_workers: int | None = None) -> DataLoader:
-    """The course's tuned pipeline over the JPEG folder ``root`` (see the module docstring)."""
-    return files_loader(BatchedJpegFiles(root, size), batch_size=batch_size,
-                        num_workers=num_workers)
+    """The course's tuned pipeline over the JPEG folder ``root`` (lessons 01-03: batched fetch,
+    reduced-scale decode, uint8 batches; crops, flips and floats later, on the device)."""
+    return files_loader(BatchedJpegFiles(root, size), batch_size=batch_size, num_workers=num_workers)

@@ -1,14 +1,9 @@
 """``python -m course_utils bench``: the recipes learners run vs the course's pipeline, on files.
 
-Every row is measured by :func:`~course_utils.timing.measure_loader` in one run on the same JPEG
-files, repeats interleaved (a slow drift of a shared machine hits every row alike): the recipes
-as written (:mod:`.recipes`), the tuned pipeline, a decode-only pass (the ceiling), the tuned
-batches sent with nothing decoded (what shipping the pixels costs alone) and, where NVIDIA DALI
-is installed, the ImageNet recipe as a DALI pipeline (:mod:`.dali`); then storage: JPEG bytes in
-RAM, warm and cold page cache, and a :class:`~.storage.PackedStore` through ``np.memmap`` vs RAM.
-The result is two core :class:`~course_utils.measurement.Comparison` tables and the ratios to
-:data:`TARGETS` (to the ImageNet training recipe; memmap: to RAM).
-"""
+Every row below is measured by :func:`~course_utils.timing.measure_loader` in one run on the same
+JPEG files, repeats interleaved (a slow drift of a shared machine hits every row alike): the recipes
+as written (:mod:`.recipes`); decode only, the ceiling; shipping only, what sending the pixels costs
+alone; DALI where installed (:mod:`.dali`); the storage rows (:mod:`.storage`) unless turned off."""
 from __future__ import annotations
 
 import contextlib
@@ -30,12 +25,11 @@ from course_utils.measurement import Comparison, Measurement, compare, fmt_time,
 from course_utils.pipelines import BatchedJpegDataset, recipe_process_settings
 from course_utils.timing import MIN_TIMED_BATCHES, default_warmup, measure_loader
 
-from ..batch_buffers import ReusedSegments, shared_uint8, slot_batch
+from ..batch_buffers import ReusedSegments, slot_batch
 from .dali import DaliLoader, dali_missing
 from .recipes import (DecodeOnlyFiles, files_loader, imagenet_recipe_loader, seed_recipe_loader,
                       tuned_files_loader)
-from .storage import (PackedStore, evict_from_page_cache, folder_files_and_labels,
-                      write_image_folder)
+from .storage import PackedStore, evict_from_page_cache, folder_files_and_labels, write_image_folder
 
 SEED = "seed recipe"
 IMAGENET = "ImageNet training recipe"
@@ -50,7 +44,7 @@ RAM_GATHER = "packed uint8 store, gathered from RAM"
 
 
 @dataclass
-class ShippingOnly(Dataset):
+class ShippingOnly(ReusedSegments, Dataset):
     """``n`` samples sent like :class:`~.recipes.BatchedJpegFiles`'s batches (N x 3 x size x size
     uint8, allocated the same way), every byte written but nothing read or decoded."""
 
@@ -61,10 +55,9 @@ class ShippingOnly(Dataset):
         return self.n
 
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        flat, slot = shared_uint8(len(indices) * 3 * self.size * self.size)
-        flat.fill_(0)                        # every page touched, as the decode's writes touch them
-        images = flat.view(len(indices), self.size, self.size, 3).permute(0, 3, 1, 2)
-        return slot_batch((images, torch.zeros(len(indices), dtype=torch.int64)), slot)
+        images, _, slot = self.new_batch(len(indices))
+        images.fill_(0)                      # every page touched, as the decode's writes touch them
+        return slot_batch((images.permute(0, 3, 1, 2), torch.zeros(len(indices), dtype=torch.int64)), slot)
 
 
 class ReusedJpegBatches(ReusedSegments, BatchedJpegDataset):
@@ -76,16 +69,14 @@ TARGETS = {"speedup": 2.0, "cpu_ratio": 0.5, "decode_share": 0.8, "memmap_share"
 
 
 def min_batches() -> int:
-    """Batches per epoch every row needs: the engine's warm-up for the loader with the most
-    workers (the recipes' 4, or the tuned rows' one per usable CPU), then
-    :data:`~course_utils.timing.MIN_TIMED_BATCHES` timed."""
+    """Batches per epoch every row needs: the engine's warm-up for the busiest loader (the recipes'
+    4 workers, or the tuned rows' one per usable CPU), then ``MIN_TIMED_BATCHES`` timed."""
     busiest = SimpleNamespace(num_workers=max(4, usable_cpus()), prefetch_factor=None)
     return default_warmup(busiest) + MIN_TIMED_BATCHES
 
 
-def benchmark_sizes(n: int | None = None, batch_size: int | None = None,
-                    repeats: int | None = None, *, names: tuple[str, str] = ("n=", "batch_size="),
-                    ) -> tuple[int, int, int]:
+def benchmark_sizes(n: int | None = None, batch_size: int | None = None, repeats: int | None = None,
+                    *, names: tuple[str, str] = ("n=", "batch_size=")) -> tuple[int, int, int]:
     """``(n, batch_size, repeats)`` with the quick/full defaults for None; a ValueError, spelling
     the first two as ``names``, when ``n`` images hold fewer than :func:`min_batches` batches."""
     batch_size = pick(full=64, quick=16) if batch_size is None else batch_size
@@ -103,12 +94,11 @@ def benchmark_sizes(n: int | None = None, batch_size: int | None = None,
 
 @dataclass
 class BenchmarkResult:
-    """The loaders and the storage variants side by side (two core Comparisons, samples/s and
-    CPU seconds per sample), and the ratios :data:`TARGETS` name: tuned / ImageNet recipe
-    samples/s (``speedup``) and CPU-s per sample (``cpu_ratio``), tuned / decode-only samples/s
-    (``decode_share``), memmap / RAM-gather samples/s (``memmap_share``; None without storage),
-    DALI / ImageNet recipe samples/s (``dali_speedup``; None without DALI), and shipping-only /
-    tuned CPU-s per sample (``shipping_share``; None where the CPU clock read nothing)."""
+    """The loaders and the storage variants side by side (two core Comparisons: samples/s, CPU-s
+    per sample) and their ratios: tuned / ImageNet recipe samples/s (``speedup``) and CPU-s per
+    sample (``cpu_ratio``), tuned / decode-only and memmap / RAM-gather samples/s
+    (``decode_share``, ``memmap_share``), DALI / ImageNet recipe samples/s (``dali_speedup``) and
+    shipping-only / tuned CPU-s per sample (``shipping_share``); None where not measured."""
 
     loaders: Comparison
     storage: Comparison | None
@@ -140,8 +130,7 @@ class BenchmarkResult:
 
     @property
     def memmap_share(self) -> float | None:
-        return None if self.storage is None else \
-            self.storage.ratio(MEMMAP) / self.storage.ratio(RAM_GATHER)
+        return None if self.storage is None else self.storage.ratio(MEMMAP) / self.storage.ratio(RAM_GATHER)
 
     @property
     def shipping_share(self) -> float | None:
@@ -183,9 +172,8 @@ class BenchmarkResult:
 
     def to_dict(self) -> dict:
         return jsonable({name: getattr(self, name) for name in (
-            "machine", "dataset", "folder", "cold_cache", "targets", "speedup", "cpu_ratio",
-            "decode_share", "memmap_share", "shipping_share", "dali", "dali_speedup", "loaders",
-            "storage")})
+            "machine", "dataset", "folder", "cold_cache", "targets", "speedup", "cpu_ratio", "decode_share",
+            "memmap_share", "shipping_share", "dali", "dali_speedup", "loaders", "storage")})
 
 
 def _packed_store(base: JpegDataset, folder: Path, size: int) -> PackedStore:
@@ -210,8 +198,7 @@ def _cold(files: list[Path]) -> Iterator[None]:
 def run_benchmark(*, n: int, batch_size: int, repeats: int, size: int = 224,
                   storage: bool = True, progress: bool = True) -> BenchmarkResult:
     """Measure every row (module docstring) on ``n`` course JPEGs written as files, ``repeats``
-    interleaved rounds of one epoch each; sizes as :func:`benchmark_sizes` returns them. The seed
-    recipe's process-wide settings apply only while it runs."""
+    interleaved rounds of one epoch each; sizes as :func:`benchmark_sizes` returns them."""
     base = JpegDataset(n=n, progress=progress)
     folder = write_image_folder(base)
     files, labels = folder_files_and_labels(folder)
@@ -231,8 +218,7 @@ def run_benchmark(*, n: int, batch_size: int, repeats: int, size: int = 224,
     cold_cache = "not measured (--no-storage)"
     if storage:
         store = _packed_store(base, folder, size)
-        rows.append((RAM_BYTES, files_loader(ReusedJpegBatches(base, size), batch_size=batch_size),
-                     nothing))
+        rows.append((RAM_BYTES, files_loader(ReusedJpegBatches(base, size), batch_size=batch_size), nothing))
         if evict_from_page_cache(files[:1]):
             rows.append((COLD, tuned_files_loader(folder, batch_size=batch_size, size=size),
                          functools.partial(_cold, files)))

@@ -1,9 +1,7 @@
 """Images as files on disk, the way learners keep them: :func:`write_image_folder` (the
-``ImageFolder`` layout), :func:`reduced_decode_flag`, :func:`evict_from_page_cache` (a "cold" read
-times the disk, not memory) and :class:`PackedStore`, the FFCV idea: every image decoded and
-resized once into one uint8 file, read back through ``np.memmap`` (workers unpickle
-:class:`PackedStoreDataset`, so it lives in the package).
-"""
+``ImageFolder`` layout), read cold (:func:`evict_from_page_cache`) or packed: :class:`PackedStore`,
+the FFCV idea, every image decoded and resized once into one uint8 file read back through
+``np.memmap`` (workers unpickle its dataset, so it lives in the package)."""
 from __future__ import annotations
 
 import json
@@ -27,15 +25,13 @@ FOLDER_HINT = ("pass a folder of class sub-folders of JPEG files (ImageFolder la
                "course_utils.tools.bench.storage.write_image_folder(JpegDataset()).")
 # JPEG start-of-frame markers (baseline, extended, progressive, lossless, ... ; not DHT/JPG/DAC)
 _SOF_MARKERS = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
-_REDUCED = ((8, cv2.IMREAD_REDUCED_COLOR_8), (4, cv2.IMREAD_REDUCED_COLOR_4),
-            (2, cv2.IMREAD_REDUCED_COLOR_2))
+_REDUCED = ((8, cv2.IMREAD_REDUCED_COLOR_8), (4, cv2.IMREAD_REDUCED_COLOR_4), (2, cv2.IMREAD_REDUCED_COLOR_2))
 
 
 def write_image_folder(base: JpegDataset, root: PathLike | None = None) -> Path:
-    """Write ``base``'s JPEG bytes as ``root/c<label>/<index:06d>.jpg``; return the folder.
-    ``root`` defaults to ``<temp dir>/feed-the-gpu/jpegs-<settings>``, reused when it holds the
-    same dataset. Files are fsynced (so their pages can be evicted) into a sibling folder renamed
-    into place: two notebooks writing the same folder never see half of it."""
+    """Write ``base``'s JPEG bytes as ``root/c<label>/<index:06d>.jpg``; return the folder (default
+    ``<temp dir>/feed-the-gpu/jpegs-<settings>``, reused when it holds the same dataset). Files are
+    fsynced (their pages can be evicted) into a sibling folder renamed into place: no half folders."""
     if not isinstance(base, JpegDataset):
         raise TypeError(f"base must be a course JpegDataset (its .encoded(i) bytes are written), "
                         f"got {type(base).__name__}.")
@@ -150,8 +146,7 @@ class PackedStore:
         size = check_int("size", size, 1, "PackedStore.write")
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        images = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8,
-                                           shape=(len(base), size, size, 3))
+        images = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=(len(base), size, size, 3))
         for i in range(len(base)):
             bgr = cv2.imdecode(base.encoded(i), reduced_decode_flag(base.encoded(i), size))
             small = cv2.resize(bgr, (size, size), interpolation=cv2.INTER_AREA)

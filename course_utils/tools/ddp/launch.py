@@ -1,6 +1,5 @@
 """Lesson 07's launcher (its ``run_torchrun`` grown up): ``torchrun`` ranks running
-:mod:`course_utils.tools.ddp.rank`, a JSON result per rank, SIGTERM before SIGKILL and
-:class:`DistributedError`. Exercise 07's grader runs the learner's loader in real ranks with it."""
+:mod:`~course_utils.tools.ddp.rank`, a JSON result per rank, SIGTERM before SIGKILL, DistributedError."""
 from __future__ import annotations
 
 import contextlib
@@ -94,11 +93,10 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 def launch(task: str, config: Mapping | None = None, *, nproc: int = 2, timeout_s: float = 120,
            backend: str | None = None, pythonpath: Sequence[str] = ()) -> DistributedRun:
-    """Run ``task`` (one of :data:`TASKS`) on ``nproc`` ranks with ``torchrun --standalone`` (a
-    free port) in a process group of its own, and wait; each rank reads ``config`` (JSON values)
-    and writes its record. ``backend``: 'gloo' or 'nccl' (default :func:`pick_backend`);
-    ``pythonpath``: folders the ranks import from. After ``timeout_s`` seconds the whole group is
-    killed. A timeout, a failed rank or a missing record raises :class:`DistributedError`."""
+    """Run ``task`` (one of :data:`TASKS`) on ``nproc`` ranks with ``torchrun --standalone`` (a free
+    port) in its own process group, and wait; each rank reads ``config`` (JSON), writes its record.
+    ``backend``: 'gloo' or 'nccl' (default :func:`pick_backend`); ``pythonpath``: the ranks' import
+    folders; killed after ``timeout_s``; a timeout, failed rank or missing record: DistributedError."""
     where = "launch"    # every error names the function
     if task not in TASKS:
         raise ValueError(f"{where}: task={task!r} is not known; use one of {', '.join(TASKS)}.")

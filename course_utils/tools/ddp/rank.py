@@ -1,10 +1,9 @@
 """The program every rank runs: ``python -m course_utils.tools.ddp.rank TASK --config F --out DIR``,
 started by torchrun from :func:`course_utils.tools.ddp.launch.launch`.
 
-Each rank joins the process group (gloo on CPU, nccl on GPU ``LOCAL_RANK``), runs its task on the
-config (a JSON dict) and writes its record, with its thread pools at start (torchrun sets
-``OMP_NUM_THREADS=1`` when ``--nproc-per-node`` > 1 and it is unset), to ``DIR/rank{RANK}.json``;
-on an error, its traceback to ``DIR/rank{RANK}.error.txt``, and exits 1. Tasks:
+Each rank joins the process group, runs its task on the JSON config and writes its record, with its
+thread pools at start (torchrun sets ``OMP_NUM_THREADS=1`` when ``--nproc-per-node`` > 1 and it is
+unset), to ``DIR/rank{RANK}.json``, or its traceback to ``DIR/rank{RANK}.error.txt``. Tasks:
 
 * ``sampler``: the indices each epoch of ``DistributedSampler`` drew over an ``IndexDataset``, in
   order, for each *variant* (shuffle, seed, drop_last, set_epoch, workers, start method; lesson 07);
@@ -12,8 +11,7 @@ on an error, its traceback to ``DIR/rank{RANK}.error.txt``, and exits 1. Tasks:
   :func:`~course_utils.timing.measure_data_wait` (lesson 07's ``measure_ddp``);
 * ``learner``: what ``make_loader(dataset, epoch, rank, world_size)``, named by ``module`` and
   ``name``, draws each epoch (exercise 07);
-* ``fail``: rank ``rank`` raises before joining the group (lesson 07 shows the error).
-"""
+* ``fail``: rank ``rank`` raises before joining the group (lesson 07 shows the error)."""
 from __future__ import annotations
 
 import argparse
@@ -69,8 +67,7 @@ def _sampler(cfg: dict, rank: int, world: int, local_rank: int, backend: str) ->
         drawn += sum(len(c["indices"]) for c in calls)
     total = torch.tensor([drawn], device=_device(backend, local_rank))
     dist.all_reduce(total)  # the process group works: every rank learns the sum over ranks
-    return {"n": len(dataset), "variants": variants, "drawn": drawn,
-            "all_reduce_total": int(total.item())}
+    return {"n": len(dataset), "variants": variants, "drawn": drawn, "all_reduce_total": int(total.item())}
 
 
 def _bench(cfg: dict, rank: int, world: int, local_rank: int, backend: str) -> dict:
@@ -114,8 +111,7 @@ def _bench(cfg: dict, rank: int, world: int, local_rank: int, backend: str) -> d
     wait = measure_data_wait(loader, step, device=device)   # the copy counts as waiting
     cpu_s, _ = monitor.window(start, monitor.snapshot(fresh=True))   # the workers are reaped
     return {"samples": sum(sizes[warm:]), "cpu_s": cpu_s, "wait_fraction": wait.wait_fraction,
-            "step_times": wait.iteration_s, "step_samples": sizes[warm:],
-            "pools": thread_pools().to_dict()}
+            "step_times": wait.iteration_s, "step_samples": sizes[warm:], "pools": thread_pools().to_dict()}
 
 
 def _learner(cfg: dict, rank: int, world: int, *_: object) -> dict:

@@ -33,6 +33,7 @@ from course_utils.process_tree import loader_worker_pids, stop_workers
 from course_utils.start_methods import resolve_context
 from course_utils.timing import batch_size_of, default_warmup
 
+from .health import limits, open_fds, shm_free, tensors_in
 from .script import BUDGET_ENDS, OUT_OF_SCOPE, TRY_KEYS, USAGE_ERROR
 
 #: seconds between two samples of the workers' busy seconds and threads, per loader
@@ -75,8 +76,7 @@ def script_error(exc: BaseException) -> dict:
     ``traceback`` (without the tool's frames), ``usage`` (argparse's exit)."""
     found = traceback.TracebackException.from_exception(exc)
     usage = any(f.filename == argparse.__file__ and f.name == "error" for f in found.stack)
-    found.stack = traceback.StackSummary.from_list(
-        [f for f in found.stack if f.filename not in TOOL_FILES])
+    found.stack = traceback.StackSummary.from_list([f for f in found.stack if f.filename not in TOOL_FILES])
     first = (str(exc).splitlines() or [""])[0]
     return {"error": f"{type(exc).__name__}: {first}" if first else type(exc).__name__, "usage": usage,
             "where": _at(found.stack[::-1]), "traceback": "".join(found.format())}
@@ -171,6 +171,9 @@ class LoaderRecord:
         self.batch: str | None = None
         self.worker_busy: dict[int, list[float]] = {}    # pid -> busy_s and time, first and last seen
         self.worker_threads: dict[int, int] = {}
+        self.worker_rss: dict[int, list[int]] = {}     # pid -> RSS bytes, first and last seen
+        self.batch_tensors = self.batch_bytes = self.shm_free = None
+        self.fds = {"at_start": None, "peak": None}      # this process's open descriptors
         self.gpu_steps = GpuSteps()
         self.t_iter = self.last = None                   # when iter(loader) came; the last batch
         self.pending: tuple | None = None                # a timed batch's figures, until its step ends
@@ -179,6 +182,8 @@ class LoaderRecord:
     def epoch_starts(self, t: float) -> None:
         """``iter(loader)`` was called at ``t`` (workers start here unless they persist)."""
         self.t_iter, self.epochs, self.last, self.pending = t, self.epochs + 1, None, None
+        self.shm_free = min((x for x in (shm_free(), self.shm_free) if x is not None), default=None)
+        self.fds["at_start"] = self.fds["at_start"] or open_fds()
 
     def step_ends(self, t: float) -> None:
         """The loop body on the last batch ended at ``t`` (the next ``next`` call)."""
@@ -199,10 +204,10 @@ class LoaderRecord:
         if self.batches == 0:
             self.startup_s = t1 - (self.t_iter if self.t_iter is not None else t0)
             self.batch = _describe_batch(batch)
+            self.batch_tensors, self.batch_bytes = tensors_in(batch)
         if self.batches >= self.warmup:
             since_iter = first_of_epoch and self.t_iter is not None
-            self.pending = (t1 - (self.t_iter if since_iter else t0), batch_size_of(batch), busy,
-                            since_iter)
+            self.pending = (t1 - (self.t_iter if since_iter else t0), batch_size_of(batch), busy, since_iter)
             self.gpu_steps.started()
         self.batches += 1
         self.last = t1
@@ -213,15 +218,17 @@ class LoaderRecord:
 
     def sample(self, iterator: Any, t: float, force: bool = False) -> None:
         """Every :data:`SAMPLE_EVERY_S` and at each epoch's first batch (new workers): each
-        worker's :func:`busy_s` and OS threads, and when."""
+        worker's :func:`busy_s`, OS threads and RSS, and when; this process's open descriptors."""
         if t < self.next_sample and not force:
             return
         self.next_sample = t + SAMPLE_EVERY_S
+        self.fds["peak"] = max(filter(None, (open_fds(), self.fds["peak"])), default=None)
         for pid in loader_worker_pids(iterator) or []:
             try:
                 proc = psutil.Process(pid)
-                busy = busy_s(str(pid))
+                busy, rss = busy_s(str(pid)), proc.memory_info().rss
                 self.worker_threads[pid] = max(self.worker_threads.get(pid, 0), proc.num_threads())
+                self.worker_rss.setdefault(pid, [rss, rss])[1] = rss
             except psutil.Error:
                 continue
             seen = self.worker_busy.setdefault(pid, [busy, t] * 2)
@@ -237,7 +244,9 @@ class LoaderRecord:
                 "batch": self.batch, "worker_busy_s": sum(c1 - c0 for c0, _, c1, _ in seen),
                 "worker_wall_s": sum(t1 - t0 for _, t0, _, t1 in seen), "workers_seen": len(seen),
                 "worker_threads": sorted(self.worker_threads.values()),
-                "gpu_busy": self.gpu_steps.busy_share()}
+                "gpu_busy": self.gpu_steps.busy_share(), "batch_tensors": self.batch_tensors,
+                "batch_bytes": self.batch_bytes, "shm_free": self.shm_free, "fds": self.fds,
+                "worker_rss": list(self.worker_rss.values()), "limits": limits()}
 
 
 class Probe:

@@ -25,7 +25,9 @@ from course_utils.machine import usable_cpus
 from course_utils.measurement import fmt_time, jsonable
 from course_utils.timing import MIN_TIMED_BATCHES
 
-from .rules import DATA_BOUND_FRACTION, LOAD_BUSY, MIN_GAIN, DiagnoseError, runs_own_pools, verdict
+from .health import loader_health
+from .rules import (DATA_BOUND_FRACTION, LOAD_BUSY, MIN_GAIN, DiagnoseError, named_failure, runs_own_pools,
+                    verdict)
 
 #: how a run ends (``end`` in its JSON): refused by the probe; argparse refused the arguments; budget
 OUT_OF_SCOPE, USAGE_ERROR = "out of scope", "the script exited with a usage error"
@@ -130,7 +132,8 @@ class LoaderStats:
                 "timed_batches": self.timed_batches, "measured": self.measured,
                 "wait_fraction": self.wait_fraction, "samples_per_s": self.samples_per_s,
                 "wait_tail_s": self.tail_s(), "mean_step_s": self.mean_step_s(),
-                "load_busy": self.load_busy(), "cpu_per_sample_s": self.cpu_per_sample_s()}
+                "load_busy": self.load_busy(), "cpu_per_sample_s": self.cpu_per_sample_s(),
+                "health": loader_health(self.raw) if self.measured else None}
 
 
 @dataclass
@@ -169,8 +172,7 @@ def run_script(target: str, argv: list[str], *, module: bool, budget_s: float,
     with tempfile.TemporaryDirectory(prefix="course_diagnose_") as tmp:
         out = Path(tmp) / "probe.json"
         config = {"script" if not module else "module": target, "argv": list(argv),
-                  "budget_s": budget_s, "overrides": overrides or {}, "out": str(out),
-                  "grace_s": GRACE_S}
+                  "budget_s": budget_s, "overrides": overrides or {}, "out": str(out), "grace_s": GRACE_S}
         (Path(tmp) / "config.json").write_text(json.dumps(config))
         root = str(Path(__file__).resolve().parents[3])      # the course's package, wherever it is
         path = os.pathsep.join(filter(None, (root, os.environ.get("PYTHONPATH"))))
@@ -284,7 +286,8 @@ class ScriptDiagnosis:
                 "data_wait_fraction": None if main is None else main.wait_fraction,
                 "baseline": run(self.baseline), "fixes": [run(r) for r in self.fixes],
                 "best_fix": None if best is None else best.changes, "notes": self.notes,
-                "error": self.baseline.error, "raised": self.baseline.raised})
+                "error": self.baseline.error, "raised": self.baseline.raised,
+                "failure": named_failure(self.baseline.error)})
 
     def __str__(self) -> str:
         main, best, run = self.main(), self.best_fix(), self.baseline
@@ -305,9 +308,12 @@ class ScriptDiagnosis:
             lines.append(f"none of the fixes gave more than {MIN_GAIN:.2f}x here." if best is None else
                          f"change: {main.raw['where']}: DataLoader(..., {change_label(best.changes)})"
                          f"  ({self.gain(best):.2f}x samples/s)")
+        failure = named_failure(run.error)
         lines.append("the run ended: " + (f"{run.end} after {run.elapsed_s:.1f} s" if not run.raised else
                      f"the script raised {run.raised['error']} at {run.raised['where']}, after "
-                     f"{run.batches()}; its own traceback follows on stderr"))
+                     f"{run.batches()}; its own traceback follows on stderr" if not failure else
+                     f"the script died of {failure[0]} at {run.raised['where']}, after {run.batches()} "
+                     f"(lesson 09); fix: {failure[1]}"))
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -332,7 +338,9 @@ def _loader_lines(stats: LoaderStats, main: bool) -> list[str]:
               f"{raw['workers_seen']} seen, OS threads {raw['worker_threads'] or '-'}; GPU busy: " + (
                   "not measured (no CUDA steps)" if gpu is None else
                   f"{gpu:.0%} of the loop (CUDA events around each step)")]
-    return lines
+    rows = [f"    {r['what']}: {r['said']}: " + (f"AT RISK; fix: {r['fix']}" if r["verdict"] == "at risk"
+            else r["verdict"]) for r in loader_health(raw)]
+    return lines + ["  health (lesson 09):"] + rows
 
 
 def diagnose_script(target: str, argv: list[str] | None = None, *, module: bool = False,

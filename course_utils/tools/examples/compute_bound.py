@@ -1,8 +1,7 @@
 """A training script whose step is the bottleneck: ready uint8 tensors in (almost free to load),
 a small CNN trained on the CPU. ``diagnose`` should call it compute-bound::
 
-    python -m course_utils diagnose course_utils/tools/examples/compute_bound.py --epochs 20
-"""
+    python -m course_utils diagnose course_utils/tools/examples/compute_bound.py --epochs 20"""
 from __future__ import annotations
 
 import argparse

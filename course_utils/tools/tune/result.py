@@ -1,12 +1,9 @@
 """What the tuner (lesson 06) returns: :class:`LoaderSettings`, one :class:`Trial` per setting
 tried, the run (:class:`TuningResult`), or :class:`TuningInterrupted` on Ctrl-C.
 
-Kept raw: each setting's windows pooled into one Measurement (seconds per window, the consumer
-in the loop) and its start-up (seconds to the first batch). Derived: the score,
-:func:`epoch_score` (samples/s over one epoch, start-up included). Tables and plots are the core's
-:class:`~course_utils.measurement.Comparison` and :func:`~course_utils.plots.plot_measurements`
-over :func:`epoch_row` rows, whose samples/s is that score.
-"""
+Kept raw: each setting's windows and start-up (:class:`Trial`); derived: :func:`epoch_score`
+(samples/s over one epoch, start-up included), the samples/s of the :func:`epoch_row` rows that
+the core's :class:`~course_utils.measurement.Comparison` and ``plot_measurements`` show."""
 from __future__ import annotations
 
 import dataclasses
@@ -20,8 +17,7 @@ from course_utils.measurement import Comparison, Measurement, compare, fmt_time,
 from course_utils.plots import figure_title, plot_measurements
 from course_utils.threads import WorkerThreadLimiter, make_worker_init
 
-__all__ = ["LoaderSettings", "Trial", "TuningResult", "TuningInterrupted", "epoch_score",
-           "epoch_row"]
+__all__ = ["LoaderSettings", "Trial", "TuningResult", "TuningInterrupted", "epoch_score", "epoch_row"]
 
 #: the labels of the side-by-side comparison's rows
 TUNED_LABEL = "tuned"
@@ -29,12 +25,10 @@ RECIPE_LABEL = "common recipe"
 DEFAULTS_LABEL = "defaults"
 
 
-def epoch_score(samples_per_s: float, startup_s: float, batch_size: int,
-                epoch_samples: int) -> float:
+def epoch_score(samples_per_s: float, startup_s: float, batch_size: int, epoch_samples: int) -> float:
     """Samples per second over one epoch of ``epoch_samples`` samples,
-    ``epoch_samples / (startup_s + (epoch_samples - batch_size) / samples_per_s)``: the steady
-    rate with the consumer in the loop, plus the seconds an epoch waits for its first batch
-    (persistent workers: their restart). 0 when nothing was delivered."""
+    ``epoch_samples / (startup_s + (epoch_samples - batch_size) / samples_per_s)``: the steady rate
+    with the consumer in the loop, plus the seconds to the first batch (persistent workers: their restart)."""
     rest = max(0, epoch_samples - batch_size)
     return epoch_samples / (startup_s + rest / samples_per_s) if samples_per_s > 0 else 0.0
 
@@ -93,8 +87,7 @@ class LoaderSettings:
         kwargs: dict[str, Any] = {"batch_size": self.batch_size, "shuffle": True,
                                   "num_workers": self.num_workers, "pin_memory": self.pin_memory}
         if self.num_workers:
-            kwargs.update(prefetch_factor=self.prefetch_factor,
-                          persistent_workers=self.persistent_workers)
+            kwargs.update(prefetch_factor=self.prefetch_factor, persistent_workers=self.persistent_workers)
             if self.threads_per_worker is not None:
                 kwargs["worker_init_fn"] = make_worker_init(self.threads_per_worker)
             if self.multiprocessing_context:
@@ -138,10 +131,9 @@ def _call(first: str, args: list[str], width: int = 96) -> list[str]:
 
 @dataclass
 class Trial:
-    """One setting tried. ``status``: "full" (probe and full window), "stopped after probe" or
-    "failed: ..."; ``measurement``: its windows pooled (seconds per window, consumer included);
-    ``startup_s``: median seconds to the first batch; ``score``: :func:`epoch_score`;
-    ``seconds``: the trial's wall time."""
+    """One setting tried. ``status``: "full" (probe and full window), "stopped after probe" or "failed:
+    ..."; ``measurement``: its windows pooled (seconds per window, consumer included); ``startup_s``:
+    median seconds to the first batch; ``score``: :func:`epoch_score`; ``seconds``: the trial's wall time."""
 
     index: int
     stage: str
@@ -223,12 +215,10 @@ class TuningResult:
 
     def trial_rows(self) -> Comparison:
         """Every measured trial as an :func:`epoch_row`, in the order tried (baseline: the first)."""
-        return compare([epoch_row(f"{t.index}. {t.settings.label()}, start-up "
-                                  f"{fmt_time(t.startup_s)}"
+        return compare([epoch_row(f"{t.index}. {t.settings.label()}, start-up {fmt_time(t.startup_s)}"
                                   + ("" if t.complete else " (probe only)")
                                   + (" <- best of the search" if t is self.best_trial else ""),
-                                  t.measurement, t.startup_s, t.settings.batch_size,
-                                  self.epoch_samples)
+                                  t.measurement, t.startup_s, t.settings.batch_size, self.epoch_samples)
                         for t in self.trials if t.measurement is not None])
 
     def table(self) -> str:
@@ -247,9 +237,8 @@ class TuningResult:
         if self.winner == TUNED_LABEL:
             return f"Recommended: the tuned setting, {best}: it won the side by side."
         return (f"Recommended: the {self.winner} ({best}). It beat the tuned setting "
-                f"({self.best_trial.settings.label()} -> {scores[TUNED_LABEL]:,.0f} samples/s "
-                f"per epoch) side by side, so the tuner recommends it; the code below is the "
-                f"{self.winner}'s.")
+                f"({self.best_trial.settings.label()} -> {scores[TUNED_LABEL]:,.0f} samples/s per epoch) "
+                f"side by side, so the tuner recommends it; the code below is the {self.winner}'s.")
 
     def __str__(self) -> str:
         lines = [f"Loader tuning: {len(self.trials)} trials in {self.search_s:.1f} s of search, "
@@ -265,10 +254,9 @@ class TuningResult:
                       f"{self.ratio(other, 'cpu_s_per_sample'):.2f}x CPU-s/sample"
                       for other in (RECIPE_LABEL, DEFAULTS_LABEL) if other in self.candidates]
         lines += ["", "(quick mode) " * self.quick + self.verdict()]
-        if self.skipped:
-            lines += ["", "Skipped:"] + [f"  - {s}" for s in self.skipped]
-        if self.not_tried:
-            lines += ["", "Not tried (budget ran out):"] + [f"  - {s}" for s in self.not_tried]
+        for title, items in (("Skipped:", self.skipped), ("Not tried (budget ran out):", self.not_tried)):
+            if items:
+                lines += ["", title] + [f"  - {s}" for s in items]
         lines += [f"note: {note}" for note in self.notes]
         return "\n".join([QUICK_STAMP] * self.quick + lines + ["", "Code to paste:", self.code()])
 
@@ -279,8 +267,7 @@ class TuningResult:
     def code(self, dataset: str | None = None) -> str:
         """The code to paste for ``best``: :meth:`code_plain`, then :meth:`code_course`."""
         return "\n".join(["# Plain PyTorch (no course_utils needed):", self.code_plain(), "",
-                          "# Or with course_utils (the pipeline as measured):",
-                          self.code_course(dataset)])
+                          "# Or with course_utils (the pipeline as measured):", self.code_course(dataset)])
 
     def code_plain(self, dataset: str = "dataset") -> str:
         """``DataLoader(dataset, ...)`` with ``best``'s settings in plain torch, and the
@@ -297,11 +284,10 @@ class TuningResult:
                       f'thread{"s" if n > 1 else ""}, for its whole life."""',
                       f"    cv2.setNumThreads({0 if n == 1 else n})"
                       + ("                       # OpenCV: 0 = sequential" if n == 1 else ""),
-                      f"    threadpoolctl.threadpool_limits(limits={n})   # BLAS/OpenMP pools "
-                      f"(NumPy's)", f"    torch.set_num_threads({n})", "", "",
-                      "# under spawn/forkserver (macOS, Windows, Linux from Python 3.14) "
-                      "worker_init_fn must", "# live in a module the workers can import, not "
-                      "in a notebook cell"]
+                      f"    threadpoolctl.threadpool_limits(limits={n})   # BLAS/OpenMP pools (NumPy's)",
+                      f"    torch.set_num_threads({n})", "", "",
+                      "# under spawn/forkserver (macOS, Windows, Linux from Python 3.14) worker_init_fn must",
+                      "# live in a module the workers can import, not in a notebook cell"]
         else:
             lines += ["from torch.utils.data import DataLoader", ""]
         return "\n".join(lines + _call(dataset, s.call_args("worker_init_fn")))
@@ -324,8 +310,7 @@ class TuningResult:
             "best_trial": self.best_trial.index, "scores": self.scores,
             "machine": self.best_trial.measurement.machine,
             "trials": [dataclasses.asdict(t) for t in self.trials],
-            "code": self.code(), "code_plain": self.code_plain(),
-            "code_course": self.code_course()})
+            "code": self.code(), "code_plain": self.code_plain(), "code_course": self.code_course()})
 
     def plot(self) -> Any:
         """A matplotlib Figure: every trial's samples/s per epoch (left), the side by side's
@@ -335,12 +320,10 @@ class TuningResult:
         ncols = 2 if self.comparison is not None else 1
         fig, axes = plt.subplots(1, ncols, figsize=(8 * ncols, max(3.5, 1.5 + 0.4 * len(self.trials))),
                                  layout="constrained", squeeze=False)
-        settings = {"best": self.best.label(), "winner": self.winner,
-                    "budget_s": f"{self.budget_s:g}", "consumer": self.consumer[:40],
-                    "data": self.dataset[:60]}
+        settings = {"best": self.best.label(), "winner": self.winner, "budget_s": f"{self.budget_s:g}",
+                    "consumer": self.consumer[:40], "data": self.dataset[:60]}
         plot_measurements(self.trial_rows(), ax=axes[0][0], baseline=0, title=figure_title(
-            f"Loader tuning: samples/s per epoch of {self.epoch_samples}, start-up included",
-            settings))
+            f"Loader tuning: samples/s per epoch of {self.epoch_samples}, start-up included", settings))
         if self.comparison is not None:
             plot_measurements(self.side_by_side_rows(), ax=axes[0][1],
                               title="Side by side, repeats interleaved")

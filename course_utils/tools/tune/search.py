@@ -1,20 +1,15 @@
 """Tune a DataLoader on this machine within a time budget (lesson 06): :func:`tune_loader`.
 
-A coordinate search of fixed structure, each stage starting from the best so far:
+A coordinate search, each stage from the best so far: ``num_workers`` 0, 1, 2, ... until the ladder
+falls; ``batch_size`` doublings up, then halvings down, each to its first falling rung;
+``prefetch_factor`` 1 and 4, ``persistent_workers=True``; ``pin_memory`` only with CUDA; more threads
+per worker only where they fit the CPUs.
 
-1. ``num_workers`` 0, 1, 2, ...: stops after :data:`LADDER_FALLS` rungs in a row below
-   :data:`LADDER_FALL_FRACTION` of the best (one worker is often slower than none);
-2. ``batch_size`` doublings up, then halvings down, each stopping at its first falling rung;
-3. ``prefetch_factor`` 1 and 4, and ``persistent_workers=True``;
-4. ``pin_memory=True`` only with CUDA; more threads per worker only where they fit the CPUs.
-
-A trial is a probe window (:data:`PROBE_FRACTION` of a full one) and, unless it scores below
-:data:`PROBE_THRESHOLD` of the best, a full window (:mod:`.window`), scored by
-:func:`~.result.epoch_score`. The budget (wall seconds) covers everything, :data:`COMPARE_SHARE`
-of it the side by side with the baselines (:class:`~.window.SideBySide`), whose winner is
-recommended; a trial starts only when its estimate fits (the rest: ``not_tried``). Ctrl-C stops
-every worker and raises :class:`TuningInterrupted` with what was measured.
-"""
+A trial is a probe window and, unless it scores clearly below the best, a full window
+(:mod:`.window`), scored by :func:`~.result.epoch_score` (the constants below: how much, when).
+The budget (wall seconds) covers everything, the side by side with the baselines included
+(:class:`~.window.SideBySide`: its winner is recommended); a trial starts only if its estimate fits
+(else ``not_tried``); Ctrl-C stops every worker, raises :class:`TuningInterrupted`."""
 from __future__ import annotations
 
 import gc
@@ -62,8 +57,6 @@ MIN_BUDGET_S = 2.0
 MIN_FOLDER_IMAGES = 8
 
 
-# ---- the pipeline being tuned --------------------------------------------------------
-
 @dataclass
 class _Pipeline:
     dataset: Dataset                 # what the DataLoader reads
@@ -96,9 +89,8 @@ def _pipeline(data: Any, size: int, n_images: int | None, progress: bool = True)
         data = JpegDataset(n=pick(full=2000, quick=200) if n_images is None else n_images,
                            progress=None if progress else False)
     elif isinstance(data, (str, os.PathLike)):
-        data = ImageFolderDataset(check_folder(data, "data", "pass the folder that holds your "
-                                               "images (or data=None for the course data)."),
-                                  skip_damaged=True)
+        hint = "pass the folder that holds your images (or data=None for the course data)."
+        data = ImageFolderDataset(check_folder(data, "data", hint), skip_damaged=True)
     notes: list[str] = []
     if isinstance(data, ImageFolderDataset):
         data = folder_for_tuning(data, f"data={str(data.root)!r}")
@@ -118,20 +110,16 @@ def _pipeline(data: Any, size: int, n_images: int | None, progress: bool = True)
         folder_import = "from course_utils.image_folder import ImageFolderDataset"
         return _Pipeline(data.with_transform(ToTensorUint8(size)), None, data, data.describe(),
                          f"{folder}ToTensorUint8({size}){skip})",
-                         ["from course_utils import ToTensorUint8, make_worker_init", folder_import],
-                         size, notes, (f"{folder}CommonRecipeTransform({size}){skip})",
-                                       [recipe, folder_import]))
+                         ["from course_utils import ToTensorUint8, make_worker_init", folder_import], size,
+                         notes, (f"{folder}CommonRecipeTransform({size}){skip})", [recipe, folder_import]))
     if isinstance(data, Dataset) or (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
         describe = getattr(data, "describe", None)
         text = describe() if callable(describe) else f"{type(data).__name__} of {len(data)} items"
         return _Pipeline(data, None, None, text, "dataset",
                          ["from course_utils import make_worker_init"], size, notes)
-    raise TypeError(f"data must be None (the course's JPEG dataset), a folder of images (str or "
-                    f"Path), a JpegDataset, an ImageFolderDataset or a map-style Dataset; got "
-                    f"{type(data).__name__}.")
+    raise TypeError(f"data must be None (the course's JPEG dataset), a folder of images (str or Path), a "
+                    f"JpegDataset, an ImageFolderDataset or a map-style Dataset; got {type(data).__name__}.")
 
-
-# ---- the search ----------------------------------------------------------------------
 
 def _check_int_list(name: str, values: Any, lo: int) -> list[int] | None:
     if values is None:
@@ -148,8 +136,7 @@ class _Search:
     """The state of one tuning run."""
 
     def __init__(self, pipe: _Pipeline, *, budget_s: float, search_s: float, epoch_samples: int,
-                 device: Any, consumer: tuple[Callable[[Any], Any] | None, str],
-                 progress: bool) -> None:
+                 device: Any, consumer: tuple[Callable[[Any], Any] | None, str], progress: bool) -> None:
         self.pipe, self.budget_s, self.search_s = pipe, budget_s, search_s
         self.epoch_samples, self.device = epoch_samples, device
         self.consumer, self.consumer_text = consumer
@@ -209,16 +196,14 @@ class _Search:
             self.not_tried.append(f"{stage}: {s.label()}")
             return None
         warm, probe, full = plan
-        loader = DataLoader(self.pipe.dataset, collate_fn=self.pipe.collate_fn,
-                            **s.loader_kwargs())
+        loader = DataLoader(self.pipe.dataset, collate_fn=self.pipe.collate_fn, **s.loader_kwargs())
         timed = Timed(rebuilt(loader), self.device, self.consumer)
         t0 = time.perf_counter()
         trial = Trial(len(self.trials) + 1, stage, s, "full")
         try:
             parts = [measure_window(timed, probe, s.label())]
             best = self.best_trial
-            if best is not None and self.score(s, *pooled(parts, s.label())) < \
-                    PROBE_THRESHOLD * best.score:
+            if best is not None and self.score(s, *pooled(parts, s.label())) < PROBE_THRESHOLD * best.score:
                 trial.status = "stopped after probe"
             else:
                 parts.append(measure_window(timed, full, s.label()))
@@ -267,16 +252,14 @@ class _Search:
                 falls = 0
 
     def best_settings(self, fallback: LoaderSettings) -> LoaderSettings:
-        best = self.best_trial
-        return fallback if best is None else best.settings
+        return fallback if self.best_trial is None else self.best_trial.settings
 
     def stages(self, start: LoaderSettings, worker_counts: list[int], batch_sizes: list[int],
                usable: int) -> None:
         """The four stages of the module docstring, in order."""
         self.ladder("num_workers", start, "num_workers", worker_counts, LADDER_FALLS)
         best = self.best_settings(start)
-        self.ladder("batch_size", best, "batch_size",
-                    [b for b in batch_sizes if b > best.batch_size], 1)
+        self.ladder("batch_size", best, "batch_size", [b for b in batch_sizes if b > best.batch_size], 1)
         self.ladder("batch_size", self.best_settings(best), "batch_size",
                     [b for b in reversed(batch_sizes) if b < best.batch_size], 1)
         best = self.best_settings(start)
@@ -311,9 +294,8 @@ class _Search:
                 self.run("pin_memory/threads",
                          best.replace(threads_per_worker=threads, multiprocessing_context=context))
         elif best.num_workers:
-            self.skipped.append(f"pin_memory/threads: more than 1 thread per worker "
-                                f"({best.num_workers} workers x 2 threads would exceed the "
-                                f"{usable} usable CPUs)")
+            self.skipped.append(f"pin_memory/threads: more than 1 thread per worker ({best.num_workers} "
+                                f"workers x 2 threads would exceed the {usable} usable CPUs)")
         else:
             self.skipped.append("pin_memory/threads: threads per worker (the best had no workers)")
 
@@ -330,14 +312,12 @@ def _result(search: _Search, pipe: _Pipeline, side: SideBySide | None, notes: li
         notes.append(f"the budget ran out after {len(search.trials)} trials; a larger budget_s "
                      f"tries the settings listed under 'Not tried'")
     result = TuningResult(
-        best=best_trial.settings, best_trial=best_trial, trials=search.trials,
-        not_tried=search.not_tried, skipped=search.skipped,
-        comparison=summary and summary[0], startups=summary[1] if summary else {},
+        best=best_trial.settings, best_trial=best_trial, trials=search.trials, not_tried=search.not_tried,
+        skipped=search.skipped, comparison=summary and summary[0], startups=summary[1] if summary else {},
         candidates=dict(side.settings) if summary else {TUNED_LABEL: best_trial.settings},
         budget_s=search.budget_s, elapsed_s=search.elapsed(), search_s=search_s,
-        epoch_samples=search.epoch_samples, dataset=pipe.description,
-        consumer=search.consumer_text, code_dataset=pipe.code_dataset,
-        code_imports=pipe.code_imports, notes=notes)
+        epoch_samples=search.epoch_samples, dataset=pipe.description, consumer=search.consumer_text,
+        code_dataset=pipe.code_dataset, code_imports=pipe.code_imports, notes=notes)
     if summary:
         scores = result.scores
         result.winner = max(scores, key=scores.get)
@@ -364,8 +344,7 @@ def tune_loader(data: Any = None, *, budget_s: float = 60.0, batch_size: int | N
     baselines'; ``epoch_samples``: the epoch the score assumes (default: the dataset's length).
     The consumer of each batch: ``step_s`` seconds of sleep (a GPU step leaving the CPU free) or
     ``step(batch)``. ``device``: "auto" (CUDA when available: batches are copied there and
-    ``pin_memory`` is tried), or None. Ctrl-C raises :class:`TuningInterrupted`.
-    """
+    ``pin_memory`` is tried), or None. Ctrl-C raises :class:`TuningInterrupted`."""
     budget_s = check_seconds("budget_s", budget_s, "tune_loader")
     if budget_s < MIN_BUDGET_S:
         raise ValueError(f"budget_s={budget_s!r} is too small to try anything (the first trial "
@@ -377,8 +356,7 @@ def tune_loader(data: Any = None, *, budget_s: float = 60.0, batch_size: int | N
     batch_sizes = _check_int_list("batch_sizes", batch_sizes, 1)
     consumer = make_consumer(step_s, step)
     n_images = check_int("n_images", n_images, 1, allow_none=True, hint=" Pass e.g. 500.")
-    epoch_samples = check_int("epoch_samples", epoch_samples, 1, allow_none=True,
-                              hint=" Pass e.g. 500.")
+    epoch_samples = check_int("epoch_samples", epoch_samples, 1, allow_none=True, hint=" Pass e.g. 500.")
     device = consumer_device(device)
 
     pipe = _pipeline(data, size, n_images, progress)
@@ -389,16 +367,14 @@ def tune_loader(data: Any = None, *, budget_s: float = 60.0, batch_size: int | N
     if worker_counts is None:
         worker_counts = default_worker_counts(min(2 * usable, 32))
     if batch_sizes is None:
-        batch_sizes = sorted({batch_size} | {b for b in (8, 16, 32, 64, 128, 256, 512)
-                                             if b <= n})
+        batch_sizes = sorted({batch_size} | {b for b in (8, 16, 32, 64, 128, 256, 512) if b <= n})
     elif batch_size not in batch_sizes:
         batch_size = batch_sizes[0] if len(batch_sizes) == 1 else batch_size
         batch_sizes = sorted(set(batch_sizes) | {batch_size})
 
     search_s = budget_s * (1 - COMPARE_SHARE) if compare_with_baselines else budget_s
-    search = _Search(pipe, budget_s=budget_s, search_s=search_s,
-                     epoch_samples=int(epoch_samples or n), device=device, consumer=consumer,
-                     progress=progress)
+    search = _Search(pipe, budget_s=budget_s, search_s=search_s, epoch_samples=int(epoch_samples or n),
+                     device=device, consumer=consumer, progress=progress)
     notes: list[str] = list(pipe.notes)
     side: SideBySide | None = None
     stage, search_elapsed = "search", None
@@ -424,10 +400,8 @@ def tune_loader(data: Any = None, *, budget_s: float = 60.0, batch_size: int | N
                                  f"warm-up, however slow they are")
     except KeyboardInterrupt:
         search.bar.leave = False
-        if search_elapsed is None:
-            search_elapsed = search.elapsed()
-        partial = _result(search, pipe, side, notes + [f"interrupted during the {stage}"],
-                          search_elapsed)
+        search_elapsed = search.elapsed() if search_elapsed is None else search_elapsed
+        partial = _result(search, pipe, side, notes + [f"interrupted during the {stage}"], search_elapsed)
         raise TuningInterrupted(partial, search.elapsed(), stage) from None
     finally:
         search.bar.close()

@@ -1,15 +1,10 @@
 """How the tuner (lesson 06) measures: one setting's *window*, timed by the engine's
-:func:`~course_utils.timing.measure_loader` (its clock, CPU and memory figures) with its warm-up
-rule (:func:`~course_utils.timing.default_warmup`), and :class:`SideBySide`, the baselines
-measured with the same windows, consumer and score, rounds interleaved.
+:func:`~course_utils.timing.measure_loader` with its warm-up rule, and :class:`SideBySide`, the
+baselines measured with the same windows, consumer and score, rounds interleaved.
 
-A window is a fresh epoch: its start-up (seconds from ``iter`` to the first batch), the warm-up
-untimed, then N timed batches. What the engine cannot do stays here: :class:`Timed` hands each
-batch to the consumer (the training step) before the next is pulled, copies it to the GPU and
-records each epoch's start-up; :class:`Draws` makes each epoch exactly the window's length, so
-nothing is left in flight; and Timed stops every epoch's workers itself, with Ctrl-C held back
-until they are gone (in an iterator's ``__del__`` it would be lost), its workers deaf to it.
-"""
+A window is a fresh epoch: its start-up (``iter`` to the first batch), the warm-up, N timed batches.
+:class:`Timed` feeds each batch to the consumer before the next, copies it to the GPU, records each
+start-up and stops its workers; :class:`Draws` makes an epoch the window's length (none in flight)."""
 from __future__ import annotations
 
 import gc
@@ -32,8 +27,7 @@ from course_utils.config import pick
 from course_utils.data import CommonRecipeTransform
 from course_utils.device import move_to_device
 from course_utils.measurement import Comparison, Measurement, compare
-from course_utils.pipelines import (TransformedDataset, common_recipe_loader,
-                                    recipe_process_settings)
+from course_utils.pipelines import TransformedDataset, common_recipe_loader, recipe_process_settings
 from course_utils.process_tree import stop_workers
 from course_utils.start_methods import worker_timeout
 from course_utils.timing import default_warmup, measure_loader
@@ -63,8 +57,7 @@ def drop_fd_sharer_resets(exc_type: type[BaseException], exc: BaseException,
     """``sys.excepthook`` in a tuner worker: multiprocessing's fd-sharing thread meets a closed
     connection once Ctrl-C ended the main process mid-handover; not news, so not printed."""
     if issubclass(exc_type, (ConnectionError, EOFError)) and any(
-            frame.f_code.co_filename.endswith("resource_sharer.py")
-            for frame, _ in traceback.walk_tb(tb)):
+            frame.f_code.co_filename.endswith("resource_sharer.py") for frame, _ in traceback.walk_tb(tb)):
         return
     sys.__excepthook__(exc_type, exc, tb)
 
@@ -109,12 +102,10 @@ def rebuilt(loader: DataLoader) -> DataLoader:
     kwargs: dict[str, Any] = dict(batch_size=loader.batch_size, num_workers=loader.num_workers,
                                   collate_fn=loader.collate_fn, pin_memory=loader.pin_memory)
     if loader.num_workers:
-        kwargs.update(worker_init_fn=QuietInit(loader.worker_init_fn),
-                      prefetch_factor=loader.prefetch_factor,
-                      persistent_workers=loader.persistent_workers,
-                      multiprocessing_context=loader.multiprocessing_context,
-                      timeout=loader.timeout or worker_timeout(WORKER_TIMEOUT_S,
-                                                               loader.multiprocessing_context))
+        context = loader.multiprocessing_context
+        kwargs.update(worker_init_fn=QuietInit(loader.worker_init_fn), prefetch_factor=loader.prefetch_factor,
+                      persistent_workers=loader.persistent_workers, multiprocessing_context=context,
+                      timeout=loader.timeout or worker_timeout(WORKER_TIMEOUT_S, context))
     return DataLoader(loader.dataset, sampler=Draws(len(loader.dataset)), **kwargs)
 
 
@@ -172,8 +163,7 @@ class Timed:
 
 def measure_window(timed: Timed, batches: int, label: str) -> tuple[Measurement, float]:
     """One window of ``batches`` timed batches: its Measurement (seconds per window, consumer
-    included) and start-up in seconds. Persistent workers are started once first, so that the
-    window sees their restart."""
+    included) and start-up in seconds. Persistent workers start once first: the window sees their restart."""
     warm = default_warmup(timed)
     if timed.persistent_workers and timed._iterator is None:
         timed.sampler.length = warm * timed.batch_size
@@ -187,13 +177,11 @@ def measure_window(timed: Timed, batches: int, label: str) -> tuple[Measurement,
 
 def pooled(parts: list[tuple[Measurement, float]], label: str) -> tuple[Measurement, float]:
     """The windows of one setting pooled: (their repeats as one Measurement, median start-up s)."""
-    return (Measurement.merge([m for m, _ in parts], label=label),
-            statistics.median(s for _, s in parts))
+    return Measurement.merge([m for m, _ in parts], label=label), statistics.median(s for _, s in parts)
 
 
 def make_consumer(step_s: Any, step: Any) -> tuple[Callable[[Any], Any] | None, str]:
-    """The consumer of each batch (a sleep of ``step_s`` seconds, or ``step(batch)``) and its
-    description."""
+    """The consumer of each batch (a sleep of ``step_s`` seconds, or ``step(batch)``), described."""
     if step is not None and step_s is not None:
         raise ValueError("give step_s (seconds your training step takes per batch) or step (a "
                          "function called on each batch), not both.")
@@ -225,8 +213,7 @@ class SideBySide:
     """DataLoader defaults, the common recipe and the tuned setting over the search's pipeline
     ``pipe``, one window per row per round; a note goes to ``notes`` when the recipe cannot run."""
 
-    def __init__(self, pipe: Any, tuned: LoaderSettings, batch_size: int,
-                 notes: list[str]) -> None:
+    def __init__(self, pipe: Any, tuned: LoaderSettings, batch_size: int, notes: list[str]) -> None:
         self.entries: list[tuple[str, DataLoader, Callable[[], Any]]] = []
         if pipe.base is not None:
             recipe = common_recipe_loader(pipe.base, batch_size=batch_size, size=pipe.size)
@@ -246,9 +233,8 @@ class SideBySide:
         self.runs: dict[str, list[tuple[Measurement, float]]] = {k: [] for k in self.settings}
 
     def measure(self, search: Any, min_batches: int) -> None:
-        """Round 1 times ``min_batches`` batches per row (and its rate); later rounds give every
-        row a window of the same seconds, sized to fit the rounds (two at least) in what is left
-        of ``search``'s budget."""
+        """Round 1 times ``min_batches`` batches per row (and its rate); later rounds give every row
+        a window of the same seconds, sized to fit the rounds (two at least) in ``search``'s budget left."""
         rounds, t0 = pick(full=4, quick=3), search.elapsed()
         left_s, timed = max(0.0, search.budget_s - t0), {}
         try:
@@ -275,11 +261,9 @@ class SideBySide:
             gc.collect()
 
     def summary(self) -> tuple[Comparison, dict[str, float]] | None:
-        """(the rows' pooled windows, their median start-ups in seconds); None until every row
-        has a window."""
+        """(the rows' pooled windows, their median start-ups in seconds); None until each row has a window."""
         if not all(self.runs.values()):
             return None
         rows = {label: pooled(parts, label) for label, parts in self.runs.items()}
-        return (compare([m for m, _ in rows.values()],
-                        baseline=RECIPE_LABEL if RECIPE_LABEL in rows else 0),
+        return (compare([m for m, _ in rows.values()], baseline=RECIPE_LABEL if RECIPE_LABEL in rows else 0),
                 {label: startup for label, (_, startup) in rows.items()})
