@@ -59,3 +59,13 @@ def diagnose_cli(*args: str, path=(), timeout: float = 120):
     return subprocess.run([sys.executable, "-m", "course_utils", "diagnose", "--no-progress", *args],
                           capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *path])})
+
+
+def needs_its_own_process() -> None:
+    """Skip a test that needs this pytest process to own its thread pools and its fork server:
+    ``make mutation`` runs each mutant's tests in a fork of mutmut's warm process, where the course's
+    fork guard rightly refuses pools above one thread and the fork server is the parent's."""
+    from course_utils import fork_safety   # only the tests that start pools or workers need it
+    if fork_safety.is_fork_child():
+        import pytest
+        pytest.skip("this pytest runs in a fork of a process whose pools ran (make mutation)")

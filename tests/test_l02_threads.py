@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from _helpers import needs_its_own_process
 from course_authoring.notebook_modules import notebook_module
 from course_utils.lessons import l02_threads
 from course_utils.pipelines import RECIPE_ENV_VARS
@@ -58,6 +59,7 @@ def test_heavy_transform_rejects_bad_image():
 def test_forkserver_workers_really_have_the_threads_asked():
     """A worker of forkserver_context() asked for k threads reports k in every pool (the
     lesson's grid relies on it; under fork OpenCV would only read k)."""
+    needs_its_own_process()
     from course_utils.threads import make_worker_init, pools_in_workers
 
     context = forkserver_context()

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from _helpers import needs_its_own_process
 from course_utils import fork_safety, threads
 from course_utils.threads import (
     ThreadPools,
@@ -123,6 +124,7 @@ def test_limit_threads_as_decorator_applies_per_call():
 
 
 def test_limit_threads_nests():
+    needs_its_own_process()
     before = thread_pools()
     with limit_threads(1):
         with limit_threads(3):
@@ -202,6 +204,7 @@ def _child_limits_then_works(queue, worker_id: int) -> None:
 @pytest.mark.skipif("fork" not in mp.get_all_start_methods(), reason="no fork on this platform")
 def test_worker_limiter_never_hangs_in_forked_children(busy_parent):
     """Repeated, because the OpenCV hang this guards against happens in most forks, not all."""
+    needs_its_own_process()
     ctx = mp.get_context("fork")
     reports = []
     for worker_id in (0, 1, 0):
@@ -223,8 +226,7 @@ def test_worker_limiter_never_hangs_in_forked_children(busy_parent):
         assert "forkserver" in report["refused"]
     assert reports[0]["draws"] == reports[2]["draws"], "same seed + worker_id -> same streams"
     assert reports[0]["draws"] != reports[1]["draws"], "different workers -> different streams"
-    if not fork_safety.is_fork_child():  # under make mutation pytest itself runs in a fork
-        assert fork_safety.pools_may_be_fork_copies() is False  # the parent is not a fork copy
+    assert fork_safety.pools_may_be_fork_copies() is False  # the parent is not a fork copy
 
 
 # ----------------------------------------------------------------------------- pools_in_workers
@@ -295,6 +297,8 @@ class _PerWorkerInit:
 @pytest.mark.parametrize("method", METHODS)
 def test_pools_in_real_workers_without_and_with_make_worker_init(busy_parent, method):
     """Worker 0 runs without worker_init_fn, worker 1 with make_worker_init(1)."""
+    if method == "forkserver":
+        needs_its_own_process()
     pools = pools_in_workers(
         _PerWorkerInit({1: make_worker_init(1)}), num_workers=2, multiprocessing_context=method, timeout_s=90
     )
@@ -368,6 +372,7 @@ def test_make_worker_init_passed_directly_limits_forked_workers(busy_parent):
 @pytest.mark.timeout(60)
 @pytest.mark.skipif("fork" not in mp.get_all_start_methods(), reason="no fork on this platform")
 def test_make_worker_init_refuses_more_than_one_thread_in_forked_workers(busy_parent):
+    needs_its_own_process()
     with pytest.raises(RuntimeError, match="n_threads=2.*forkserver"):
         pools_in_workers(make_worker_init(2), num_workers=2, multiprocessing_context="fork", timeout_s=30)
 
